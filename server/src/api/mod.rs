@@ -1,0 +1,161 @@
+//! The HTTP surface: one entry point that checks the request's size, opens its tracing
+//! span, and hands it to the native API (`/_granary/…`) or the S3 API (everything else).
+
+pub mod native;
+pub mod s3;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::response::{IntoResponse, Response};
+use futures::StreamExt;
+use tracing::{field::Empty, Instrument, Span};
+
+use crate::backend::Backend;
+use crate::config::Config;
+use crate::error::{S3Code, S3Error};
+use crate::stats::Stats;
+use s3::auth::Credentials;
+
+/// Request headers beyond this many bytes in total are refused with `431`.
+pub const MAX_HEADER_BYTES: usize = 16 * 1024;
+
+/// What every request handler shares.
+pub struct AppState {
+    pub config: Config,
+    pub node_id: String,
+    pub backend: Arc<dyn Backend>,
+    pub creds: Option<Credentials>,
+    pub stats: Stats,
+}
+
+impl AppState {
+    pub fn new(config: Config, backend: Arc<dyn Backend>) -> AppState {
+        let creds = match (&config.access_key, &config.secret_key) {
+            (Some(a), Some(s)) => Some(Credentials {
+                access_key: a.clone(),
+                secret_key: s.clone(),
+            }),
+            _ => None,
+        };
+        AppState {
+            node_id: config.node_id(),
+            creds,
+            backend,
+            stats: Stats::default(),
+            config,
+        }
+    }
+}
+
+/// The axum router: every path goes through `entry`.
+pub fn router(state: Arc<AppState>) -> axum::Router {
+    axum::Router::new().fallback(entry).with_state(state)
+}
+
+static REQUEST_SEQ: AtomicU64 = AtomicU64::new(1);
+
+/// A request id unique within this process run, for `x-amz-request-id` and logs.
+pub fn request_id() -> String {
+    let n = REQUEST_SEQ.fetch_add(1, Ordering::Relaxed);
+    format!("{:016X}", n ^ (std::process::id() as u64) << 40)
+}
+
+async fn entry(State(state): State<Arc<AppState>>, req: Request) -> Response {
+    let span = tracing::info_span!(
+        "request",
+        op = Empty,
+        method = %req.method(),
+        bucket = Empty,
+        key = Empty,
+        status = Empty,
+        bytes = Empty,
+    );
+    let started = Instant::now();
+    let resp = async {
+        let header_bytes: usize = req
+            .headers()
+            .iter()
+            .map(|(k, v)| k.as_str().len() + v.len() + 4)
+            .sum();
+        if header_bytes > MAX_HEADER_BYTES {
+            return S3Error::new(
+                S3Code::RequestHeaderSectionTooLarge,
+                format!(
+                    "request headers total {header_bytes} bytes; the limit is {MAX_HEADER_BYTES}"
+                ),
+            )
+            .into_response();
+        }
+        if req.uri().path().starts_with("/_granary/") || req.uri().path() == "/_granary" {
+            native::handle(&state, req).await
+        } else {
+            match s3::handle(&state, req).await {
+                Ok(r) => r,
+                Err(e) => e.into_response(),
+            }
+        }
+    }
+    .instrument(span.clone())
+    .await;
+    finish(&state, span, started, resp)
+}
+
+/// Records the status, and counts the body's bytes as they leave.
+fn finish(state: &Arc<AppState>, span: Span, started: Instant, resp: Response) -> Response {
+    let status = resp.status();
+    span.record("status", status.as_u16());
+    state.stats.requests.fetch_add(1, Ordering::Relaxed);
+    if status.is_client_error() || status.is_server_error() {
+        state.stats.errors.fetch_add(1, Ordering::Relaxed);
+    }
+    let (mut parts, body) = resp.into_parts();
+    // Keep the length the body knows (the stream below forgets it).
+    if let Some(n) = http_body::Body::size_hint(&body).exact() {
+        let bodyless =
+            status == http::StatusCode::NO_CONTENT || status == http::StatusCode::NOT_MODIFIED;
+        if !bodyless && !parts.headers.contains_key(http::header::CONTENT_LENGTH) {
+            parts.headers.insert(http::header::CONTENT_LENGTH, n.into());
+        }
+    }
+    let mut tally = Tally {
+        span,
+        started,
+        bytes: 0,
+        state: state.clone(),
+    };
+    let stream = body.into_data_stream().map(move |item| {
+        let t = &mut tally;
+        if let Ok(b) = &item {
+            t.bytes += b.len() as u64;
+        }
+        item
+    });
+    Response::from_parts(parts, Body::from_stream(stream))
+}
+
+/// Logs a request when its response body is done (or dropped by a client that left).
+struct Tally {
+    span: Span,
+    started: Instant,
+    bytes: u64,
+    state: Arc<AppState>,
+}
+
+impl Drop for Tally {
+    fn drop(&mut self) {
+        self.state
+            .stats
+            .bytes_served
+            .fetch_add(self.bytes, Ordering::Relaxed);
+        self.span.record("bytes", self.bytes);
+        let _e = self.span.enter();
+        tracing::debug!(
+            elapsed_ms = self.started.elapsed().as_secs_f64() * 1e3,
+            "done"
+        );
+    }
+}

@@ -1,0 +1,129 @@
+//! The native API under `/_granary/`: health, stats (JSON) and metrics (Prometheus text).
+
+use std::fmt::Write;
+
+use axum::body::Body;
+use axum::extract::Request;
+use axum::response::{IntoResponse, Response};
+use http::{header, HeaderValue, Method, StatusCode};
+use serde_json::json;
+
+use super::AppState;
+use crate::error::{S3Code, S3Error};
+
+pub async fn handle(state: &AppState, req: Request) -> Response {
+    let path = req.uri().path().trim_end_matches('/');
+    tracing::Span::current().record("op", path);
+    let get = req.method() == Method::GET || req.method() == Method::HEAD;
+    match (path, get) {
+        ("/_granary/health", true) => json_response(json!({
+            "status": "ok",
+            "node_id": state.node_id,
+        })),
+        ("/_granary/stats", true) => json_response(stats_json(state)),
+        ("/_granary/metrics", true) => {
+            let mut resp = Response::new(Body::from(metrics_text(state)));
+            resp.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; version=0.0.4"),
+            );
+            resp
+        }
+        ("/_granary/health" | "/_granary/stats" | "/_granary/metrics", false) => {
+            S3Error::new(S3Code::MethodNotAllowed, "use GET").into_response()
+        }
+        _ => S3Error::new(S3Code::NotFound, format!("no native route {path}"))
+            .with_resource(path.to_owned())
+            .into_response(),
+    }
+}
+
+fn json_response(v: serde_json::Value) -> Response {
+    let mut resp = (StatusCode::OK, v.to_string()).into_response();
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+fn stats_json(state: &AppState) -> serde_json::Value {
+    let s = state.stats.snapshot();
+    json!({
+        "node_id": state.node_id,
+        "policy": state.config.cache_policy.as_str(),
+        "backend": state.backend.describe(),
+        "used_bytes": 0,
+        "capacity_bytes": 0,
+        "objects": 0,
+        "hits": s.hits,
+        "misses": s.misses,
+        "peer_fills": s.peer_fills,
+        "bypasses": s.bypasses,
+        "bytes_served": s.bytes_served,
+        "bytes_received": s.bytes_received,
+        "bytes_from_backend": s.bytes_from_backend,
+        "bytes_from_peers": s.bytes_from_peers,
+        "requests": s.requests,
+        "errors": s.errors,
+    })
+}
+
+fn metrics_text(state: &AppState) -> String {
+    let s = state.stats.snapshot();
+    let mut out = String::new();
+    let counters = [
+        ("requests_total", "HTTP requests answered", s.requests),
+        (
+            "errors_total",
+            "requests answered with 4xx or 5xx",
+            s.errors,
+        ),
+        (
+            "cache_hits_total",
+            "object reads from this node's cache",
+            s.hits,
+        ),
+        (
+            "cache_misses_total",
+            "object reads filled from the backend",
+            s.misses,
+        ),
+        (
+            "cache_peer_fills_total",
+            "object reads filled from a peer",
+            s.peer_fills,
+        ),
+        (
+            "cache_bypasses_total",
+            "object reads served without admission",
+            s.bypasses,
+        ),
+        (
+            "bytes_served_total",
+            "response body bytes sent",
+            s.bytes_served,
+        ),
+        (
+            "bytes_received_total",
+            "request body bytes stored",
+            s.bytes_received,
+        ),
+        (
+            "backend_bytes_total",
+            "bytes read from the backend",
+            s.bytes_from_backend,
+        ),
+        (
+            "peer_bytes_total",
+            "bytes read from peers",
+            s.bytes_from_peers,
+        ),
+    ];
+    for (name, help, v) in counters {
+        let _ = writeln!(out, "# HELP granary_{name} {help}");
+        let _ = writeln!(out, "# TYPE granary_{name} counter");
+        let _ = writeln!(out, "granary_{name}{{node=\"{}\"}} {v}", state.node_id);
+    }
+    out
+}

@@ -1,0 +1,142 @@
+//! ListObjectsV2 and ListObjects (v1): prefix, delimiter, max-keys, continuation-token /
+//! start-after (v2), marker (v1), and `encoding-type=url`, which the AWS CLI always asks
+//! for.
+
+use axum::response::Response;
+use base64::Engine;
+use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
+
+use super::xml::Doc;
+use super::{xml_response, Req};
+use crate::api::AppState;
+use crate::backend::ListQuery;
+use crate::error::{S3Code, S3Error};
+
+/// What `encoding-type=url` escapes: all but unreserved characters and `/`.
+const URL_ENCODE: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~')
+    .remove(b'/');
+
+const MAX_KEYS: usize = 1000;
+
+fn b64() -> base64::engine::GeneralPurpose {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD
+}
+
+pub async fn list_objects(state: &AppState, r: Req, v2: bool) -> Result<Response, S3Error> {
+    let prefix = r.q("prefix").unwrap_or("").to_owned();
+    let delimiter = r
+        .q("delimiter")
+        .filter(|d| !d.is_empty())
+        .map(str::to_owned);
+    let max_keys = match r.q("max-keys") {
+        None => MAX_KEYS,
+        Some(v) => v
+            .parse::<i64>()
+            .ok()
+            .filter(|n| *n >= 0)
+            .map(|n| (n as usize).min(MAX_KEYS))
+            .ok_or_else(|| {
+                S3Error::new(
+                    S3Code::InvalidArgument,
+                    "max-keys must be a non-negative integer",
+                )
+            })?,
+    };
+    let url = match r.q("encoding-type") {
+        None => false,
+        Some(e) if e.eq_ignore_ascii_case("url") => true,
+        Some(_) => {
+            return Err(S3Error::new(
+                S3Code::InvalidArgument,
+                "Invalid Encoding Method specified in Request",
+            ))
+        }
+    };
+    let token = r.q("continuation-token").filter(|_| v2);
+    let after = match token {
+        Some(t) => Some(
+            b64()
+                .decode(t)
+                .ok()
+                .and_then(|b| String::from_utf8(b).ok())
+                .ok_or_else(|| {
+                    S3Error::new(
+                        S3Code::InvalidArgument,
+                        "The continuation token provided is incorrect",
+                    )
+                })?,
+        ),
+        None if v2 => r.q("start-after").map(str::to_owned),
+        None => r.q("marker").map(str::to_owned),
+    }
+    .filter(|a| !a.is_empty());
+    let query = ListQuery {
+        prefix: prefix.clone(),
+        delimiter: delimiter.clone(),
+        after,
+        max_keys,
+    };
+    let page = state.backend.list_objects(&r.bucket, &query).await?;
+
+    let enc = |s: &str| -> String {
+        if url {
+            utf8_percent_encode(s, URL_ENCODE).to_string()
+        } else {
+            s.to_owned()
+        }
+    };
+    let mut doc = Doc::new("ListBucketResult");
+    doc.elem("Name", &r.bucket).elem("Prefix", &enc(&prefix));
+    if let Some(d) = &delimiter {
+        doc.elem("Delimiter", &enc(d));
+    }
+    doc.elem("MaxKeys", &max_keys.to_string());
+    if url {
+        doc.elem("EncodingType", "url");
+    }
+    doc.elem(
+        "IsTruncated",
+        if page.is_truncated { "true" } else { "false" },
+    );
+    if v2 {
+        let count = page.objects.len() + page.common_prefixes.len();
+        doc.elem("KeyCount", &count.to_string());
+        if let Some(t) = token {
+            doc.elem("ContinuationToken", t);
+        }
+        if let Some(sa) = r.q("start-after") {
+            doc.elem("StartAfter", &enc(sa));
+        }
+        if page.is_truncated {
+            if let Some(last) = &page.last {
+                doc.elem("NextContinuationToken", &b64().encode(last));
+            }
+        }
+    } else {
+        doc.elem("Marker", &enc(r.q("marker").unwrap_or("")));
+        if page.is_truncated {
+            if let Some(last) = &page.last {
+                doc.elem("NextMarker", &enc(last));
+            }
+        }
+    }
+    for o in &page.objects {
+        doc.open("Contents")
+            .elem("Key", &enc(&o.key))
+            .time("LastModified", o.last_modified)
+            .elem("ETag", &format!("\"{}\"", o.etag))
+            .elem("Size", &o.size.to_string())
+            .elem("StorageClass", "STANDARD")
+            .close("Contents");
+    }
+    for p in &page.common_prefixes {
+        doc.open("CommonPrefixes")
+            .elem("Prefix", &enc(p))
+            .close("CommonPrefixes");
+    }
+    Ok(xml_response(doc.finish("ListBucketResult")))
+}

@@ -1,0 +1,113 @@
+//! The `Range` header as S3 reads it: one `bytes=` range. A header S3 would not parse
+//! (another unit, several ranges, `5-2`, junk) is ignored and the whole object is sent; a
+//! range that parses but starts past the end is `416 InvalidRange`.
+
+use crate::backend::ByteRange;
+use crate::error::{S3Code, S3Error};
+
+/// A parsed, not yet resolved, range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RangeSpec {
+    /// `bytes=a-b` (inclusive) or `bytes=a-`.
+    From { start: u64, last: Option<u64> },
+    /// `bytes=-n`: the last `n` bytes.
+    Suffix(u64),
+}
+
+impl RangeSpec {
+    /// Parses a header value; `None` for anything S3 would ignore.
+    pub fn parse(value: &str) -> Option<RangeSpec> {
+        let spec = value.trim().strip_prefix("bytes=")?.trim();
+        if spec.contains(',') {
+            return None;
+        }
+        let (a, b) = spec.split_once('-')?;
+        let (a, b) = (a.trim(), b.trim());
+        let num = |s: &str| -> Option<u64> {
+            if s.is_empty() || !s.bytes().all(|c| c.is_ascii_digit()) {
+                return None;
+            }
+            s.parse().ok()
+        };
+        if a.is_empty() {
+            return Some(RangeSpec::Suffix(num(b)?));
+        }
+        let start = num(a)?;
+        if b.is_empty() {
+            return Some(RangeSpec::From { start, last: None });
+        }
+        let last = num(b)?;
+        if last < start {
+            return None;
+        }
+        Some(RangeSpec::From {
+            start,
+            last: Some(last),
+        })
+    }
+
+    /// The bytes this range names in an object of `size` bytes.
+    pub fn resolve(self, size: u64) -> Result<ByteRange, S3Error> {
+        let unsatisfiable = || {
+            S3Error::new(
+                S3Code::InvalidRange,
+                "The requested range is not satisfiable",
+            )
+        };
+        match self {
+            RangeSpec::From { start, last } => {
+                if start >= size {
+                    return Err(unsatisfiable());
+                }
+                let end = last.map_or(size, |l| l.saturating_add(1).min(size));
+                Ok(ByteRange { start, end })
+            }
+            RangeSpec::Suffix(n) => {
+                if n == 0 || size == 0 {
+                    return Err(unsatisfiable());
+                }
+                Ok(ByteRange {
+                    start: size.saturating_sub(n),
+                    end: size,
+                })
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn r(s: &str, size: u64) -> Option<Result<(u64, u64), S3Code>> {
+        RangeSpec::parse(s).map(|spec| {
+            spec.resolve(size)
+                .map(|b| (b.start, b.end))
+                .map_err(|e| e.code)
+        })
+    }
+
+    #[test]
+    fn ranges_as_s3_reads_them() {
+        assert_eq!(r("bytes=0-9", 100), Some(Ok((0, 10))));
+        assert_eq!(r("bytes=10-", 100), Some(Ok((10, 100))));
+        assert_eq!(r("bytes=-5", 100), Some(Ok((95, 100))));
+        assert_eq!(r("bytes=-500", 100), Some(Ok((0, 100))));
+        assert_eq!(r("bytes=90-200", 100), Some(Ok((90, 100))));
+        assert_eq!(r("bytes=100-", 100), Some(Err(S3Code::InvalidRange)));
+        assert_eq!(r("bytes=-0", 100), Some(Err(S3Code::InvalidRange)));
+        assert_eq!(r("bytes=0-0", 0), Some(Err(S3Code::InvalidRange)));
+        // Ignored: the whole object is served.
+        for junk in [
+            "bytes=abc",
+            "bytes=5-2",
+            "items=0-1",
+            "bytes=0-1,3-4",
+            "bytes=",
+            "bytes=-",
+            "bytes=+1-2",
+        ] {
+            assert_eq!(RangeSpec::parse(junk), None, "{junk}");
+        }
+    }
+}

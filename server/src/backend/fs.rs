@@ -1,0 +1,990 @@
+//! The local-directory backend: each sub-folder of the root is a bucket, each key a file
+//! (see `keypath` for the few keys that cannot be plain paths).
+//!
+//! Writes go to `<root>/.granary/tmp/`, are fsynced, get their metadata (ETag, stored
+//! headers) as the extended attribute `user.granary.meta`, and are renamed into place, so
+//! a reader sees the old object or the new one, never a mix. Multipart uploads live under
+//! `<root>/.granary/uploads/<id>/` until completed. Files dropped into the tree by hand
+//! have no stored metadata: their ETag is derived from size and mtime.
+
+use std::fs::{self, File};
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::path::{Component, Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use bytes::{Bytes, BytesMut};
+use futures::StreamExt;
+use md5::{Digest, Md5};
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+
+use super::keypath::{self, ESCAPE_DIR};
+use super::{
+    check_key, valid_bucket_name, Backend, BackendError, BucketInfo, ByteRange, ByteStream,
+    GetObject, ListPage, ListQuery, ObjectEntry, ObjectMeta, PartInfo, PutOptions, RangeFn, Result,
+    UploadInfo,
+};
+use crate::error::S3Error;
+
+const META_XATTR: &str = "user.granary.meta";
+/// Bytes gathered from the request body before one write to disk.
+const WRITE_CHUNK: usize = 1 << 20;
+/// Bytes per read when streaming a file out.
+const READ_CHUNK: usize = 256 << 10;
+/// S3's smallest part other than the last.
+const MIN_PART_SIZE: u64 = 5 << 20;
+/// Striped locks serialise writers of one key (commit and delete).
+const LOCK_STRIPES: usize = 64;
+
+/// Metadata stored with an object written through Granary.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct StoredMeta {
+    etag: String,
+    size: u64,
+    /// The file's mtime when the metadata was written; a file rewritten by hand since
+    /// no longer matches and is treated as foreign.
+    mtime_ns: u128,
+    #[serde(default)]
+    headers: Vec<(String, String)>,
+}
+
+/// What a multipart upload records at creation.
+#[derive(Debug, Serialize, Deserialize)]
+struct UploadRecord {
+    bucket: String,
+    key: String,
+    headers: Vec<(String, String)>,
+    initiated_ns: u128,
+}
+
+pub struct FsBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    root: PathBuf,
+    tmp: PathBuf,
+    uploads: PathBuf,
+    xattr_ok: AtomicBool,
+    locks: Vec<std::sync::Mutex<()>>,
+}
+
+impl FsBackend {
+    /// Opens (creating if needed) a backend rooted at `root` and clears temp files left
+    /// by an earlier run.
+    pub fn open(root: &Path) -> io::Result<FsBackend> {
+        fs::create_dir_all(root)?;
+        let root = root.canonicalize()?;
+        let tmp = root.join(".granary").join("tmp");
+        let uploads = root.join(".granary").join("uploads");
+        if tmp.exists() {
+            fs::remove_dir_all(&tmp)?;
+        }
+        fs::create_dir_all(&tmp)?;
+        fs::create_dir_all(&uploads)?;
+        let inner = Inner {
+            root,
+            tmp,
+            uploads,
+            xattr_ok: AtomicBool::new(true),
+            locks: (0..LOCK_STRIPES)
+                .map(|_| std::sync::Mutex::new(()))
+                .collect(),
+        };
+        Ok(FsBackend {
+            inner: Arc::new(inner),
+        })
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.inner.root
+    }
+
+    async fn blocking<T, F>(&self, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Inner) -> Result<T> + Send + 'static,
+    {
+        let inner = self.inner.clone();
+        tokio::task::spawn_blocking(move || f(&inner))
+            .await
+            .map_err(|e| BackendError::Io(io::Error::other(e)))?
+    }
+
+    /// Streams `body` into a new temp file, returning it with the MD5 and length of what
+    /// was written. The file is removed if anything fails or the future is dropped.
+    async fn receive(
+        &self,
+        mut body: ByteStream,
+        dir: PathBuf,
+    ) -> Result<(TempFile, [u8; 16], u64)> {
+        let path = dir.join(format!("tmp-{}", uuid::Uuid::new_v4().simple()));
+        let temp = TempFile::create(path).map_err(BackendError::Io)?;
+        let file = temp.file.try_clone().map_err(BackendError::Io)?;
+        let (tx, mut rx) = mpsc::channel::<Bytes>(4);
+        let writer = tokio::task::spawn_blocking(move || -> io::Result<([u8; 16], u64)> {
+            let mut file = file;
+            let mut md5 = Md5::new();
+            let mut n = 0u64;
+            while let Some(chunk) = rx.blocking_recv() {
+                md5.update(&chunk);
+                file.write_all(&chunk)?;
+                n += chunk.len() as u64;
+            }
+            file.sync_data()?;
+            Ok((md5.finalize().into(), n))
+        });
+        let mut buf = BytesMut::with_capacity(WRITE_CHUNK);
+        let mut failed = None;
+        while let Some(item) = body.next().await {
+            match item {
+                Ok(chunk) => {
+                    buf.extend_from_slice(&chunk);
+                    if buf.len() >= WRITE_CHUNK {
+                        let full = buf.split().freeze();
+                        if tx.send(full).await.is_err() {
+                            break;
+                        }
+                        buf.reserve(WRITE_CHUNK);
+                    }
+                }
+                Err(e) => {
+                    failed = Some(BackendError::from_body(e));
+                    break;
+                }
+            }
+        }
+        if failed.is_none() && !buf.is_empty() {
+            let _ = tx.send(buf.freeze()).await;
+        }
+        drop(tx);
+        let written = writer
+            .await
+            .map_err(|e| BackendError::Io(io::Error::other(e)))?;
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        let (md5, n) = written?;
+        Ok((temp, md5, n))
+    }
+}
+
+/// A temp file removed on drop unless it was renamed into place.
+struct TempFile {
+    path: PathBuf,
+    file: File,
+    kept: bool,
+}
+
+impl TempFile {
+    fn create(path: PathBuf) -> io::Result<TempFile> {
+        let file = fs::OpenOptions::new()
+            .write(true)
+            .read(true)
+            .create_new(true)
+            .open(&path)?;
+        Ok(TempFile {
+            path,
+            file,
+            kept: false,
+        })
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        if !self.kept {
+            let _ = fs::remove_file(&self.path);
+        }
+    }
+}
+
+fn mtime_ns(md: &fs::Metadata) -> u128 {
+    md.modified()
+        .ok()
+        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos())
+}
+
+fn now_ns() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos())
+}
+
+fn from_ns(ns: u128) -> SystemTime {
+    UNIX_EPOCH + Duration::from_nanos(ns.min(u64::MAX as u128) as u64)
+}
+
+fn key_stripe(key: &str) -> usize {
+    // FNV-1a: only needs to spread keys over the stripes within one process.
+    let mut h: u64 = 0xcbf29ce484222325;
+    for b in key.bytes() {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x100000001b3);
+    }
+    (h % LOCK_STRIPES as u64) as usize
+}
+
+impl Inner {
+    fn bucket_dir(&self, bucket: &str) -> Result<PathBuf> {
+        if !valid_bucket_name(bucket) {
+            return Err(BackendError::NoSuchBucket(bucket.to_owned()));
+        }
+        let dir = self.root.join(bucket);
+        match fs::metadata(&dir) {
+            Ok(md) if md.is_dir() => Ok(dir),
+            Ok(_) => Err(BackendError::NoSuchBucket(bucket.to_owned())),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                Err(BackendError::NoSuchBucket(bucket.to_owned()))
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The file holding `key`, if any.
+    fn locate(&self, bucket_dir: &Path, key: &str) -> Option<PathBuf> {
+        if let Some(rel) = keypath::plain_path(key) {
+            let p = bucket_dir.join(rel);
+            if fs::metadata(&p).is_ok_and(|m| m.is_file()) {
+                return Some(p);
+            }
+        }
+        let p = bucket_dir.join(keypath::escaped_path(key));
+        fs::metadata(&p).is_ok_and(|m| m.is_file()).then_some(p)
+    }
+
+    fn read_meta(&self, file: &File, md: &fs::Metadata) -> ObjectMeta {
+        let stored = if self.xattr_ok.load(Ordering::Relaxed) {
+            use xattr::FileExt;
+            file.get_xattr(META_XATTR)
+                .ok()
+                .flatten()
+                .and_then(|v| serde_json::from_slice::<StoredMeta>(&v).ok())
+                .filter(|m| m.size == md.len() && m.mtime_ns == mtime_ns(md))
+        } else {
+            None
+        };
+        let last_modified = md.modified().unwrap_or(UNIX_EPOCH);
+        match stored {
+            Some(m) => ObjectMeta {
+                size: m.size,
+                etag: m.etag,
+                last_modified,
+                headers: m.headers,
+            },
+            None => ObjectMeta {
+                size: md.len(),
+                etag: foreign_etag(md),
+                last_modified,
+                headers: Vec::new(),
+            },
+        }
+    }
+
+    fn write_meta(
+        &self,
+        temp: &TempFile,
+        etag: String,
+        headers: Vec<(String, String)>,
+    ) -> io::Result<SystemTime> {
+        let md = temp.file.metadata()?;
+        if self.xattr_ok.load(Ordering::Relaxed) {
+            use xattr::FileExt;
+            let stored = StoredMeta {
+                etag,
+                size: md.len(),
+                mtime_ns: mtime_ns(&md),
+                headers,
+            };
+            let value = serde_json::to_vec(&stored).map_err(io::Error::other)?;
+            if let Err(e) = temp.file.set_xattr(META_XATTR, &value) {
+                if e.raw_os_error() == Some(libc::ENOTSUP) {
+                    tracing::warn!(
+                        root = %self.root.display(),
+                        "file system refuses user xattrs: ETags and stored headers of new objects are not kept"
+                    );
+                    self.xattr_ok.store(false, Ordering::Relaxed);
+                } else {
+                    return Err(e);
+                }
+            }
+        }
+        Ok(md.modified().unwrap_or_else(|_| SystemTime::now()))
+    }
+
+    /// Moves a finished temp file to `key`'s place: the plain path when it is free of
+    /// conflicts, else the escaped one. Removes the key's copy at the other place.
+    fn commit(&self, bucket_dir: &Path, key: &str, mut temp: TempFile) -> io::Result<()> {
+        let _guard = self.locks[key_stripe(key)]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let escaped = bucket_dir.join(keypath::escaped_path(key));
+        if let Some(rel) = keypath::plain_path(key) {
+            let dst = bucket_dir.join(rel);
+            match rename_into(&temp.path, &dst) {
+                Ok(()) => {
+                    temp.kept = true;
+                    remove_and_prune(&escaped, bucket_dir);
+                    sync_parent(&dst);
+                    return Ok(());
+                }
+                Err(e) if blocked(&e) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        rename_into(&temp.path, &escaped)?;
+        temp.kept = true;
+        sync_parent(&escaped);
+        Ok(())
+    }
+
+    fn upload_dir(&self, upload_id: &str) -> Result<PathBuf> {
+        let ok = upload_id.len() == 32 && upload_id.bytes().all(|c| c.is_ascii_hexdigit());
+        if !ok {
+            return Err(BackendError::NoSuchUpload(upload_id.to_owned()));
+        }
+        let dir = self.uploads.join(upload_id);
+        if dir.is_dir() {
+            Ok(dir)
+        } else {
+            Err(BackendError::NoSuchUpload(upload_id.to_owned()))
+        }
+    }
+
+    fn upload_record(
+        &self,
+        bucket: &str,
+        key: &str,
+        upload_id: &str,
+    ) -> Result<(PathBuf, UploadRecord)> {
+        let dir = self.upload_dir(upload_id)?;
+        let rec: UploadRecord = fs::read(dir.join("upload.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .ok_or_else(|| BackendError::NoSuchUpload(upload_id.to_owned()))?;
+        if rec.bucket != bucket || rec.key != key {
+            return Err(BackendError::NoSuchUpload(upload_id.to_owned()));
+        }
+        Ok((dir, rec))
+    }
+
+    fn parts(&self, dir: &Path) -> io::Result<Vec<(PartInfo, PathBuf)>> {
+        let mut parts: Vec<(PartInfo, PathBuf)> = Vec::new();
+        for entry in fs::read_dir(dir)? {
+            let entry = entry?;
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else { continue };
+            let Some((num, etag)) = name.split_once('.') else {
+                continue;
+            };
+            let Ok(number) = num.parse::<u32>() else {
+                continue;
+            };
+            let md = entry.metadata()?;
+            parts.push((
+                PartInfo {
+                    number,
+                    etag: etag.to_owned(),
+                    size: md.len(),
+                    last_modified: md.modified().unwrap_or(UNIX_EPOCH),
+                },
+                entry.path(),
+            ));
+        }
+        // A part uploaded twice keeps its newest copy.
+        parts.sort_by(|a, b| {
+            a.0.number
+                .cmp(&b.0.number)
+                .then(b.0.last_modified.cmp(&a.0.last_modified))
+        });
+        parts.dedup_by_key(|p| p.0.number);
+        Ok(parts)
+    }
+}
+
+/// ETag of a file that has no stored metadata: stable while size and mtime are.
+fn foreign_etag(md: &fs::Metadata) -> String {
+    let mut h = Md5::new();
+    h.update(md.len().to_le_bytes());
+    h.update(mtime_ns(md).to_le_bytes());
+    hex::encode(h.finalize())
+}
+
+fn blocked(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::ENOTDIR | libc::EISDIR | libc::EEXIST | libc::ENOTEMPTY)
+    )
+}
+
+/// Renames `src` to `dst`, creating `dst`'s folders; retries once if a concurrent delete
+/// pruned a folder in between.
+fn rename_into(src: &Path, dst: &Path) -> io::Result<()> {
+    for attempt in 0..3 {
+        if let Some(parent) = dst.parent() {
+            fs::create_dir_all(parent)?;
+        }
+        match fs::rename(src, dst) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound && attempt < 2 => continue,
+            other => return other,
+        }
+    }
+    unreachable!("the loop returns on its last attempt")
+}
+
+fn sync_parent(path: &Path) {
+    if let Some(parent) = path.parent() {
+        if let Ok(dir) = File::open(parent) {
+            let _ = dir.sync_all();
+        }
+    }
+}
+
+/// Removes a file and then its folders up to (not including) `stop` while they are empty.
+fn remove_and_prune(path: &Path, stop: &Path) {
+    if fs::remove_file(path).is_err() {
+        return;
+    }
+    let mut dir = path.parent();
+    while let Some(d) = dir {
+        if d == stop || !d.starts_with(stop) || fs::remove_dir(d).is_err() {
+            break;
+        }
+        dir = d.parent();
+    }
+}
+
+/// The object key of `path`, a file under `bucket_dir`.
+fn key_of(bucket_dir: &Path, path: &Path) -> Option<String> {
+    let rel = path.strip_prefix(bucket_dir).ok()?;
+    let comps: Option<Vec<&str>> = rel
+        .components()
+        .map(|c| match c {
+            Component::Normal(s) => s.to_str(),
+            _ => None,
+        })
+        .collect();
+    let comps = comps?;
+    if comps.first() == Some(&ESCAPE_DIR) {
+        keypath::decode_escaped(comps[1..].iter().copied())
+    } else {
+        keypath::plain_key(comps.iter().copied())
+    }
+}
+
+/// Every file under `dir` whose key could start with `prefix` (`rel` is `dir`'s key
+/// prefix, ending in `/` or empty). Symlinked folders are not followed.
+fn walk(dir: &Path, rel: &str, prefix: &str, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let Ok(ft) = entry.file_type() else { continue };
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if ft.is_dir() {
+            let sub = format!("{rel}{name}/");
+            if sub.starts_with(prefix) || prefix.starts_with(&sub) {
+                walk(&entry.path(), &sub, prefix, out);
+            }
+        } else if ft.is_file() || (ft.is_symlink() && entry.path().is_file()) {
+            out.push(entry.path());
+        }
+    }
+}
+
+/// One page of keys, with the file of each object on it.
+fn list_sync(bucket_dir: &Path, q: &ListQuery) -> (ListPage, Vec<PathBuf>) {
+    let mut files = Vec::new();
+    // Plain keys: start at the deepest folder the prefix names.
+    let (start, rel) = match q.prefix.rfind('/') {
+        Some(i) => match keypath::plain_path(&q.prefix[..i]) {
+            Some(p) => (bucket_dir.join(p), q.prefix[..=i].to_owned()),
+            None => (bucket_dir.to_path_buf(), String::new()),
+        },
+        None => (bucket_dir.to_path_buf(), String::new()),
+    };
+    walk(&start, &rel, &q.prefix, &mut files);
+    let esc = bucket_dir.join(ESCAPE_DIR);
+    if start != bucket_dir {
+        // The walk above did not reach the escaped keys.
+        walk(&esc, "", "", &mut files);
+    }
+    let after = q.after.as_deref();
+    let mut keys: Vec<(String, PathBuf)> = files
+        .into_iter()
+        .filter_map(|p| key_of(bucket_dir, &p).map(|k| (k, p)))
+        .filter(|(k, _)| k.starts_with(&q.prefix))
+        .filter(|(k, _)| match after {
+            None => true,
+            Some(a) => {
+                let rolled = q.delimiter.as_deref().is_some_and(|d| a.ends_with(d));
+                k.as_str() > a && !(rolled && k.starts_with(a))
+            }
+        })
+        .collect();
+    keys.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    // A key can briefly be at both places; the plain copy wins, as in `locate`.
+    keys.dedup_by(|b, a| a.0 == b.0);
+
+    let mut page = ListPage::default();
+    let mut paths = Vec::new();
+    let delim = q.delimiter.as_deref().filter(|d| !d.is_empty());
+    let mut count = 0usize;
+    for (key, path) in keys {
+        if let Some(d) = delim {
+            if let Some(i) = key[q.prefix.len()..].find(d) {
+                let cp = &key[..q.prefix.len() + i + d.len()];
+                if page.last.as_deref() == Some(cp) {
+                    continue;
+                }
+                if count == q.max_keys {
+                    page.is_truncated = true;
+                    break;
+                }
+                page.common_prefixes.push(cp.to_owned());
+                page.last = Some(cp.to_owned());
+                count += 1;
+                continue;
+            }
+        }
+        if count == q.max_keys {
+            page.is_truncated = true;
+            break;
+        }
+        page.objects.push(ObjectEntry {
+            key: key.clone(),
+            size: 0,
+            etag: String::new(),
+            last_modified: UNIX_EPOCH,
+        });
+        paths.push(path);
+        page.last = Some(key);
+        count += 1;
+    }
+    (page, paths)
+}
+
+#[async_trait]
+impl Backend for FsBackend {
+    fn describe(&self) -> String {
+        format!("fs:{}", self.inner.root.display())
+    }
+
+    async fn list_buckets(&self) -> Result<Vec<BucketInfo>> {
+        self.blocking(|inner| {
+            let mut out = Vec::new();
+            for entry in fs::read_dir(&inner.root)? {
+                let entry = entry?;
+                let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
+                    continue;
+                };
+                if !valid_bucket_name(&name) || !entry.file_type()?.is_dir() {
+                    continue;
+                }
+                let md = entry.metadata()?;
+                let created = md
+                    .created()
+                    .or_else(|_| md.modified())
+                    .unwrap_or(UNIX_EPOCH);
+                out.push(BucketInfo { name, created });
+            }
+            out.sort_by(|a, b| a.name.cmp(&b.name));
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn create_bucket(&self, bucket: &str) -> Result<()> {
+        let bucket = bucket.to_owned();
+        self.blocking(move |inner| {
+            if !valid_bucket_name(&bucket) {
+                return Err(BackendError::InvalidBucketName(bucket));
+            }
+            match fs::create_dir(inner.root.join(&bucket)) {
+                Ok(()) => Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                    Err(BackendError::BucketExists(bucket))
+                }
+                Err(e) => Err(e.into()),
+            }
+        })
+        .await
+    }
+
+    async fn head_bucket(&self, bucket: &str) -> Result<()> {
+        let bucket = bucket.to_owned();
+        self.blocking(move |inner| inner.bucket_dir(&bucket).map(|_| ()))
+            .await
+    }
+
+    async fn delete_bucket(&self, bucket: &str) -> Result<()> {
+        let bucket = bucket.to_owned();
+        self.blocking(move |inner| {
+            let dir = inner.bucket_dir(&bucket)?;
+            let mut files = Vec::new();
+            walk(&dir, "", "", &mut files);
+            if !files.is_empty() {
+                return Err(BackendError::BucketNotEmpty(bucket));
+            }
+            fs::remove_dir_all(&dir)?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn head_object(&self, bucket: &str, key: &str) -> Result<ObjectMeta> {
+        let (bucket, key) = (bucket.to_owned(), key.to_owned());
+        self.blocking(move |inner| {
+            check_key(&key)?;
+            let dir = inner.bucket_dir(&bucket)?;
+            let path = inner
+                .locate(&dir, &key)
+                .ok_or_else(|| BackendError::NoSuchKey(key.clone()))?;
+            let file = File::open(&path).map_err(|_| BackendError::NoSuchKey(key.clone()))?;
+            let md = file.metadata()?;
+            Ok(inner.read_meta(&file, &md))
+        })
+        .await
+    }
+
+    async fn get_object(
+        &self,
+        bucket: &str,
+        key: &str,
+        range: &RangeFn<'_>,
+    ) -> Result<(GetObject, Option<ByteRange>)> {
+        let (bucket, k) = (bucket.to_owned(), key.to_owned());
+        let (file, meta) = self
+            .blocking(move |inner| {
+                check_key(&k)?;
+                let dir = inner.bucket_dir(&bucket)?;
+                let path = inner
+                    .locate(&dir, &k)
+                    .ok_or_else(|| BackendError::NoSuchKey(k.clone()))?;
+                let file = File::open(&path).map_err(|_| BackendError::NoSuchKey(k.clone()))?;
+                let md = file.metadata()?;
+                let meta = inner.read_meta(&file, &md);
+                Ok((file, meta))
+            })
+            .await?;
+        let resolved = range(&meta).map_err(BackendError::Client)?;
+        let (start, len) = match resolved {
+            Some(r) => (r.start, r.len()),
+            None => (0, meta.size),
+        };
+        let body = read_stream(file, start, len);
+        Ok((GetObject { meta, body }, resolved))
+    }
+
+    async fn put_object(
+        &self,
+        bucket: &str,
+        key: &str,
+        body: ByteStream,
+        opts: PutOptions,
+    ) -> Result<ObjectMeta> {
+        check_key(key)?;
+        let bucket_dir = {
+            let b = bucket.to_owned();
+            self.blocking(move |inner| inner.bucket_dir(&b)).await?
+        };
+        let (temp, md5, size) = self.receive(body, self.inner.tmp.clone()).await?;
+        check_written(&opts, &md5, size)?;
+        let key = key.to_owned();
+        self.blocking(move |inner| {
+            let etag = hex::encode(md5);
+            let last_modified = inner.write_meta(&temp, etag.clone(), opts.headers.clone())?;
+            inner.commit(&bucket_dir, &key, temp)?;
+            Ok(ObjectMeta {
+                size,
+                etag,
+                last_modified,
+                headers: opts.headers,
+            })
+        })
+        .await
+    }
+
+    async fn delete_object(&self, bucket: &str, key: &str) -> Result<()> {
+        let (bucket, key) = (bucket.to_owned(), key.to_owned());
+        self.blocking(move |inner| {
+            check_key(&key)?;
+            let dir = inner.bucket_dir(&bucket)?;
+            let _guard = inner.locks[key_stripe(&key)]
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            if let Some(path) = inner.locate(&dir, &key) {
+                remove_and_prune(&path, &dir);
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn list_objects(&self, bucket: &str, query: &ListQuery) -> Result<ListPage> {
+        let (bucket, query) = (bucket.to_owned(), query.clone());
+        self.blocking(move |inner| {
+            let dir = inner.bucket_dir(&bucket)?;
+            let (mut page, paths) = list_sync(&dir, &query);
+            for (obj, path) in page.objects.iter_mut().zip(paths) {
+                // A file deleted since the walk keeps its entry with size 0, as a
+                // listing racing a delete may show on S3 too.
+                if let Ok(file) = File::open(&path) {
+                    if let Ok(md) = file.metadata() {
+                        let meta = inner.read_meta(&file, &md);
+                        obj.etag = meta.etag;
+                        obj.size = meta.size;
+                        obj.last_modified = meta.last_modified;
+                    }
+                }
+            }
+            Ok(page)
+        })
+        .await
+    }
+
+    async fn create_multipart(&self, bucket: &str, key: &str, opts: PutOptions) -> Result<String> {
+        let (bucket, key) = (bucket.to_owned(), key.to_owned());
+        self.blocking(move |inner| {
+            check_key(&key)?;
+            inner.bucket_dir(&bucket)?;
+            let id = uuid::Uuid::new_v4().simple().to_string();
+            let dir = inner.uploads.join(&id);
+            fs::create_dir(&dir)?;
+            let rec = UploadRecord {
+                bucket,
+                key,
+                headers: opts.headers,
+                initiated_ns: now_ns(),
+            };
+            fs::write(
+                dir.join("upload.json"),
+                serde_json::to_vec(&rec).map_err(io::Error::other)?,
+            )?;
+            Ok(id)
+        })
+        .await
+    }
+
+    async fn upload_part(
+        &self,
+        bucket: &str,
+        key: &str,
+        upload_id: &str,
+        part: u32,
+        body: ByteStream,
+        opts: PutOptions,
+    ) -> Result<PartInfo> {
+        let (b, k, id) = (bucket.to_owned(), key.to_owned(), upload_id.to_owned());
+        let dir = self
+            .blocking(move |inner| inner.upload_record(&b, &k, &id).map(|(d, _)| d))
+            .await?;
+        let (temp, md5, size) = self.receive(body, dir.clone()).await?;
+        check_written(&opts, &md5, size)?;
+        let upload_id = upload_id.to_owned();
+        self.blocking(move |inner| {
+            let mut temp = temp;
+            let etag = hex::encode(md5);
+            let dst = dir.join(format!("{part}.{etag}"));
+            fs::rename(&temp.path, &dst).map_err(|e| {
+                if e.kind() == io::ErrorKind::NotFound {
+                    BackendError::NoSuchUpload(upload_id.clone())
+                } else {
+                    e.into()
+                }
+            })?;
+            temp.kept = true;
+            // Drop older copies of this part number.
+            if let Ok(entries) = fs::read_dir(&dir) {
+                for e in entries.flatten() {
+                    let name = e.file_name();
+                    let name = name.to_string_lossy();
+                    if name
+                        .split_once('.')
+                        .is_some_and(|(n, t)| n == part.to_string() && t != etag)
+                    {
+                        let _ = fs::remove_file(e.path());
+                    }
+                }
+            }
+            let _ = inner;
+            Ok(PartInfo {
+                number: part,
+                etag,
+                size,
+                last_modified: SystemTime::now(),
+            })
+        })
+        .await
+    }
+
+    async fn list_parts(&self, bucket: &str, key: &str, upload_id: &str) -> Result<Vec<PartInfo>> {
+        let (b, k, id) = (bucket.to_owned(), key.to_owned(), upload_id.to_owned());
+        self.blocking(move |inner| {
+            let (dir, _) = inner.upload_record(&b, &k, &id)?;
+            Ok(inner.parts(&dir)?.into_iter().map(|(p, _)| p).collect())
+        })
+        .await
+    }
+
+    async fn complete_multipart(
+        &self,
+        bucket: &str,
+        key: &str,
+        upload_id: &str,
+        parts: &[(u32, String)],
+    ) -> Result<ObjectMeta> {
+        let (b, k, id) = (bucket.to_owned(), key.to_owned(), upload_id.to_owned());
+        let wanted = parts.to_vec();
+        self.blocking(move |inner| {
+            let bucket_dir = inner.bucket_dir(&b)?;
+            let (dir, rec) = inner.upload_record(&b, &k, &id)?;
+            if wanted.is_empty() {
+                return Err(BackendError::Client(S3Error::new(
+                    crate::error::S3Code::MalformedXML,
+                    "CompleteMultipartUpload names no parts",
+                )));
+            }
+            if wanted.windows(2).any(|w| w[0].0 >= w[1].0) {
+                return Err(BackendError::InvalidPartOrder);
+            }
+            let have = inner.parts(&dir)?;
+            let mut chosen = Vec::with_capacity(wanted.len());
+            for (number, etag) in &wanted {
+                let etag = etag.trim_matches('"');
+                let found = have
+                    .iter()
+                    .find(|(p, _)| p.number == *number && p.etag == etag)
+                    .ok_or(BackendError::InvalidPart(*number))?;
+                chosen.push(found.clone());
+            }
+            let last = chosen.len() - 1;
+            if chosen[..last].iter().any(|(p, _)| p.size < MIN_PART_SIZE) {
+                return Err(BackendError::EntityTooSmall);
+            }
+            let temp = TempFile::create(
+                inner
+                    .tmp
+                    .join(format!("tmp-{}", uuid::Uuid::new_v4().simple())),
+            )?;
+            let mut out = &temp.file;
+            let mut md5s = Md5::new();
+            let mut size = 0;
+            for (p, path) in &chosen {
+                let mut f = File::open(path)?;
+                size += io::copy(&mut f, &mut out)?;
+                md5s.update(hex::decode(&p.etag).map_err(io::Error::other)?);
+            }
+            temp.file.sync_data()?;
+            let etag = format!("{}-{}", hex::encode(md5s.finalize()), chosen.len());
+            let last_modified = inner.write_meta(&temp, etag.clone(), rec.headers.clone())?;
+            inner.commit(&bucket_dir, &k, temp)?;
+            let _ = fs::remove_dir_all(&dir);
+            Ok(ObjectMeta {
+                size,
+                etag,
+                last_modified,
+                headers: rec.headers,
+            })
+        })
+        .await
+    }
+
+    async fn abort_multipart(&self, bucket: &str, key: &str, upload_id: &str) -> Result<()> {
+        let (b, k, id) = (bucket.to_owned(), key.to_owned(), upload_id.to_owned());
+        self.blocking(move |inner| {
+            let (dir, _) = inner.upload_record(&b, &k, &id)?;
+            fs::remove_dir_all(dir)?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn list_uploads(&self, bucket: &str, prefix: &str) -> Result<Vec<UploadInfo>> {
+        let (b, prefix) = (bucket.to_owned(), prefix.to_owned());
+        self.blocking(move |inner| {
+            inner.bucket_dir(&b)?;
+            let mut out = Vec::new();
+            for entry in fs::read_dir(&inner.uploads)?.flatten() {
+                let Some(rec) = fs::read(entry.path().join("upload.json"))
+                    .ok()
+                    .and_then(|v| serde_json::from_slice::<UploadRecord>(&v).ok())
+                else {
+                    continue;
+                };
+                if rec.bucket == b && rec.key.starts_with(&prefix) {
+                    out.push(UploadInfo {
+                        key: rec.key,
+                        upload_id: entry.file_name().to_string_lossy().into_owned(),
+                        initiated: from_ns(rec.initiated_ns),
+                    });
+                }
+            }
+            out.sort_by(|a, b| a.key.cmp(&b.key).then(a.initiated.cmp(&b.initiated)));
+            Ok(out)
+        })
+        .await
+    }
+}
+
+/// Checks a finished write against the request's Content-MD5 and length.
+fn check_written(opts: &PutOptions, md5: &[u8; 16], size: u64) -> Result<()> {
+    if let Some(want) = opts.expected_md5 {
+        if &want != md5 {
+            return Err(BackendError::BadDigest(
+                "the Content-MD5 you specified did not match what we received".into(),
+            ));
+        }
+    }
+    if let Some(want) = opts.size {
+        if want != size {
+            return Err(BackendError::Client(S3Error::new(
+                crate::error::S3Code::IncompleteBody,
+                format!("expected {want} bytes, received {size}"),
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Streams `len` bytes of `file` from `start`, reading on the blocking pool.
+fn read_stream(file: File, start: u64, len: u64) -> ByteStream {
+    let stream = async_stream::try_stream! {
+        let mut file = Some(file);
+        let mut pos = start;
+        let end = start + len;
+        while pos < end {
+            let want = (end - pos).min(READ_CHUNK as u64) as usize;
+            let mut f = file.take().expect("file is returned after each read");
+            let (f, chunk) = tokio::task::spawn_blocking(move || -> io::Result<(File, Bytes)> {
+                let mut buf = BytesMut::zeroed(want);
+                f.seek(SeekFrom::Start(pos))?;
+                let mut filled = 0;
+                while filled < want {
+                    let n = f.read(&mut buf[filled..])?;
+                    if n == 0 {
+                        break;
+                    }
+                    filled += n;
+                }
+                buf.truncate(filled);
+                Ok((f, buf.freeze()))
+            })
+            .await
+            .map_err(io::Error::other)??;
+            if chunk.is_empty() {
+                // The file shrank under us: end with an error, never a short success.
+                Err(io::Error::new(io::ErrorKind::UnexpectedEof, "object truncated while reading"))?;
+            }
+            pos += chunk.len() as u64;
+            file = Some(f);
+            yield chunk;
+        }
+    };
+    Box::pin(stream)
+}

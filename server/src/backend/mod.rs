@@ -1,0 +1,313 @@
+//! Where objects live: the `Backend` trait (the seam between the node and its object
+//! store) and the types that cross it. `fs` keeps objects as files in a local directory;
+//! an S3 backend sits behind the same trait.
+
+pub mod fs;
+pub mod keypath;
+
+use std::io;
+use std::pin::Pin;
+use std::time::SystemTime;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::Stream;
+
+use crate::error::S3Error;
+
+/// A stream of body bytes; errors end it.
+pub type ByteStream = Pin<Box<dyn Stream<Item = io::Result<Bytes>> + Send>>;
+
+/// Why a backend call failed. Variants name the side at fault: the client's request
+/// (`NoSuch*`, `Invalid*`, `Client`) or this node's storage (`Io`, retry may help).
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error("the bucket `{0}` does not exist")]
+    NoSuchBucket(String),
+    #[error("the key `{0}` does not exist")]
+    NoSuchKey(String),
+    #[error("the upload `{0}` does not exist or was completed or aborted")]
+    NoSuchUpload(String),
+    #[error("the bucket `{0}` exists and is yours")]
+    BucketExists(String),
+    #[error("the bucket `{0}` is not empty")]
+    BucketNotEmpty(String),
+    #[error("`{0}` is not a valid bucket name")]
+    InvalidBucketName(String),
+    #[error("invalid key: {0}")]
+    InvalidKey(&'static str),
+    #[error("the key is longer than 1024 bytes")]
+    KeyTooLong,
+    #[error("part {0} was not uploaded or its ETag does not match")]
+    InvalidPart(u32),
+    #[error("the parts are not in ascending order")]
+    InvalidPartOrder,
+    #[error("a part other than the last is smaller than 5 MiB")]
+    EntityTooSmall,
+    #[error("{0}")]
+    BadDigest(String),
+    /// The request body failed (bad signature, checksum, short body).
+    #[error("{0}")]
+    Client(S3Error),
+    /// Local storage failed.
+    #[error("storage error: {0}")]
+    Io(#[from] io::Error),
+}
+
+impl BackendError {
+    /// Classifies an error read from a request body: the API layer wraps its verdicts
+    /// (bad chunk signature, checksum mismatch, short body) as `S3Error`s inside `io::Error`.
+    pub fn from_body(e: io::Error) -> BackendError {
+        match e
+            .get_ref()
+            .and_then(|inner| inner.downcast_ref::<S3Error>())
+        {
+            Some(s3) => BackendError::Client(s3.clone()),
+            None => BackendError::Io(e),
+        }
+    }
+}
+
+pub type Result<T> = std::result::Result<T, BackendError>;
+
+/// What is known of a stored object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectMeta {
+    pub size: u64,
+    /// Without quotes: the hex MD5 of the bytes, or `md5-of-md5s-N` for multipart.
+    pub etag: String,
+    pub last_modified: SystemTime,
+    /// Headers stored with the object: `content-type`, `cache-control`,
+    /// `x-amz-meta-*` and the like, in lower case.
+    pub headers: Vec<(String, String)>,
+}
+
+impl ObjectMeta {
+    pub fn content_type(&self) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == "content-type")
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// A listing entry.
+#[derive(Debug, Clone)]
+pub struct ObjectEntry {
+    pub key: String,
+    pub size: u64,
+    pub etag: String,
+    pub last_modified: SystemTime,
+}
+
+/// A bucket as listed.
+#[derive(Debug, Clone)]
+pub struct BucketInfo {
+    pub name: String,
+    pub created: SystemTime,
+}
+
+/// What to list: every key after `after` (exclusive) that starts with `prefix`, in
+/// lexicographic byte order, rolled up at `delimiter`.
+#[derive(Debug, Clone, Default)]
+pub struct ListQuery {
+    pub prefix: String,
+    pub delimiter: Option<String>,
+    /// Keys at or before this one are skipped; if it is a rolled-up common prefix, every
+    /// key under it is skipped too.
+    pub after: Option<String>,
+    pub max_keys: usize,
+}
+
+/// One page of a listing.
+#[derive(Debug, Clone, Default)]
+pub struct ListPage {
+    pub objects: Vec<ObjectEntry>,
+    pub common_prefixes: Vec<String>,
+    pub is_truncated: bool,
+    /// The last key or common prefix returned, to resume from.
+    pub last: Option<String>,
+}
+
+/// Decides, from an object's metadata, which bytes of it to send (`None`: all of it), or
+/// refuses (failed precondition, unsatisfiable range).
+pub type RangeFn<'a> =
+    dyn for<'m> Fn(&'m ObjectMeta) -> std::result::Result<Option<ByteRange>, S3Error> + Sync + 'a;
+
+/// A byte range `[start, end)` of an object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ByteRange {
+    pub start: u64,
+    pub end: u64,
+}
+
+impl ByteRange {
+    pub fn len(&self) -> u64 {
+        self.end - self.start
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.end == self.start
+    }
+}
+
+/// An open object: its metadata and a lazy body for the requested range.
+pub struct GetObject {
+    pub meta: ObjectMeta,
+    pub body: ByteStream,
+}
+
+/// Options of a write.
+#[derive(Debug, Clone, Default)]
+pub struct PutOptions {
+    /// Headers to store with the object (see `ObjectMeta::headers`).
+    pub headers: Vec<(String, String)>,
+    /// `Content-MD5` of the request: the write fails with `BadDigest` before it commits
+    /// if the bytes differ.
+    pub expected_md5: Option<[u8; 16]>,
+    /// The exact body length when known; a shorter or longer body fails the write.
+    pub size: Option<u64>,
+}
+
+/// A part of a multipart upload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartInfo {
+    pub number: u32,
+    pub etag: String,
+    pub size: u64,
+    pub last_modified: SystemTime,
+}
+
+/// An upload in progress.
+#[derive(Debug, Clone)]
+pub struct UploadInfo {
+    pub key: String,
+    pub upload_id: String,
+    pub initiated: SystemTime,
+}
+
+/// The object store behind the node. Every method is cancel-safe: a dropped future
+/// leaves no partial object visible.
+#[async_trait]
+pub trait Backend: Send + Sync + 'static {
+    /// A short name for logs: `fs:/path`, `s3:endpoint`.
+    fn describe(&self) -> String;
+
+    async fn list_buckets(&self) -> Result<Vec<BucketInfo>>;
+    async fn create_bucket(&self, bucket: &str) -> Result<()>;
+    async fn head_bucket(&self, bucket: &str) -> Result<()>;
+    async fn delete_bucket(&self, bucket: &str) -> Result<()>;
+
+    async fn head_object(&self, bucket: &str, key: &str) -> Result<ObjectMeta>;
+    /// Opens an object; `range` is resolved against its size by the caller's closure so
+    /// that metadata and bytes come from one version of the object.
+    async fn get_object(
+        &self,
+        bucket: &str,
+        key: &str,
+        range: &RangeFn<'_>,
+    ) -> Result<(GetObject, Option<ByteRange>)>;
+    async fn put_object(
+        &self,
+        bucket: &str,
+        key: &str,
+        body: ByteStream,
+        opts: PutOptions,
+    ) -> Result<ObjectMeta>;
+    /// Deletes a key; a missing key is not an error (S3 answers 204 either way).
+    async fn delete_object(&self, bucket: &str, key: &str) -> Result<()>;
+    async fn list_objects(&self, bucket: &str, query: &ListQuery) -> Result<ListPage>;
+
+    async fn create_multipart(&self, bucket: &str, key: &str, opts: PutOptions) -> Result<String>;
+    async fn upload_part(
+        &self,
+        bucket: &str,
+        key: &str,
+        upload_id: &str,
+        part: u32,
+        body: ByteStream,
+        opts: PutOptions,
+    ) -> Result<PartInfo>;
+    async fn list_parts(&self, bucket: &str, key: &str, upload_id: &str) -> Result<Vec<PartInfo>>;
+    async fn complete_multipart(
+        &self,
+        bucket: &str,
+        key: &str,
+        upload_id: &str,
+        parts: &[(u32, String)],
+    ) -> Result<ObjectMeta>;
+    async fn abort_multipart(&self, bucket: &str, key: &str, upload_id: &str) -> Result<()>;
+    async fn list_uploads(&self, bucket: &str, prefix: &str) -> Result<Vec<UploadInfo>>;
+}
+
+/// S3's bucket naming rules.
+pub fn valid_bucket_name(name: &str) -> bool {
+    let b = name.as_bytes();
+    if !(3..=63).contains(&b.len()) {
+        return false;
+    }
+    let alnum = |c: u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+    if !alnum(b[0]) || !alnum(b[b.len() - 1]) {
+        return false;
+    }
+    if !b.iter().all(|&c| alnum(c) || c == b'.' || c == b'-') {
+        return false;
+    }
+    if name.contains("..") || name.contains(".-") || name.contains("-.") {
+        return false;
+    }
+    // Not formatted like an IP address.
+    name.parse::<std::net::Ipv4Addr>().is_err()
+}
+
+/// S3's key rules: 1..=1024 bytes of UTF-8, no NUL.
+pub fn check_key(key: &str) -> Result<()> {
+    if key.is_empty() {
+        return Err(BackendError::InvalidKey("the key is empty"));
+    }
+    if key.len() > 1024 {
+        return Err(BackendError::KeyTooLong);
+    }
+    if key.bytes().any(|c| c == 0) {
+        return Err(BackendError::InvalidKey("the key contains a NUL byte"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bucket_names() {
+        for ok in ["abc", "my-bucket", "data.set.01", "a1b"] {
+            assert!(valid_bucket_name(ok), "{ok}");
+        }
+        for bad in [
+            "ab",
+            "A_B",
+            "-abc",
+            "abc-",
+            "a..b",
+            "192.168.1.1",
+            "_granary",
+            ".abc",
+            "ab/c",
+            &"a".repeat(64),
+        ] {
+            assert!(!valid_bucket_name(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn keys() {
+        assert!(check_key("a").is_ok());
+        assert!(check_key(&"k".repeat(1024)).is_ok());
+        assert!(matches!(
+            check_key(&"k".repeat(1025)),
+            Err(BackendError::KeyTooLong)
+        ));
+        assert!(check_key("a\0b").is_err());
+        assert!(check_key("").is_err());
+    }
+}

@@ -1,0 +1,294 @@
+//! The node's configuration: one serde tree, filled from defaults, then an optional TOML
+//! file (`--config`), then `GRANARY_*` environment variables and flags (clap gives both,
+//! flags winning). Field names are the flag names with `_` for `-`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Deserializer};
+
+/// Everything `granary serve` needs to start.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Address to serve HTTP on.
+    pub listen: SocketAddr,
+    /// Root for the cache and for the default fs backend.
+    pub data_dir: PathBuf,
+    /// `fs:DIR` or `s3`; `None` means `fs:<data_dir>/origin`.
+    pub backend: Option<String>,
+    /// S3-compatible endpoint for the `s3` backend (path-style addressing).
+    pub s3_endpoint: Option<String>,
+    /// Bytes the disk cache may hold; `None` means 90% of the free disk.
+    #[serde(deserialize_with = "de_opt_size")]
+    pub cache_capacity: Option<u64>,
+    /// Admission policy of the disk cache.
+    pub cache_policy: CachePolicy,
+    /// This node's name in the cluster; `None` means the host name.
+    pub node_id: Option<String>,
+    /// Cluster members as `ID=URL`, this node included.
+    pub peer: Vec<String>,
+    /// How a request that lands on a non-owner is answered.
+    pub route: RouteMode,
+    /// Access key; with `secret_key`, S3 requests must be signed.
+    pub access_key: Option<String>,
+    /// Secret key paired with `access_key`.
+    pub secret_key: Option<String>,
+    /// With credentials set, still allow unsigned read-only requests.
+    pub anonymous_read: bool,
+    /// Verify cache checksums while serving hits.
+    pub verify_reads: bool,
+    /// Also serve the same API on this Unix domain socket.
+    pub listen_unix: Option<PathBuf>,
+    /// TLS certificate chain (PEM) for HTTPS.
+    pub tls_cert: Option<PathBuf>,
+    /// TLS private key (PEM) for HTTPS.
+    pub tls_key: Option<PathBuf>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: "127.0.0.1:7070".parse().expect("static address"),
+            data_dir: PathBuf::from("./granary-data"),
+            backend: None,
+            s3_endpoint: None,
+            cache_capacity: None,
+            cache_policy: CachePolicy::NeverEvict,
+            node_id: None,
+            peer: Vec::new(),
+            route: RouteMode::Proxy,
+            access_key: None,
+            secret_key: None,
+            anonymous_read: false,
+            verify_reads: true,
+            listen_unix: None,
+            tls_cert: None,
+            tls_key: None,
+        }
+    }
+}
+
+/// Cache admission policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum CachePolicy {
+    /// Admit until full, then serve the rest straight through; never remove.
+    NeverEvict,
+    /// Least recently used, for comparison.
+    Lru,
+}
+
+impl CachePolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CachePolicy::NeverEvict => "never-evict",
+            CachePolicy::Lru => "lru",
+        }
+    }
+}
+
+/// How a request for a key owned by another node is answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum RouteMode {
+    /// Stream the owner's response through.
+    Proxy,
+    /// Answer `307` to the owner.
+    Redirect,
+}
+
+/// Where objects come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BackendSpec {
+    /// A local directory, each sub-folder a bucket.
+    Fs(PathBuf),
+    /// S3 through the standard AWS configuration chain.
+    S3,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("bad config file {path}: {source}")]
+    Parse {
+        path: PathBuf,
+        source: Box<toml::de::Error>,
+    },
+    #[error("invalid value for {field}: {message}")]
+    Invalid {
+        field: &'static str,
+        message: String,
+    },
+}
+
+impl Config {
+    /// Reads a TOML config file over the defaults.
+    pub fn from_file(path: &std::path::Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        toml::from_str(&text).map_err(|source| ConfigError::Parse {
+            path: path.to_owned(),
+            source: Box::new(source),
+        })
+    }
+
+    /// The backend this config names.
+    pub fn backend_spec(&self) -> Result<BackendSpec, ConfigError> {
+        match self.backend.as_deref() {
+            None => Ok(BackendSpec::Fs(self.data_dir.join("origin"))),
+            Some("s3") => Ok(BackendSpec::S3),
+            Some(s) => match s.strip_prefix("fs:") {
+                Some(dir) if !dir.is_empty() => Ok(BackendSpec::Fs(PathBuf::from(dir))),
+                _ => Err(ConfigError::Invalid {
+                    field: "backend",
+                    message: format!("`{s}`: expected `fs:DIR` or `s3`"),
+                }),
+            },
+        }
+    }
+
+    /// This node's id: the configured one or the host name.
+    pub fn node_id(&self) -> String {
+        if let Some(id) = &self.node_id {
+            return id.clone();
+        }
+        std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .ok()
+            .map(|s| s.trim().to_owned())
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| "granary".to_owned())
+    }
+
+    /// Checks cross-field rules.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.backend_spec()?;
+        if self.access_key.is_some() != self.secret_key.is_some() {
+            return Err(ConfigError::Invalid {
+                field: "access-key",
+                message: "--access-key and --secret-key go together".into(),
+            });
+        }
+        if self.tls_cert.is_some() != self.tls_key.is_some() {
+            return Err(ConfigError::Invalid {
+                field: "tls-cert",
+                message: "--tls-cert and --tls-key go together".into(),
+            });
+        }
+        for p in &self.peer {
+            parse_peer(p)?;
+        }
+        Ok(())
+    }
+}
+
+/// Splits `ID=URL`.
+pub fn parse_peer(s: &str) -> Result<(String, String), ConfigError> {
+    match s.split_once('=') {
+        Some((id, url))
+            if !id.is_empty() && (url.starts_with("http://") || url.starts_with("https://")) =>
+        {
+            Ok((id.to_owned(), url.trim_end_matches('/').to_owned()))
+        }
+        _ => Err(ConfigError::Invalid {
+            field: "peer",
+            message: format!("`{s}`: expected ID=http://host:port"),
+        }),
+    }
+}
+
+/// Parses a human size: `0`, `4096`, `500MB`, `10GiB`, `1.5TB`.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let num: f64 = num
+        .parse()
+        .map_err(|_| format!("`{s}` is not a size (e.g. 500MB, 10GiB)"))?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" => 1000,
+        "kib" => 1 << 10,
+        "m" | "mb" => 1000 * 1000,
+        "mib" => 1 << 20,
+        "g" | "gb" => 1000 * 1000 * 1000,
+        "gib" => 1 << 30,
+        "t" | "tb" => 1000u64.pow(4),
+        "tib" => 1 << 40,
+        other => return Err(format!("unknown size unit `{other}` in `{s}`")),
+    };
+    let v = num * mult as f64;
+    if !v.is_finite() || v < 0.0 || v > u64::MAX as f64 {
+        return Err(format!("`{s}` is out of range"));
+    }
+    Ok(v as u64)
+}
+
+fn de_opt_size<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Size {
+        Int(u64),
+        Text(String),
+    }
+    match Option::<Size>::deserialize(d)? {
+        None => Ok(None),
+        Some(Size::Int(n)) => Ok(Some(n)),
+        Some(Size::Text(s)) => parse_size(&s).map(Some).map_err(serde::de::Error::custom),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("0").unwrap(), 0);
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert_eq!(parse_size("500MB").unwrap(), 500_000_000);
+        assert_eq!(parse_size("10GiB").unwrap(), 10 << 30);
+        assert_eq!(parse_size("1.5KiB").unwrap(), 1536);
+        assert!(parse_size("ten").is_err());
+        assert!(parse_size("5XB").is_err());
+    }
+
+    #[test]
+    fn toml_file() {
+        let c: Config = toml::from_str(
+            "listen = \"127.0.0.1:9000\"\ncache_capacity = \"2GiB\"\ncache_policy = \"lru\"\npeer = [\"a=http://127.0.0.1:1\"]\n",
+        )
+        .unwrap();
+        assert_eq!(c.listen.port(), 9000);
+        assert_eq!(c.cache_capacity, Some(2 << 30));
+        assert_eq!(c.cache_policy, CachePolicy::Lru);
+        assert_eq!(c.peer.len(), 1);
+        assert!(toml::from_str::<Config>("bogus = 1").is_err());
+    }
+
+    #[test]
+    fn backend_specs() {
+        let mut c = Config::default();
+        assert_eq!(
+            c.backend_spec().unwrap(),
+            BackendSpec::Fs(PathBuf::from("./granary-data/origin"))
+        );
+        c.backend = Some("fs:/srv/data".into());
+        assert_eq!(
+            c.backend_spec().unwrap(),
+            BackendSpec::Fs(PathBuf::from("/srv/data"))
+        );
+        c.backend = Some("s3".into());
+        assert_eq!(c.backend_spec().unwrap(), BackendSpec::S3);
+        c.backend = Some("gcs".into());
+        assert!(c.backend_spec().is_err());
+    }
+}

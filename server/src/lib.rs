@@ -1,0 +1,93 @@
+//! Granary's node: a caching, S3-compatible data tier for deep-learning training.
+//!
+//! `run` wires a `Config` into a serving node: the backend (`backend`), the HTTP API
+//! (`api`: S3 and native routes), and the counters (`stats`).
+
+pub mod api;
+pub mod backend;
+pub mod config;
+pub mod error;
+pub mod stats;
+
+use std::sync::Arc;
+
+use anyhow::Context;
+
+use backend::fs::FsBackend;
+use backend::Backend;
+use config::{BackendSpec, Config};
+
+/// Opens the configured backend.
+pub fn open_backend(config: &Config) -> anyhow::Result<Arc<dyn Backend>> {
+    match config.backend_spec()? {
+        BackendSpec::Fs(dir) => {
+            let fs = FsBackend::open(&dir)
+                .with_context(|| format!("cannot open the fs backend at {}", dir.display()))?;
+            Ok(Arc::new(fs))
+        }
+        BackendSpec::S3 => anyhow::bail!(
+            "this build of granary serves the fs backend only; the s3 backend is a later release"
+        ),
+    }
+}
+
+/// Serves until SIGINT or SIGTERM.
+pub async fn run(config: Config) -> anyhow::Result<()> {
+    config.validate()?;
+    if config.tls_cert.is_some() {
+        anyhow::bail!("this build of granary serves plain HTTP only; TLS is a later release");
+    }
+    std::fs::create_dir_all(&config.data_dir)
+        .with_context(|| format!("cannot create the data dir {}", config.data_dir.display()))?;
+    let backend = open_backend(&config)?;
+    let listen = config.listen;
+    let unix = config.listen_unix.clone();
+    let state = Arc::new(api::AppState::new(config, backend));
+    let app = api::router(state.clone());
+
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("cannot listen on {listen}"))?;
+    tracing::info!(
+        addr = %listener.local_addr()?,
+        node_id = %state.node_id,
+        backend = %state.backend.describe(),
+        auth = state.creds.is_some(),
+        "granary serving"
+    );
+    if let Some(path) = unix {
+        let _ = std::fs::remove_file(&path);
+        let ul = tokio::net::UnixListener::bind(&path)
+            .with_context(|| format!("cannot listen on {}", path.display()))?;
+        tracing::info!(path = %path.display(), "also serving on a Unix socket");
+        let app = app.clone();
+        tokio::spawn(async move {
+            if let Err(e) = axum::serve(ul, app)
+                .with_graceful_shutdown(shutdown())
+                .await
+            {
+                tracing::error!(error = %e, "unix socket server failed");
+            }
+        });
+    }
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown())
+        .await?;
+    tracing::info!("granary stopped");
+    Ok(())
+}
+
+async fn shutdown() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term => {}
+    }
+}

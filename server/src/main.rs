@@ -1,0 +1,138 @@
+//! `granary serve [flags]`: flags (and `GRANARY_*` env) over an optional TOML file over
+//! the defaults, into a `Config`, into a running node.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+use granary_server::config::{parse_size, CachePolicy, Config, RouteMode};
+
+#[derive(Parser)]
+#[command(
+    name = "granary",
+    version,
+    about = "Granary: a caching S3-compatible data tier for deep-learning training"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a node.
+    Serve(ServeArgs),
+}
+
+/// Every flag can also be set as `GRANARY_<FLAG>` or in the `--config` TOML file
+/// (flags win over env, env over the file).
+#[derive(Args)]
+struct ServeArgs {
+    /// TOML file with any of the settings below (names with `_` for `-`).
+    #[arg(long, env = "GRANARY_CONFIG")]
+    config: Option<PathBuf>,
+    /// Address to serve HTTP on [default: 127.0.0.1:7070].
+    #[arg(long, env = "GRANARY_LISTEN")]
+    listen: Option<SocketAddr>,
+    /// Root for the cache and the default fs backend [default: ./granary-data].
+    #[arg(long, env = "GRANARY_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+    /// `fs:DIR` or `s3` [default: fs:<data-dir>/origin].
+    #[arg(long, env = "GRANARY_BACKEND")]
+    backend: Option<String>,
+    /// S3-compatible endpoint URL (path-style addressing).
+    #[arg(long, env = "GRANARY_S3_ENDPOINT")]
+    s3_endpoint: Option<String>,
+    /// Bytes the disk cache may hold (`10GiB`, `500MB`, `0` = no cache) [default: 90% of free disk].
+    #[arg(long, env = "GRANARY_CACHE_CAPACITY", value_parser = parse_size)]
+    cache_capacity: Option<u64>,
+    /// Cache admission policy [default: never-evict].
+    #[arg(long, env = "GRANARY_CACHE_POLICY", value_enum)]
+    cache_policy: Option<CachePolicy>,
+    /// This node's name in the cluster [default: the host name].
+    #[arg(long, env = "GRANARY_NODE_ID")]
+    node_id: Option<String>,
+    /// A cluster member as ID=URL; repeat for each, this node included.
+    #[arg(long = "peer", env = "GRANARY_PEER", value_delimiter = ',')]
+    peer: Vec<String>,
+    /// Answer requests for keys owned elsewhere by proxying or with 307 [default: proxy].
+    #[arg(long, env = "GRANARY_ROUTE", value_enum)]
+    route: Option<RouteMode>,
+    /// Access key; with --secret-key, S3 requests must be signed (SigV4 or presigned).
+    #[arg(long, env = "GRANARY_ACCESS_KEY")]
+    access_key: Option<String>,
+    /// Secret key paired with --access-key.
+    #[arg(long, env = "GRANARY_SECRET_KEY", hide_env_values = true)]
+    secret_key: Option<String>,
+    /// With credentials set, still allow unsigned GET/HEAD (plain training URLs).
+    #[arg(long, env = "GRANARY_ANONYMOUS_READ")]
+    anonymous_read: bool,
+    /// Verify cache checksums while serving hits [default: true].
+    #[arg(long, env = "GRANARY_VERIFY_READS")]
+    verify_reads: Option<bool>,
+    /// Also serve the same API on this Unix domain socket.
+    #[arg(long, env = "GRANARY_LISTEN_UNIX")]
+    listen_unix: Option<PathBuf>,
+    /// TLS certificate chain (PEM) to serve HTTPS.
+    #[arg(long, env = "GRANARY_TLS_CERT")]
+    tls_cert: Option<PathBuf>,
+    /// TLS private key (PEM) to serve HTTPS.
+    #[arg(long, env = "GRANARY_TLS_KEY")]
+    tls_key: Option<PathBuf>,
+}
+
+impl ServeArgs {
+    fn into_config(self) -> anyhow::Result<Config> {
+        let mut c = match &self.config {
+            Some(path) => Config::from_file(path)?,
+            None => Config::default(),
+        };
+        macro_rules! set {
+            ($($f:ident),*) => { $( if let Some(v) = self.$f { c.$f = v; } )* };
+        }
+        macro_rules! set_opt {
+            ($($f:ident),*) => { $( if self.$f.is_some() { c.$f = self.$f; } )* };
+        }
+        set!(listen, data_dir, cache_policy, route, verify_reads);
+        set_opt!(
+            backend,
+            s3_endpoint,
+            cache_capacity,
+            node_id,
+            access_key,
+            secret_key,
+            listen_unix,
+            tls_cert,
+            tls_key
+        );
+        if !self.peer.is_empty() {
+            c.peer = self.peer;
+        }
+        if self.anonymous_read {
+            c.anonymous_read = true;
+        }
+        c.validate()?;
+        Ok(c)
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Serve(args) => {
+            let config = args.into_config()?;
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
+            rt.block_on(granary_server::run(config))
+        }
+    }
+}

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Every test of the project, in tiers that share one release build:
+#   1. formatting and lints (cargo fmt, cargo clippy -D warnings)
+#   2. unit tests and Rust integration tests (real granary processes, aws-sdk-s3)
+#   3. real-client tests in a venv this script creates (boto3, the AWS CLI, pytest)
+# Needs: a Rust toolchain, python3 with venv. Installs the Python packages it uses.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
+
+step() { printf '\n== %s\n' "$*"; }
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy --all-targets -D warnings"
+cargo clippy --release --workspace --all-targets -- -D warnings
+
+step "build (release, all targets)"
+cargo build --release --workspace --all-targets
+export GRANARY_BIN="$root/target/release/granary"
+
+step "Rust unit and integration tests"
+cargo test --release --workspace
+
+step "Python real-client tests (boto3, AWS CLI)"
+venv="$root/tests/.venv"
+if [ ! -x "$venv/bin/python" ]; then
+  python3 -m venv "$venv"
+fi
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r tests/python/requirements.txt
+PATH="$venv/bin:$PATH" "$venv/bin/python" -m pytest -q tests/python
+
+step "all tests passed"
