@@ -476,8 +476,9 @@ fn key_of(bucket_dir: &Path, path: &Path) -> Option<String> {
     }
 }
 
-/// Every file under `dir` whose key could start with `prefix` (`rel` is `dir`'s key
-/// prefix, ending in `/` or empty). Symlinked folders are not followed.
+/// Every plain-key file under `dir` whose key could start with `prefix` (`rel` is `dir`'s
+/// key prefix, ending in `/` or empty). Reserved names are skipped (the escaped keys are
+/// walked on their own); symlinked folders are not followed.
 fn walk(dir: &Path, rel: &str, prefix: &str, out: &mut Vec<PathBuf>) {
     let Ok(entries) = fs::read_dir(dir) else {
         return;
@@ -486,6 +487,9 @@ fn walk(dir: &Path, rel: &str, prefix: &str, out: &mut Vec<PathBuf>) {
         let Ok(ft) = entry.file_type() else { continue };
         let name = entry.file_name();
         let Some(name) = name.to_str() else { continue };
+        if name.starts_with(keypath::RESERVED) {
+            continue;
+        }
         if ft.is_dir() {
             let sub = format!("{rel}{name}/");
             if sub.starts_with(prefix) || prefix.starts_with(&sub) {
@@ -497,23 +501,40 @@ fn walk(dir: &Path, rel: &str, prefix: &str, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// One page of keys, with the file of each object on it.
-fn list_sync(bucket_dir: &Path, q: &ListQuery) -> (ListPage, Vec<PathBuf>) {
+/// Every file under `dir`, reserved names included.
+fn walk_all(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let Ok(ft) = entry.file_type() else { continue };
+        if ft.is_dir() {
+            walk_all(&entry.path(), out);
+        } else {
+            out.push(entry.path());
+        }
+    }
+}
+
+/// The files of every key of the bucket that could start with `prefix`.
+fn key_files(bucket_dir: &Path, prefix: &str) -> Vec<PathBuf> {
     let mut files = Vec::new();
     // Plain keys: start at the deepest folder the prefix names.
-    let (start, rel) = match q.prefix.rfind('/') {
-        Some(i) => match keypath::plain_path(&q.prefix[..i]) {
-            Some(p) => (bucket_dir.join(p), q.prefix[..=i].to_owned()),
+    let (start, rel) = match prefix.rfind('/') {
+        Some(i) => match keypath::plain_path(&prefix[..i]) {
+            Some(p) => (bucket_dir.join(p), prefix[..=i].to_owned()),
             None => (bucket_dir.to_path_buf(), String::new()),
         },
         None => (bucket_dir.to_path_buf(), String::new()),
     };
-    walk(&start, &rel, &q.prefix, &mut files);
-    let esc = bucket_dir.join(ESCAPE_DIR);
-    if start != bucket_dir {
-        // The walk above did not reach the escaped keys.
-        walk(&esc, "", "", &mut files);
-    }
+    walk(&start, &rel, prefix, &mut files);
+    walk_all(&bucket_dir.join(ESCAPE_DIR), &mut files);
+    files
+}
+
+/// One page of keys, with the file of each object on it.
+fn list_sync(bucket_dir: &Path, q: &ListQuery) -> (ListPage, Vec<PathBuf>) {
+    let files = key_files(bucket_dir, &q.prefix);
     let after = q.after.as_deref();
     let mut keys: Vec<(String, PathBuf)> = files
         .into_iter()
@@ -626,9 +647,7 @@ impl Backend for FsBackend {
         let bucket = bucket.to_owned();
         self.blocking(move |inner| {
             let dir = inner.bucket_dir(&bucket)?;
-            let mut files = Vec::new();
-            walk(&dir, "", "", &mut files);
-            if !files.is_empty() {
+            if !key_files(&dir, "").is_empty() {
                 return Err(BackendError::BucketNotEmpty(bucket));
             }
             fs::remove_dir_all(&dir)?;
@@ -987,4 +1006,129 @@ fn read_stream(file: File, start: u64, len: u64) -> ByteStream {
         }
     };
     Box::pin(stream)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn body(data: &'static [u8]) -> ByteStream {
+        Box::pin(futures::stream::iter(vec![Ok(Bytes::from_static(data))]))
+    }
+
+    async fn read(b: &FsBackend, bucket: &str, key: &str) -> Vec<u8> {
+        let (obj, _) = b.get_object(bucket, key, &|_| Ok(None)).await.unwrap();
+        let mut out = Vec::new();
+        let mut s = obj.body;
+        while let Some(c) = s.next().await {
+            out.extend_from_slice(&c.unwrap());
+        }
+        out
+    }
+
+    async fn keys(b: &FsBackend, bucket: &str, prefix: &str) -> Vec<String> {
+        let q = ListQuery {
+            prefix: prefix.into(),
+            max_keys: 1000,
+            ..ListQuery::default()
+        };
+        let page = b.list_objects(bucket, &q).await.unwrap();
+        page.objects.into_iter().map(|o| o.key).collect()
+    }
+
+    #[tokio::test]
+    async fn conflicting_and_odd_keys_round_trip_inside_the_root() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = FsBackend::open(&dir.path().join("origin")).unwrap();
+        b.create_bucket("bkt").await.unwrap();
+        let cases: &[(&str, &[u8])] = &[
+            ("a", b"file a"),
+            ("a/b", b"file a/b"),
+            ("x/y/z", b"deep"),
+            ("x", b"x beside x/"),
+            ("../../escape", b"climb"),
+            ("dir/", b"trailing"),
+            ("a//b", b"double"),
+            (".granary-keys/61.k", b"reserved"),
+        ];
+        for (k, v) in cases {
+            b.put_object("bkt", k, body(v), PutOptions::default())
+                .await
+                .unwrap();
+        }
+        for (k, v) in cases {
+            assert_eq!(read(&b, "bkt", k).await, *v, "{k}");
+        }
+        let mut want: Vec<String> = cases.iter().map(|(k, _)| k.to_string()).collect();
+        want.sort();
+        assert_eq!(keys(&b, "bkt", "").await, want);
+        assert_eq!(keys(&b, "bkt", "a/").await, vec!["a//b", "a/b"]);
+        assert_eq!(keys(&b, "bkt", "..").await, vec!["../../escape"]);
+        // Ordinary keys are ordinary files.
+        assert_eq!(fs::read(b.root().join("bkt/x/y/z")).unwrap(), b"deep");
+        // Nothing was written outside the root.
+        assert_eq!(
+            fs::read_dir(dir.path()).unwrap().count(),
+            1,
+            "only origin/ under the temp dir"
+        );
+        // Deleting a/b frees the folder: a rewrite of `a` goes back to the plain file.
+        b.delete_object("bkt", "a/b").await.unwrap();
+        b.put_object("bkt", "a", body(b"again"), PutOptions::default())
+            .await
+            .unwrap();
+        assert!(b.root().join("bkt/a").is_file());
+        assert_eq!(read(&b, "bkt", "a").await, b"again");
+        assert!(keys(&b, "bkt", "a").await.contains(&"a".to_string()));
+    }
+
+    #[tokio::test]
+    async fn failed_writes_leave_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = FsBackend::open(dir.path()).unwrap();
+        b.create_bucket("bkt").await.unwrap();
+        let bad: ByteStream = Box::pin(futures::stream::iter(vec![
+            Ok(Bytes::from_static(b"partial")),
+            Err(io::Error::other("client went away")),
+        ]));
+        assert!(b
+            .put_object("bkt", "k", bad, PutOptions::default())
+            .await
+            .is_err());
+        let opts = PutOptions {
+            expected_md5: Some([0; 16]),
+            ..PutOptions::default()
+        };
+        let e = b
+            .put_object("bkt", "k", body(b"data"), opts)
+            .await
+            .unwrap_err();
+        assert!(matches!(e, BackendError::BadDigest(_)));
+        assert!(matches!(
+            b.head_object("bkt", "k").await,
+            Err(BackendError::NoSuchKey(_))
+        ));
+        assert_eq!(
+            fs::read_dir(b.root().join(".granary/tmp")).unwrap().count(),
+            0
+        );
+    }
+
+    #[tokio::test]
+    async fn etag_is_md5_and_foreign_files_are_served() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = FsBackend::open(dir.path()).unwrap();
+        b.create_bucket("bkt").await.unwrap();
+        let m = b
+            .put_object("bkt", "k", body(b"hello\n"), PutOptions::default())
+            .await
+            .unwrap();
+        assert_eq!(m.etag, "b1946ac92492d2347c6235b4d2611184");
+        assert_eq!(b.head_object("bkt", "k").await.unwrap().etag, m.etag);
+        fs::write(b.root().join("bkt/dropped.bin"), b"by hand").unwrap();
+        let meta = b.head_object("bkt", "dropped.bin").await.unwrap();
+        assert_eq!(meta.size, 7);
+        assert_eq!(meta.etag.len(), 32);
+        assert_eq!(read(&b, "bkt", "dropped.bin").await, b"by hand");
+    }
 }

@@ -16,7 +16,8 @@ use std::path::PathBuf;
 
 /// The folder under a bucket that holds escaped keys.
 pub const ESCAPE_DIR: &str = ".granary-keys";
-const RESERVED: &str = ".granary";
+/// Names starting with this are never plain key segments.
+pub const RESERVED: &str = ".granary";
 const CHUNK: usize = 128;
 const SUFFIX: &str = ".k";
 
