@@ -22,7 +22,7 @@ cargo build --release --workspace --all-targets
 export GRANARY_BIN="$root/target/release/granary"
 
 step "Rust unit and integration tests"
-cargo test --release --workspace
+cargo test --release --workspace --no-fail-fast
 
 step "Python real-client tests (boto3, AWS CLI)"
 venv="$root/tests/.venv"

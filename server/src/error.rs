@@ -154,11 +154,11 @@ impl S3Error {
         s.push_str("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>");
         s.push_str(self.code.as_str());
         s.push_str("</Code><Message>");
-        crate::api::s3::xml::escape_into(&mut s, &self.message);
+        crate::api::s3::xml::escape_lossy_into(&mut s, &self.message);
         s.push_str("</Message>");
         if let Some(r) = &self.resource {
             s.push_str("<Resource>");
-            crate::api::s3::xml::escape_into(&mut s, r);
+            crate::api::s3::xml::escape_lossy_into(&mut s, r);
             s.push_str("</Resource>");
         }
         s.push_str("<RequestId>");

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import io
 import os
 import re
+import socket
 import time
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
@@ -21,7 +23,8 @@ import requests
 from boto3.s3.transfer import TransferConfig
 from botocore.exceptions import ClientError
 
-from granary_testutil import MiB, md5_hex, multipart_etag, sha256_file, unique_bucket_name
+from granary_testutil import (ACCESS_KEY, REGION, SECRET_KEY, MiB, md5_hex, multipart_etag,
+                              sha256_file, unique_bucket_name)
 
 HTTP_TIMEOUT = 30
 
@@ -643,3 +646,92 @@ def test_unknown_access_key(s3, s3_factory, bucket):
     with pytest.raises(ClientError) as ei:
         bad.list_objects_v2(Bucket=bucket)
     assert error_of(ei.value) == ("InvalidAccessKeyId", 403)
+
+
+# --------------------------------------------------------------------------
+# Expect: 100-continue (botocore sends it on PUT/POST with a file-like body:
+# upload_file, upload_fileobj, the AWS CLI)
+# --------------------------------------------------------------------------
+def test_expect_100_continue_empty_then_nonempty_puts(s3, bucket):
+    """Zero-length and non-empty file-like bodies alternate on pooled connections."""
+    payloads = [b"", os.urandom(1000), b"", b"", os.urandom(70_000), b"", os.urandom(10)]
+    for i, payload in enumerate(payloads):
+        t0 = time.monotonic()
+        resp = s3.put_object(Bucket=bucket, Key=f"expect/{i}", Body=io.BytesIO(payload))
+        elapsed = time.monotonic() - t0
+        assert resp["ETag"] == f'"{md5_hex(payload)}"'
+        assert elapsed < 5, f"PUT #{i} ({len(payload)} bytes) took {elapsed:.1f}s"
+    for i, payload in enumerate(payloads):
+        assert s3.get_object(Bucket=bucket, Key=f"expect/{i}")["Body"].read() == payload
+
+
+def _signed_put_headers(endpoint: str, bucket: str, key: str, body: bytes) -> dict:
+    from botocore.auth import S3SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+
+    req = AWSRequest(method="PUT", url=f"{endpoint}/{bucket}/{key}", data=body)
+    S3SigV4Auth(Credentials(ACCESS_KEY, SECRET_KEY), "s3", REGION).add_auth(req)
+    headers = {k: v for k, v in req.headers.items()}
+    headers["Host"] = endpoint.split("://", 1)[1]
+    headers["Content-Length"] = str(len(body))
+    headers["Expect"] = "100-continue"
+    return headers
+
+
+def _read_response_head(f) -> tuple[int, dict]:
+    status_line = f.readline()
+    assert status_line.startswith(b"HTTP/1.1 "), status_line
+    status = int(status_line.split()[1])
+    headers = {}
+    while True:
+        line = f.readline()
+        assert line, "connection closed inside a response head"
+        if line in (b"\r\n", b"\n"):
+            break
+        name, _, value = line.decode("latin-1").partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return status, headers
+
+
+@pytest.mark.parametrize("size", [0, 200_000])
+def test_expect_100_continue_raw(granary_server, s3, bucket, size):
+    """The server answers `Expect: 100-continue` with `100 Continue` before it
+    reads the body (clients wait up to 1 s for it), or, for an empty body, may
+    answer with the final status at once; either way the connection stays usable."""
+    body = os.urandom(size)
+    key = f"raw-expect-{size}"
+    headers = _signed_put_headers(granary_server.endpoint, bucket, key, body)
+    head = "PUT /%s/%s HTTP/1.1\r\n" % (bucket, key)
+    head += "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
+
+    with socket.create_connection((granary_server.host, granary_server.port), timeout=10) as sock:
+        f = sock.makefile("rb")
+        sock.sendall(head.encode())
+        t0 = time.monotonic()
+        status, resp_headers = _read_response_head(f)
+        first_wait = time.monotonic() - t0
+        if size > 0:
+            assert status == 100, (status, resp_headers)
+            assert first_wait < 1.0, f"100 Continue took {first_wait:.2f}s"
+        if status == 100:
+            sock.sendall(body)
+            status, resp_headers = _read_response_head(f)
+        assert status == 200, (status, resp_headers)
+        assert resp_headers.get("etag") == f'"{md5_hex(body)}"'
+        length = int(resp_headers.get("content-length", "0"))
+        if length:
+            f.read(length)
+
+        # the same connection serves a second request
+        headers2 = _signed_put_headers(granary_server.endpoint, bucket, key + "-2", b"abc")
+        headers2.pop("Expect")
+        head2 = "PUT /%s/%s-2 HTTP/1.1\r\n" % (bucket, key)
+        head2 += "".join(f"{k}: {v}\r\n" for k, v in headers2.items()) + "\r\n"
+        sock.sendall(head2.encode() + b"abc")
+        status, resp_headers = _read_response_head(f)
+        assert status == 200, (status, resp_headers)
+        assert resp_headers.get("etag") == f'"{md5_hex(b"abc")}"'
+
+    assert s3.get_object(Bucket=bucket, Key=key)["Body"].read() == body
+    assert s3.get_object(Bucket=bucket, Key=key + "-2")["Body"].read() == b"abc"

@@ -9,8 +9,20 @@ use crate::error::{S3Code, S3Error};
 
 pub const XMLNS: &str = "http://s3.amazonaws.com/doc/2006-03-01/";
 
-/// Appends `text` with XML's five special characters escaped.
+/// Appends `text` with XML's five special characters escaped. Control characters, which
+/// XML 1.0 cannot carry, become character references as S3 writes them in listings
+/// (clients that may meet them ask for `encoding-type=url`).
 pub fn escape_into(out: &mut String, text: &str) {
+    escape(out, text, false)
+}
+
+/// Like `escape_into`, but control characters become `%XX`, so that the document parses
+/// everywhere: for error documents, which name a key the client sent.
+pub fn escape_lossy_into(out: &mut String, text: &str) {
+    escape(out, text, true)
+}
+
+fn escape(out: &mut String, text: &str, percent_controls: bool) {
     for c in text.chars() {
         match c {
             '&' => out.push_str("&amp;"),
@@ -20,7 +32,11 @@ pub fn escape_into(out: &mut String, text: &str) {
             '\'' => out.push_str("&apos;"),
             // XML 1.0 cannot carry most control characters; S3 writes them as references.
             c if (c as u32) < 0x20 && !matches!(c, '\t' | '\n' | '\r') => {
-                out.push_str(&format!("&#x{:X};", c as u32));
+                if percent_controls {
+                    out.push_str(&format!("%{:02X}", c as u32));
+                } else {
+                    out.push_str(&format!("&#x{:X};", c as u32));
+                }
             }
             c => out.push(c),
         }
@@ -171,5 +187,8 @@ mod tests {
         let mut s = String::new();
         escape_into(&mut s, "a<b>&\"'\u{1}");
         assert_eq!(s, "a&lt;b&gt;&amp;&quot;&apos;&#x1;");
+        let mut s = String::new();
+        escape_lossy_into(&mut s, "k\u{0}\u{1f}<");
+        assert_eq!(s, "k%00%1F&lt;");
     }
 }

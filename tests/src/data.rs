@@ -1,0 +1,101 @@
+//! Test data: seekable pseudo-random bytes, random bytes, MD5 ETags, bucket names.
+
+use md5::{Digest, Md5};
+
+/// A seekable stream of pseudo-random bytes: byte `i` depends only on `seed` and `i`, so a
+/// test can stream any amount without keeping it and still check any range afterwards.
+#[derive(Clone, Copy, Debug)]
+pub struct Pattern {
+    seed: u64,
+}
+
+impl Pattern {
+    pub fn new(seed: u64) -> Self {
+        Self { seed }
+    }
+
+    /// Fills `buf` with the bytes at `offset..offset + buf.len()`.
+    pub fn fill(&self, offset: u64, buf: &mut [u8]) {
+        let mut pos = offset;
+        let mut i = 0;
+        while i < buf.len() {
+            let word = splitmix64(self.seed ^ (pos / 8).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            let bytes = word.to_le_bytes();
+            let within = (pos % 8) as usize;
+            let n = (8 - within).min(buf.len() - i);
+            buf[i..i + n].copy_from_slice(&bytes[within..within + n]);
+            i += n;
+            pos += n as u64;
+        }
+    }
+
+    /// The bytes at `offset..offset + len`.
+    pub fn bytes(&self, offset: u64, len: usize) -> Vec<u8> {
+        let mut v = vec![0; len];
+        self.fill(offset, &mut v);
+        v
+    }
+}
+
+fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// `len` random bytes.
+pub fn random_bytes(len: usize) -> Vec<u8> {
+    use rand::RngCore;
+    let mut v = vec![0; len];
+    rand::thread_rng().fill_bytes(&mut v);
+    v
+}
+
+/// Hex MD5 of `data`.
+pub fn md5_hex(data: &[u8]) -> String {
+    hex::encode(Md5::digest(data))
+}
+
+/// The ETag S3 gives a single-part object: `"<hex md5>"`, quotes included.
+pub fn etag_of(data: &[u8]) -> String {
+    format!("\"{}\"", md5_hex(data))
+}
+
+/// The ETag S3 gives a multipart object: `"<hex md5 of the parts' binary md5s>-N"`.
+pub fn multipart_etag(parts: &[&[u8]]) -> String {
+    let mut concat = Vec::with_capacity(16 * parts.len());
+    for part in parts {
+        concat.extend_from_slice(&Md5::digest(part));
+    }
+    format!("\"{}-{}\"", md5_hex(&concat), parts.len())
+}
+
+/// A unique, valid bucket name starting with `prefix`.
+pub fn bucket_name(prefix: &str) -> String {
+    let suffix = random_bytes(4);
+    format!("{prefix}-{}", hex::encode(suffix))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pattern_is_seekable() {
+        let p = Pattern::new(7);
+        let all = p.bytes(0, 100);
+        for start in 0..20u64 {
+            assert_eq!(p.bytes(start, 37), all[start as usize..start as usize + 37]);
+        }
+        assert_ne!(Pattern::new(8).bytes(0, 100), all);
+    }
+
+    #[test]
+    fn multipart_etag_matches_s3() {
+        // Single part of "hello": md5(md5("hello")) with -1.
+        let inner = Md5::digest(b"hello");
+        let expect = format!("\"{}-1\"", hex::encode(Md5::digest(inner)));
+        assert_eq!(multipart_etag(&[b"hello"]), expect);
+    }
+}

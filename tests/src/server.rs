@@ -1,0 +1,318 @@
+//! Starting and stopping real `granary serve` processes for tests.
+
+use std::collections::HashSet;
+use std::fs::File;
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
+
+use crate::http::{raw_request, raw_request_with_timeout, request_bytes, RawResponse};
+
+/// Access key every credentialed test server is started with.
+pub const ACCESS: &str = "granarytest";
+/// Secret key every credentialed test server is started with.
+pub const SECRET: &str = "granarysecret123";
+
+/// How long [`Server::start`] waits for `/_granary/health` to answer `200`.
+const START_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// How to start a test server.
+#[derive(Clone, Debug, Default)]
+pub struct ServerOpts {
+    /// Start with `--access-key ACCESS --secret-key SECRET`.
+    pub credentials: bool,
+    /// Add `--anonymous-read` (only meaningful with `credentials`).
+    pub anonymous_read: bool,
+    /// Further `granary serve` flags.
+    pub extra_args: Vec<String>,
+}
+
+impl ServerOpts {
+    /// A server that requires SigV4 with the test credentials.
+    pub fn with_credentials() -> Self {
+        Self {
+            credentials: true,
+            ..Self::default()
+        }
+    }
+
+    /// A server with no credentials: every request is allowed unsigned.
+    pub fn open() -> Self {
+        Self::default()
+    }
+}
+
+/// A running `granary serve` process on `127.0.0.1:<free port>` with a private temp dir.
+///
+/// Layout of the temp dir: `data/` is the server's `--data-dir`, `server.log` its stdout and
+/// stderr; tests may create anything else beside them (e.g. a sentinel `outside/`).
+/// The process is killed when the value is dropped, including on a test's panic.
+pub struct Server {
+    child: Child,
+    addr: SocketAddr,
+    root: tempfile::TempDir,
+    data_dir: PathBuf,
+    log_path: PathBuf,
+}
+
+impl Server {
+    /// Starts a server and waits until `GET /_granary/health` answers `200`.
+    ///
+    /// Blocks the calling thread for up to 20 s; the binary is `$GRANARY_BIN`, else
+    /// `<workspace>/target/release/granary`.
+    pub fn start(opts: ServerOpts) -> Result<Server> {
+        let root = tempfile::Builder::new().prefix("granary-test-").tempdir()?;
+        let data_dir = root.path().join("data");
+        std::fs::create_dir_all(&data_dir)?;
+        let log_path = root.path().join("server.log");
+
+        // The port comes from binding :0 and letting go of it, so another process may take
+        // it before the server binds; a server that dies at start-up is retried on a new port.
+        let mut last_err = anyhow!("server did not start");
+        for _attempt in 0..3 {
+            let addr = free_port()?;
+            let mut child = spawn_granary(&opts, addr, &data_dir, &log_path)?;
+            match wait_healthy(&mut child, addr) {
+                Ok(()) => {
+                    return Ok(Server {
+                        child,
+                        addr,
+                        root,
+                        data_dir,
+                        log_path,
+                    })
+                }
+                Err(err) => {
+                    let exited = child.try_wait().ok().flatten().is_some();
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+                    last_err = err.context(format!("server log:\n{log}"));
+                    if !exited {
+                        break;
+                    }
+                }
+            }
+        }
+        Err(last_err)
+    }
+
+    /// `http://127.0.0.1:PORT`
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The socket address the server listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The server's `--data-dir`.
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+
+    /// The temp dir that holds `data/`, the log and whatever a test puts beside them.
+    pub fn root(&self) -> &Path {
+        self.root.path()
+    }
+
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Everything the server wrote to stdout and stderr so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+
+    /// Peak resident set size of the server (`VmHWM` in `/proc/PID/status`), in KiB.
+    pub fn peak_rss_kib(&self) -> Result<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))?;
+        let line = status
+            .lines()
+            .find(|l| l.starts_with("VmHWM:"))
+            .ok_or_else(|| anyhow!("no VmHWM in /proc/{}/status", self.pid()))?;
+        let kib = line
+            .trim_start_matches("VmHWM:")
+            .trim()
+            .trim_end_matches("kB")
+            .trim()
+            .parse()?;
+        Ok(kib)
+    }
+
+    /// True while the process runs and `GET /_granary/health` answers `200`.
+    pub async fn is_healthy(&self) -> bool {
+        match self.raw("GET", "/_granary/health", &[], b"").await {
+            Ok(resp) => resp.status == 200,
+            Err(_) => false,
+        }
+    }
+
+    /// Panics, with the server's log, unless the server is healthy.
+    pub async fn assert_healthy(&self, after: &str) {
+        assert!(
+            self.is_healthy().await,
+            "server unhealthy after {after}; log:\n{}",
+            self.log()
+        );
+    }
+
+    /// Sends one request built by [`request_bytes`] (adds `Host`, `Content-Length` and
+    /// `Connection: close`) and reads the whole answer.
+    pub async fn raw(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Result<RawResponse> {
+        raw_request(
+            self.addr,
+            request_bytes(method, path, self.addr, headers, body),
+        )
+        .await
+    }
+
+    /// An S3 client for this server signing with the test credentials.
+    pub fn s3_client(&self) -> aws_sdk_s3::Client {
+        self.s3_client_with(ACCESS, SECRET)
+    }
+
+    /// An S3 client for this server signing with the given keys.
+    ///
+    /// Path-style, `us-east-1`, no retries (a test must see the first answer), and every
+    /// operation bounded to 120 s.
+    pub fn s3_client_with(&self, access: &str, secret: &str) -> aws_sdk_s3::Client {
+        let creds = Credentials::new(access, secret, None, None, "granary-tests");
+        let timeouts = aws_sdk_s3::config::timeout::TimeoutConfig::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .operation_timeout(Duration::from_secs(120))
+            .build();
+        let config = aws_sdk_s3::Config::builder()
+            .behavior_version(BehaviorVersion::latest())
+            .endpoint_url(self.url())
+            .force_path_style(true)
+            .region(Region::new("us-east-1"))
+            .credentials_provider(creds)
+            .retry_config(aws_sdk_s3::config::retry::RetryConfig::disabled())
+            .timeout_config(timeouts)
+            .build();
+        aws_sdk_s3::Client::from_conf(config)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!("---- granary log ({}) ----\n{}", self.addr, self.log());
+        }
+    }
+}
+
+fn spawn_granary(
+    opts: &ServerOpts,
+    addr: SocketAddr,
+    data_dir: &Path,
+    log_path: &Path,
+) -> Result<Child> {
+    let bin = granary_bin();
+    if !bin.exists() {
+        bail!(
+            "granary binary not found at {} (build it with `cargo build --release -p granary-server` or set GRANARY_BIN)",
+            bin.display()
+        );
+    }
+    let log = File::create(log_path)?;
+    let mut cmd = Command::new(&bin);
+    cmd.arg("serve")
+        .arg("--listen")
+        .arg(addr.to_string())
+        .arg("--data-dir")
+        .arg(data_dir);
+    if opts.credentials {
+        cmd.args(["--access-key", ACCESS, "--secret-key", SECRET]);
+    }
+    if opts.anonymous_read {
+        cmd.arg("--anonymous-read");
+    }
+    cmd.args(&opts.extra_args);
+    // Settings must come from the flags above only, not from the developer's environment.
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("GRANARY_") {
+            cmd.env_remove(key);
+        }
+    }
+    cmd.stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()
+        .with_context(|| format!("spawning {}", bin.display()))
+}
+
+/// `$GRANARY_BIN`, else `<workspace>/target/release/granary`.
+pub fn granary_bin() -> PathBuf {
+    if let Some(bin) = std::env::var_os("GRANARY_BIN") {
+        return PathBuf::from(bin);
+    }
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let workspace = manifest.parent().unwrap_or(manifest);
+    workspace.join("target").join("release").join("granary")
+}
+
+fn wait_healthy(child: &mut Child, addr: SocketAddr) -> Result<()> {
+    let deadline = Instant::now() + START_TIMEOUT;
+    loop {
+        if let Some(status) = child.try_wait()? {
+            bail!("granary exited during start-up with {status}");
+        }
+        let req = request_bytes("GET", "/_granary/health", addr, &[], b"");
+        if let Ok(resp) = raw_request_with_timeout(addr, &req, Duration::from_secs(2)) {
+            if resp.status == 200 {
+                return Ok(());
+            }
+        }
+        if Instant::now() > deadline {
+            bail!("GET /_granary/health did not answer 200 within {START_TIMEOUT:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn free_port() -> Result<SocketAddr> {
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?)
+}
+
+/// Every file (not directory) under `dir`, recursively, skipping the subtree `skip`.
+pub fn list_files(dir: &Path, skip: Option<&Path>) -> HashSet<PathBuf> {
+    let mut out = HashSet::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if Some(path.as_path()) == skip {
+                continue;
+            }
+            match entry.file_type() {
+                Ok(t) if t.is_dir() => stack.push(path),
+                Ok(_) => {
+                    out.insert(path);
+                }
+                Err(_) => {}
+            }
+        }
+    }
+    out
+}
