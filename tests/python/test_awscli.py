@@ -69,28 +69,28 @@ def test_mb_ls_rb(aws_cli, s3, bucket_name):
     assert "404" in res.stderr or "Not Found" in res.stderr, res.describe()
 
 
-def test_cp_20mib_in_and_out(aws_cli, cli_bucket, tmp_path):
-    data = os.urandom(20 * MiB)
-    src = tmp_path / "twenty.bin"
+def test_cp_100mib_in_and_out(aws_cli, cli_bucket, tmp_path):
+    data = os.urandom(100 * MiB)
+    src = tmp_path / "hundred.bin"
     src.write_bytes(data)
-    res = aws_cli.run("s3", "cp", "--no-progress", src, f"s3://{cli_bucket}/in/twenty.bin")
+    res = aws_cli.run("s3", "cp", "--no-progress", src, f"s3://{cli_bucket}/in/hundred.bin")
     # the CLI prints the local path relative to its cwd
     lines = res.stdout.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("upload: ") and lines[0].endswith(
-        f"twenty.bin to s3://{cli_bucket}/in/twenty.bin"), res.describe()
+        f"hundred.bin to s3://{cli_bucket}/in/hundred.bin"), res.describe()
 
     dst = tmp_path / "back.bin"
-    res = aws_cli.run("s3", "cp", "--no-progress", f"s3://{cli_bucket}/in/twenty.bin", dst)
-    assert dst.stat().st_size == 20 * MiB
+    res = aws_cli.run("s3", "cp", "--no-progress", f"s3://{cli_bucket}/in/hundred.bin", dst)
+    assert dst.stat().st_size == 100 * MiB
     assert dst.read_bytes() == data
 
-    res = aws_cli.run("s3api", "head-object", "--bucket", cli_bucket, "--key", "in/twenty.bin",
+    res = aws_cli.run("s3api", "head-object", "--bucket", cli_bucket, "--key", "in/hundred.bin",
                       timeout=60)
     head = json.loads(res.stdout)
-    assert head["ContentLength"] == 20 * MiB
-    # 20 MiB in the CLI's 8 MiB parts: 3 parts
+    assert head["ContentLength"] == 100 * MiB
+    # 100 MiB in the CLI's 8 MiB parts: 13 parts
     assert head["ETag"] == multipart_etag(data, 8 * MiB)
-    assert head["ETag"].endswith('-3"')
+    assert head["ETag"].endswith('-13"')
 
 
 def test_cp_small_and_head_object(aws_cli, cli_bucket, tmp_path):
