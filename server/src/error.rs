@@ -222,8 +222,9 @@ impl From<BackendError> for S3Error {
             B::BadDigest(_) => S3Code::BadDigest,
             B::Client(err) => return err.clone(),
             B::Io(_) => S3Code::InternalError,
+            B::Unavailable(_) => S3Code::ServiceUnavailable,
         };
-        if code == S3Code::InternalError {
+        if matches!(code, S3Code::InternalError | S3Code::ServiceUnavailable) {
             tracing::error!(error = %e, "backend failure");
         }
         S3Error::new(code, e.to_string())

@@ -5,6 +5,7 @@
 
 pub mod api;
 pub mod backend;
+pub mod cache;
 pub mod config;
 pub mod error;
 pub mod stats;
@@ -18,16 +19,19 @@ use backend::Backend;
 use config::{BackendSpec, Config};
 
 /// Opens the configured backend.
-pub fn open_backend(config: &Config) -> anyhow::Result<Arc<dyn Backend>> {
+pub async fn open_backend(config: &Config) -> anyhow::Result<Arc<dyn Backend>> {
     match config.backend_spec()? {
         BackendSpec::Fs(dir) => {
             let fs = FsBackend::open(&dir)
                 .with_context(|| format!("cannot open the fs backend at {}", dir.display()))?;
             Ok(Arc::new(fs))
         }
-        BackendSpec::S3 => anyhow::bail!(
-            "this build of granary serves the fs backend only; the s3 backend is a later release"
-        ),
+        BackendSpec::S3 => {
+            let s3 = backend::s3::S3Backend::connect(config.s3_endpoint.as_deref())
+                .await
+                .context("cannot set up the s3 backend")?;
+            Ok(Arc::new(s3))
+        }
     }
 }
 
@@ -39,10 +43,31 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     }
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("cannot create the data dir {}", config.data_dir.display()))?;
-    let backend = open_backend(&config)?;
+    let backend = open_backend(&config).await?;
+    let stats = Arc::new(stats::Stats::default());
+    let cache_dir = config.data_dir.join("cache");
+    std::fs::create_dir_all(&cache_dir)
+        .with_context(|| format!("cannot create the cache dir {}", cache_dir.display()))?;
+    let capacity = match config.cache_capacity {
+        Some(c) => c,
+        None => {
+            let free = fs4::available_space(&cache_dir).with_context(|| {
+                format!("cannot read the free space of {}", cache_dir.display())
+            })?;
+            free / 10 * 9
+        }
+    };
+    let cache = cache::Cache::open(
+        &cache_dir,
+        capacity,
+        config.cache_policy,
+        config.verify_reads,
+        stats.clone(),
+    )
+    .with_context(|| format!("cannot open the cache at {}", cache_dir.display()))?;
     let listen = config.listen;
     let unix = config.listen_unix.clone();
-    let state = Arc::new(api::AppState::new(config, backend));
+    let state = Arc::new(api::AppState::new(config, backend, Arc::new(cache), stats));
     let app = api::router(state.clone());
 
     let listener = tokio::net::TcpListener::bind(listen)

@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
 
-use crate::http::{raw_request, raw_request_with_timeout, request_bytes, RawResponse};
+use crate::http::{
+    raw_request, raw_request_blocking, raw_request_with_timeout, request_bytes, RawResponse,
+};
 
 /// Access key every credentialed test server is started with.
 pub const ACCESS: &str = "granarytest";
@@ -52,6 +54,7 @@ impl ServerOpts {
 /// stderr; tests may create anything else beside them (e.g. a sentinel `outside/`).
 /// The process is killed when the value is dropped, including on a test's panic.
 pub struct Server {
+    opts: ServerOpts,
     child: Child,
     addr: SocketAddr,
     root: tempfile::TempDir,
@@ -79,6 +82,7 @@ impl Server {
             match wait_healthy(&mut child, addr) {
                 Ok(()) => {
                     return Ok(Server {
+                        opts,
                         child,
                         addr,
                         root,
@@ -99,6 +103,37 @@ impl Server {
             }
         }
         Err(last_err)
+    }
+
+    /// Kills the server with SIGKILL (as a crash would) and starts it again on the same
+    /// data dir, on a new port. The old log is kept as `server.log.N`.
+    pub fn kill_and_restart(&mut self) -> Result<()> {
+        self.child.kill()?;
+        self.child.wait()?;
+        let mut n = 1;
+        while self.log_path.with_extension(format!("log.{n}")).exists() {
+            n += 1;
+        }
+        std::fs::rename(
+            &self.log_path,
+            self.log_path.with_extension(format!("log.{n}")),
+        )?;
+        let addr = free_port()?;
+        let mut child = spawn_granary(&self.opts, addr, &self.data_dir, &self.log_path)?;
+        wait_healthy(&mut child, addr)?;
+        self.child = child;
+        self.addr = addr;
+        Ok(())
+    }
+
+    /// `GET /_granary/stats`, parsed.
+    pub fn stats(&self) -> Result<serde_json::Value> {
+        let req = request_bytes("GET", "/_granary/stats", self.addr, &[], b"");
+        let resp = raw_request_blocking(self.addr, &req)?;
+        if resp.status != 200 {
+            bail!("stats answered {}", resp.status);
+        }
+        Ok(serde_json::from_slice(&resp.body)?)
     }
 
     /// `http://127.0.0.1:PORT`

@@ -15,6 +15,7 @@ use futures::StreamExt;
 use tracing::{field::Empty, Instrument, Span};
 
 use crate::backend::Backend;
+use crate::cache::Cache;
 use crate::config::Config;
 use crate::error::{S3Code, S3Error};
 use crate::stats::Stats;
@@ -28,12 +29,18 @@ pub struct AppState {
     pub config: Config,
     pub node_id: String,
     pub backend: Arc<dyn Backend>,
+    pub cache: Arc<Cache>,
     pub creds: Option<Credentials>,
-    pub stats: Stats,
+    pub stats: Arc<Stats>,
 }
 
 impl AppState {
-    pub fn new(config: Config, backend: Arc<dyn Backend>) -> AppState {
+    pub fn new(
+        config: Config,
+        backend: Arc<dyn Backend>,
+        cache: Arc<Cache>,
+        stats: Arc<Stats>,
+    ) -> AppState {
         let creds = match (&config.access_key, &config.secret_key) {
             (Some(a), Some(s)) => Some(Credentials {
                 access_key: a.clone(),
@@ -45,7 +52,8 @@ impl AppState {
             node_id: config.node_id(),
             creds,
             backend,
-            stats: Stats::default(),
+            cache,
+            stats,
             config,
         }
     }

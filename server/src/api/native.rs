@@ -49,13 +49,15 @@ fn json_response(v: serde_json::Value) -> Response {
 
 fn stats_json(state: &AppState) -> serde_json::Value {
     let s = state.stats.snapshot();
+    let u = state.cache.usage();
     json!({
         "node_id": state.node_id,
-        "policy": state.config.cache_policy.as_str(),
+        "policy": state.cache.policy().as_str(),
         "backend": state.backend.describe(),
-        "used_bytes": 0,
-        "capacity_bytes": 0,
-        "objects": 0,
+        "used_bytes": u.used,
+        "reserved_bytes": u.reserved,
+        "capacity_bytes": u.capacity,
+        "objects": u.objects,
         "hits": s.hits,
         "misses": s.misses,
         "peer_fills": s.peer_fills,
@@ -71,6 +73,7 @@ fn stats_json(state: &AppState) -> serde_json::Value {
 
 fn metrics_text(state: &AppState) -> String {
     let s = state.stats.snapshot();
+    let u = state.cache.usage();
     let mut out = String::new();
     let counters = [
         ("requests_total", "HTTP requests answered", s.requests),
@@ -123,6 +126,29 @@ fn metrics_text(state: &AppState) -> String {
     for (name, help, v) in counters {
         let _ = writeln!(out, "# HELP granary_{name} {help}");
         let _ = writeln!(out, "# TYPE granary_{name} counter");
+        let _ = writeln!(out, "granary_{name}{{node=\"{}\"}} {v}", state.node_id);
+    }
+    let gauges = [
+        (
+            "cache_used_bytes",
+            "bytes of object data in the cache",
+            u.used,
+        ),
+        (
+            "cache_reserved_bytes",
+            "bytes reserved by fills in progress",
+            u.reserved,
+        ),
+        (
+            "cache_capacity_bytes",
+            "bytes the cache may hold",
+            u.capacity,
+        ),
+        ("cache_objects", "objects in the cache", u.objects),
+    ];
+    for (name, help, v) in gauges {
+        let _ = writeln!(out, "# HELP granary_{name} {help}");
+        let _ = writeln!(out, "# TYPE granary_{name} gauge");
         let _ = writeln!(out, "granary_{name}{{node=\"{}\"}} {v}", state.node_id);
     }
     out

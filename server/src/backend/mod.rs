@@ -4,6 +4,7 @@
 
 pub mod fs;
 pub mod keypath;
+pub mod s3;
 
 use std::io;
 use std::pin::Pin;
@@ -52,6 +53,10 @@ pub enum BackendError {
     /// Local storage failed.
     #[error("storage error: {0}")]
     Io(#[from] io::Error),
+    /// The object store behind the node could not be reached, timed out or failed (5xx)
+    /// after the client library's retries: the store's side; a later retry may help.
+    #[error("backend unavailable: {0}")]
+    Unavailable(String),
 }
 
 impl BackendError {

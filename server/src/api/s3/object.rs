@@ -14,6 +14,7 @@ use super::xml::{self, Doc};
 use super::{empty, quoted, xml_response, Req};
 use crate::api::AppState;
 use crate::backend::{check_key, ByteRange, ObjectMeta, PutOptions};
+use crate::cache::Source;
 use crate::error::{S3Code, S3Error};
 
 /// Request headers stored with an object and sent back on reads.
@@ -113,7 +114,7 @@ fn check_conditions(h: &HeaderMap, meta: &ObjectMeta) -> Result<(), S3Error> {
 }
 
 /// The headers every object read carries.
-fn object_headers(state: &AppState, h: &mut HeaderMap, meta: &ObjectMeta) {
+fn object_headers(state: &AppState, h: &mut HeaderMap, meta: &ObjectMeta, source: Source) {
     h.insert(header::ETAG, quoted(&meta.etag));
     h.insert(header::LAST_MODIFIED, http_date(meta.last_modified));
     h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
@@ -131,8 +132,7 @@ fn object_headers(state: &AppState, h: &mut HeaderMap, meta: &ObjectMeta) {
             HeaderValue::from_static("application/octet-stream"),
         );
     }
-    // There is no cache tier in front of the backend yet: every read is a bypass.
-    h.insert("x-granary-cache", HeaderValue::from_static("bypass"));
+    h.insert("x-granary-cache", HeaderValue::from_static(source.as_str()));
     if let Ok(v) = HeaderValue::from_str(&state.node_id) {
         h.insert("x-granary-node", v);
     }
@@ -163,21 +163,28 @@ pub async fn get(state: &AppState, r: Req, head: bool) -> Result<Response, S3Err
         check_conditions(headers, meta)?;
         range.map(|s| s.resolve(meta.size)).transpose()
     };
-    let (meta, body, resolved) = if head {
-        let meta = state.backend.head_object(&r.bucket, &key).await?;
+    let (meta, body, resolved, source) = if head {
+        let (meta, source) = state
+            .cache
+            .head(state.backend.as_ref(), &r.bucket, &key)
+            .await?;
         let resolved = resolve(&meta)?;
-        (meta, Body::empty(), resolved)
+        (meta, Body::empty(), resolved, source)
     } else {
-        let (obj, resolved) = state.backend.get_object(&r.bucket, &key, &resolve).await?;
-        let stats = &state.stats;
-        stats.bypasses.fetch_add(1, Ordering::Relaxed);
-        let len = resolved.map_or(obj.meta.size, |r| r.len());
-        stats.bytes_from_backend.fetch_add(len, Ordering::Relaxed);
-        (obj.meta, Body::from_stream(obj.body), resolved)
+        let read = state
+            .cache
+            .get(&state.backend, &r.bucket, &key, &resolve)
+            .await?;
+        (
+            read.meta,
+            Body::from_stream(read.body),
+            read.range,
+            read.source,
+        )
     };
     let mut resp = Response::new(body);
     let h = resp.headers_mut();
-    object_headers(state, h, &meta);
+    object_headers(state, h, &meta, source);
     response_overrides(&r, h);
     match resolved {
         Some(br) => {
@@ -309,6 +316,7 @@ pub async fn copy(state: &AppState, r: Req) -> Result<Response, S3Error> {
         .backend
         .put_object(&r.bucket, r.key(), src.body, opts)
         .await?;
+    state.cache.invalidate(&r.bucket, r.key());
     let mut doc = Doc::new("CopyObjectResult");
     doc.time("LastModified", meta.last_modified)
         .elem("ETag", &format!("\"{}\"", meta.etag));
@@ -318,6 +326,7 @@ pub async fn copy(state: &AppState, r: Req) -> Result<Response, S3Error> {
 /// DeleteObject: `204` whether or not the key existed.
 pub async fn delete(state: &AppState, r: Req) -> Result<Response, S3Error> {
     state.backend.delete_object(&r.bucket, r.key()).await?;
+    state.cache.invalidate(&r.bucket, r.key());
     Ok(empty(StatusCode::NO_CONTENT))
 }
 
@@ -336,6 +345,7 @@ pub async fn delete_objects(state: &AppState, mut r: Req) -> Result<Response, S3
     for obj in &req.objects {
         match state.backend.delete_object(&r.bucket, &obj.key).await {
             Ok(()) => {
+                state.cache.invalidate(&r.bucket, &obj.key);
                 if !req.quiet {
                     doc.open("Deleted").elem("Key", &obj.key).close("Deleted");
                 }

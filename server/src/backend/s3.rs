@@ -1,0 +1,1243 @@
+//! The S3 backend: objects live in S3 or an S3-compatible store (MinIO, Ceph, moto),
+//! reached through aws-sdk-s3 with the standard AWS configuration chain.
+//!
+//! This module owns the SDK client and its settings (endpoint, path-style addressing,
+//! timeouts, retries, checksum modes), the translation of every `Backend` call into one or
+//! a few S3 requests, the streaming of bodies between our `ByteStream` and the SDK's
+//! (never buffering an object), the mapping of stored headers to and from S3's fields and
+//! user metadata, and the mapping of S3's answers and transport failures onto
+//! `BackendError`, saying which side failed and whether a retry can help.
+
+use std::collections::HashMap;
+use std::io;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use aws_config::meta::region::RegionProviderChain;
+use aws_config::retry::RetryConfig;
+use aws_config::timeout::TimeoutConfig;
+use aws_config::BehaviorVersion;
+use aws_sdk_s3::config::{
+    Region, RequestChecksumCalculation, ResponseChecksumValidation, StalledStreamProtectionConfig,
+};
+use aws_sdk_s3::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
+use aws_sdk_s3::primitives::{ByteStream as SdkByteStream, DateTime, SdkBody};
+use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart, EncodingType};
+use aws_sdk_s3::Client;
+use base64::Engine;
+use bytes::Bytes;
+use http_body::{Frame, SizeHint};
+
+use super::{
+    check_key, valid_bucket_name, Backend, BackendError, BucketInfo, ByteRange, ByteStream,
+    GetObject, ListPage, ListQuery, ObjectEntry, ObjectMeta, PartInfo, PutOptions, RangeFn, Result,
+    UploadInfo,
+};
+use crate::error::{S3Code, S3Error};
+
+/// The region when the configuration chain names none.
+const DEFAULT_REGION: &str = "us-east-1";
+/// Time to set up a TCP (and TLS) connection to the store.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Time from sending a request to the first byte of its answer. Uploads lift it: their
+/// answer comes only after the whole body, which arrives at the pace of our own client.
+const FIRST_BYTE_TIMEOUT: Duration = Duration::from_secs(30);
+/// A download that delivers nothing for this long while being read is cut off.
+const STALL_GRACE: Duration = Duration::from_secs(20);
+/// Tries of a GET whose object was replaced between its HEAD and its GET.
+const GET_ATTEMPTS: usize = 3;
+/// S3's largest page of keys.
+const MAX_PAGE: usize = 1000;
+
+pub struct S3Backend {
+    client: Client,
+    /// The configured endpoint, for `describe` and error messages.
+    endpoint: Option<String>,
+}
+
+impl S3Backend {
+    /// Builds the client from the AWS configuration chain (environment, profiles, IMDS…)
+    /// and `endpoint`, an S3-compatible store addressed path-style. Nothing is sent yet:
+    /// credentials are resolved on the first request.
+    pub async fn connect(endpoint: Option<&str>) -> io::Result<S3Backend> {
+        if let Some(ep) = endpoint {
+            let ok = ep.parse::<http::Uri>().is_ok_and(|u| {
+                matches!(u.scheme_str(), Some("http" | "https")) && u.host().is_some()
+            });
+            if !ok {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("--s3-endpoint `{ep}` is not an http:// or https:// URL"),
+                ));
+            }
+        }
+        let region = RegionProviderChain::default_provider().or_else(Region::new(DEFAULT_REGION));
+        let sdk = aws_config::defaults(BehaviorVersion::latest())
+            .region(region)
+            .timeout_config(
+                TimeoutConfig::builder()
+                    .connect_timeout(CONNECT_TIMEOUT)
+                    .read_timeout(FIRST_BYTE_TIMEOUT)
+                    .build(),
+            )
+            // Connection failures, timeouts, 5xx and throttling are retried with backoff.
+            .retry_config(RetryConfig::standard())
+            // Upload bodies come from our clients, whose pauses are not the store's stalls.
+            .stalled_stream_protection(
+                StalledStreamProtectionConfig::enabled()
+                    .upload_enabled(false)
+                    .grace_period(STALL_GRACE)
+                    .build(),
+            )
+            .load()
+            .await;
+        let mut conf = aws_sdk_s3::config::Builder::from(&sdk)
+            // Streamed bodies of known length need no checksum trailers; Content-MD5 is
+            // sent where the client gave one.
+            .request_checksum_calculation(RequestChecksumCalculation::WhenRequired)
+            .response_checksum_validation(ResponseChecksumValidation::WhenRequired);
+        if let Some(ep) = endpoint {
+            conf = conf.endpoint_url(ep).force_path_style(true);
+        }
+        Ok(S3Backend {
+            client: Client::from_conf(conf.build()),
+            endpoint: endpoint.map(|e| e.trim_end_matches('/').to_owned()),
+        })
+    }
+
+    fn where_(&self) -> &str {
+        self.endpoint.as_deref().unwrap_or("AWS")
+    }
+
+    /// Maps a failed SDK call onto `BackendError`. `target` names what the call was about,
+    /// for S3's bodiless 404s (HEAD) and for the `NoSuch*` messages.
+    fn map_err<E>(
+        &self,
+        e: SdkError<E, aws_sdk_s3::config::http::HttpResponse>,
+        target: Target<'_>,
+    ) -> BackendError
+    where
+        E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    {
+        let backend = self.where_();
+        match &e {
+            // The store answered: its code says who is at fault.
+            SdkError::ServiceError(ctx) => {
+                let status = ctx.raw().status().as_u16();
+                let err = ctx.err();
+                let message = err.message().unwrap_or("").to_owned();
+                from_code(err.code(), status, &message, target, backend)
+            }
+            // No answer in time (the SDK retried first): the store's side; retry may help.
+            SdkError::TimeoutError(_) => BackendError::Unavailable(format!(
+                "the S3 backend at {backend} did not answer in time: {}",
+                DisplayErrorContext(&e)
+            )),
+            // Connection refused or reset, DNS, TLS (after the SDK's retries): the store or
+            // the network to it; retry may help once it is back.
+            SdkError::DispatchFailure(_) => BackendError::Unavailable(format!(
+                "the S3 backend at {backend} cannot be reached: {}",
+                DisplayErrorContext(&e)
+            )),
+            // An answer we could not read: the store's side.
+            SdkError::ResponseError(_) => BackendError::Unavailable(format!(
+                "the S3 backend at {backend} sent an unreadable answer: {}",
+                DisplayErrorContext(&e)
+            )),
+            // The request could not be built or signed (no credentials in the AWS chain,
+            // say): this node's configuration; retry will not help until it is fixed.
+            _ => BackendError::Io(io::Error::other(format!(
+                "cannot send a request to the S3 backend at {backend}: {}",
+                DisplayErrorContext(&e)
+            ))),
+        }
+    }
+
+    /// A bodiless 404 of a HEAD: the key is missing, or its bucket is.
+    async fn missing(&self, bucket: &str, key: &str) -> BackendError {
+        match self.head_bucket(bucket).await {
+            Err(e @ BackendError::NoSuchBucket(_)) => e,
+            _ => BackendError::NoSuchKey(key.to_owned()),
+        }
+    }
+
+    /// Sends `body` of `size` bytes with `send`, reporting a failure of the body itself
+    /// (the client's side) rather than the SDK's view of it.
+    async fn upload<T, E, F, Fut>(
+        &self,
+        body: ByteStream,
+        size: u64,
+        target: Target<'_>,
+        send: F,
+    ) -> Result<T>
+    where
+        E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+        F: FnOnce(SdkByteStream) -> Fut,
+        Fut: std::future::Future<
+            Output = std::result::Result<T, SdkError<E, aws_sdk_s3::config::http::HttpResponse>>,
+        >,
+    {
+        let failure = Arc::new(Mutex::new(None));
+        let body = UploadBody {
+            inner: Mutex::new(body),
+            remaining: size,
+            size,
+            failure: failure.clone(),
+        };
+        let result = send(SdkByteStream::new(SdkBody::from_body_1_x(body))).await;
+        let body_failure = failure.lock().unwrap_or_else(|p| p.into_inner()).take();
+        match (result, body_failure) {
+            (Ok(v), None) => Ok(v),
+            (_, Some(e)) => Err(e),
+            (Err(e), None) => Err(self.map_err(e, target)),
+        }
+    }
+}
+
+/// What a call was about.
+#[derive(Clone, Copy)]
+enum Target<'a> {
+    Bucket(&'a str),
+    Object(&'a str, &'a str),
+    Upload(&'a str),
+}
+
+/// S3's error code (and status) → `BackendError`.
+fn from_code(
+    code: Option<&str>,
+    status: u16,
+    message: &str,
+    target: Target<'_>,
+    backend: &str,
+) -> BackendError {
+    let (bucket, key) = match target {
+        Target::Bucket(b) => (b, ""),
+        Target::Object(b, k) => (b, k),
+        Target::Upload(_) => ("", ""),
+    };
+    let code = code.unwrap_or(match status {
+        404 => "NotFound",
+        _ => "",
+    });
+    match code {
+        // The client asked for something that is not there.
+        "NoSuchKey" => BackendError::NoSuchKey(key.to_owned()),
+        "NoSuchBucket" => BackendError::NoSuchBucket(bucket.to_owned()),
+        "NoSuchUpload" => match target {
+            Target::Upload(id) => BackendError::NoSuchUpload(id.to_owned()),
+            _ => BackendError::NoSuchUpload(String::new()),
+        },
+        "NotFound" => match target {
+            Target::Object(_, k) => BackendError::NoSuchKey(k.to_owned()),
+            Target::Bucket(b) => BackendError::NoSuchBucket(b.to_owned()),
+            Target::Upload(id) => BackendError::NoSuchUpload(id.to_owned()),
+        },
+        // The client's request conflicts with the store's state or breaks its rules.
+        "BucketAlreadyOwnedByYou" | "BucketAlreadyExists" => {
+            BackendError::BucketExists(bucket.to_owned())
+        }
+        "BucketNotEmpty" => BackendError::BucketNotEmpty(bucket.to_owned()),
+        "InvalidBucketName" => BackendError::InvalidBucketName(bucket.to_owned()),
+        "InvalidPartOrder" => BackendError::InvalidPartOrder,
+        "EntityTooSmall" => BackendError::EntityTooSmall,
+        "BadDigest" => BackendError::BadDigest(if message.is_empty() {
+            "the Content-MD5 you specified did not match what we received".into()
+        } else {
+            message.to_owned()
+        }),
+        "KeyTooLongError" => BackendError::KeyTooLong,
+        // The store refuses this node's credentials or policy: the node's configuration,
+        // not the client's signature; retry will not help.
+        _ if status == 403 => BackendError::Client(S3Error::new(
+            S3Code::AccessDenied,
+            format!(
+                "the S3 backend at {backend} denied access ({code}): {message}; check the node's AWS credentials"
+            ),
+        )),
+        // The store failed or is overloaded (the SDK retried first): its side; a later
+        // retry may help.
+        _ if status >= 500 || code == "SlowDown" => BackendError::Unavailable(format!(
+            "the S3 backend at {backend} failed with {status} {code}: {message}"
+        )),
+        _ => match passthrough(code) {
+            // Other refusals of the client's request keep S3's own code.
+            Some(c) => BackendError::Client(S3Error::new(c, message)),
+            // Redirects (wrong region) and codes we do not know: the node's setup or the
+            // store; report them as the store's failure with its words.
+            None => BackendError::Unavailable(format!(
+                "the S3 backend at {backend} answered {status} {code}: {message}"
+            )),
+        },
+    }
+}
+
+/// S3 codes of client errors that pass through unchanged.
+fn passthrough(code: &str) -> Option<S3Code> {
+    use S3Code::*;
+    Some(match code {
+        "InvalidPart" => InvalidPart,
+        "InvalidArgument" => InvalidArgument,
+        "InvalidRequest" => InvalidRequest,
+        "InvalidRange" => InvalidRange,
+        "InvalidDigest" => InvalidDigest,
+        "EntityTooLarge" => EntityTooLarge,
+        "IncompleteBody" => IncompleteBody,
+        "MalformedXML" => MalformedXML,
+        "MissingContentLength" => MissingContentLength,
+        "MethodNotAllowed" => MethodNotAllowed,
+        "PreconditionFailed" => PreconditionFailed,
+        "NotModified" => NotModified,
+        _ => return None,
+    })
+}
+
+/// An ETag as S3 sends it (quoted), as `ObjectMeta` keeps it (bare).
+fn unquote(etag: Option<&str>) -> String {
+    etag.unwrap_or("").trim().trim_matches('"').to_owned()
+}
+
+fn time(t: Option<&DateTime>) -> SystemTime {
+    t.and_then(|t| SystemTime::try_from(*t).ok())
+        .unwrap_or(UNIX_EPOCH)
+}
+
+fn size(n: Option<i64>) -> u64 {
+    n.and_then(|n| u64::try_from(n).ok()).unwrap_or(0)
+}
+
+/// Stored headers from S3's fields and user metadata, sorted by name (as the API layer
+/// stores them).
+fn stored_headers(
+    fields: [(&str, Option<&str>); 6],
+    metadata: Option<&HashMap<String, String>>,
+) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = fields
+        .into_iter()
+        .filter_map(|(k, v)| Some((k.to_owned(), v?.to_owned())))
+        .collect();
+    if let Some(md) = metadata {
+        out.extend(
+            md.iter()
+                .map(|(k, v)| (format!("x-amz-meta-{}", k.to_ascii_lowercase()), v.clone())),
+        );
+    }
+    out.sort();
+    out
+}
+
+/// Sets stored headers on a PutObject or CreateMultipartUpload request.
+macro_rules! with_headers {
+    ($req:expr, $headers:expr) => {{
+        let mut req = $req;
+        for (name, value) in $headers {
+            let value = value.clone();
+            req = match name.as_str() {
+                "content-type" => req.content_type(value),
+                "cache-control" => req.cache_control(value),
+                "content-disposition" => req.content_disposition(value),
+                "content-encoding" => req.content_encoding(value),
+                "content-language" => req.content_language(value),
+                "expires" => match httpdate::parse_http_date(&value) {
+                    Ok(t) => req.expires(DateTime::from(t)),
+                    Err(_) => {
+                        tracing::debug!(%value, "Expires is not an HTTP date; not stored on S3");
+                        req
+                    }
+                },
+                other => match other.strip_prefix("x-amz-meta-") {
+                    Some(k) => req.metadata(k, value),
+                    None => req,
+                },
+            };
+        }
+        req
+    }};
+}
+
+/// Our request body as an `http_body::Body` for the SDK, checked against its declared
+/// length. A failure is recorded for the caller, so it reports the client's error (bad
+/// signature, short body) rather than the SDK's wrapping of it.
+struct UploadBody {
+    /// A `Mutex` only to make the body `Sync`, as the SDK asks; it is never contended.
+    inner: Mutex<ByteStream>,
+    remaining: u64,
+    size: u64,
+    failure: Arc<Mutex<Option<BackendError>>>,
+}
+
+impl UploadBody {
+    fn fail(
+        &mut self,
+        e: BackendError,
+    ) -> Poll<Option<std::result::Result<Frame<Bytes>, io::Error>>> {
+        let msg = e.to_string();
+        *self.failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+        Poll::Ready(Some(Err(io::Error::other(msg))))
+    }
+}
+
+impl http_body::Body for UploadBody {
+    type Data = Bytes;
+    type Error = io::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<std::result::Result<Frame<Bytes>, io::Error>>> {
+        let this = self.get_mut();
+        let inner = this.inner.get_mut().unwrap_or_else(|p| p.into_inner());
+        match inner.as_mut().poll_next(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Some(Ok(chunk))) => {
+                if chunk.len() as u64 > this.remaining {
+                    let size = this.size;
+                    return this.fail(BackendError::Client(S3Error::new(
+                        S3Code::IncompleteBody,
+                        format!("the body is longer than its declared {size} bytes"),
+                    )));
+                }
+                this.remaining -= chunk.len() as u64;
+                Poll::Ready(Some(Ok(Frame::data(chunk))))
+            }
+            Poll::Ready(Some(Err(e))) => this.fail(BackendError::from_body(e)),
+            Poll::Ready(None) if this.remaining > 0 => {
+                let (size, got) = (this.size, this.size - this.remaining);
+                this.fail(BackendError::Client(S3Error::new(
+                    S3Code::IncompleteBody,
+                    format!("expected {size} bytes, received {got}"),
+                )))
+            }
+            Poll::Ready(None) => Poll::Ready(None),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.remaining)
+    }
+}
+
+/// The SDK's response body as our `ByteStream`, chunk by chunk, failing unless exactly
+/// `expected` bytes arrive.
+fn download(body: SdkByteStream, expected: u64, backend: String) -> ByteStream {
+    Box::pin(async_stream::try_stream! {
+        let mut body = body;
+        let mut got = 0u64;
+        while let Some(chunk) = body.next().await {
+            // The store or the network broke off: its side; the client may retry.
+            let chunk = chunk.map_err(|e| io::Error::other(format!(
+                "the S3 backend at {backend} broke off after {got} of {expected} bytes: {}",
+                DisplayErrorContext(e)
+            )))?;
+            got += chunk.len() as u64;
+            if got > expected {
+                Err(io::Error::other(format!(
+                    "the S3 backend at {backend} sent more than the {expected} bytes it announced"
+                )))?;
+            }
+            yield chunk;
+        }
+        if got != expected {
+            Err(io::Error::new(io::ErrorKind::UnexpectedEof, format!(
+                "the S3 backend at {backend} ended after {got} of {expected} bytes"
+            )))?;
+        }
+    })
+}
+
+/// An entry of a listing page: a key or a rolled-up common prefix.
+#[derive(Debug)]
+enum Entry {
+    Object(ObjectEntry),
+    Prefix(String),
+}
+
+impl Entry {
+    fn name(&self) -> &str {
+        match self {
+            Entry::Object(o) => &o.key,
+            Entry::Prefix(p) => p,
+        }
+    }
+}
+
+/// Keys and common prefixes of one S3 page merged in byte order (S3 sends two sorted lists).
+fn merge(objects: Vec<ObjectEntry>, prefixes: Vec<String>) -> Vec<Entry> {
+    let mut out = Vec::with_capacity(objects.len() + prefixes.len());
+    let mut objects = objects.into_iter().peekable();
+    let mut prefixes = prefixes.into_iter().peekable();
+    loop {
+        let take_object = match (objects.peek(), prefixes.peek()) {
+            (Some(o), Some(p)) => o.key.as_str() < p.as_str(),
+            (Some(_), None) => true,
+            (None, Some(_)) => false,
+            (None, None) => break,
+        };
+        if take_object {
+            out.extend(objects.next().map(Entry::Object));
+        } else {
+            out.extend(prefixes.next().map(Entry::Prefix));
+        }
+    }
+    out
+}
+
+/// Decodes a name of a listing asked with `encoding-type=url` (S3 writes a space as `+`).
+fn url_decode(s: &str) -> String {
+    let plus = s.replace('+', " ");
+    percent_encoding::percent_decode_str(&plus)
+        .decode_utf8_lossy()
+        .into_owned()
+}
+
+/// The common prefix `after` stands for, if it is one: it ends with the delimiter and is
+/// longer than the query's prefix (a key equal to the prefix is just a key).
+fn rolled<'a>(after: Option<&'a str>, q: &ListQuery) -> Option<&'a str> {
+    let d = q.delimiter.as_deref().filter(|d| !d.is_empty())?;
+    after.filter(|a| a.ends_with(d) && a.len() > q.prefix.len())
+}
+
+/// Adds the entries of one S3 page to `page`, skipping those under `skip` (a common prefix
+/// S3 repeats after a start-after equal to it). Returns false once `page` is full; it is
+/// then marked truncated if an entry was left over.
+fn fill(page: &mut ListPage, entries: Vec<Entry>, skip: Option<&str>, max: usize) -> bool {
+    for e in entries {
+        if skip.is_some_and(|s| e.name().starts_with(s)) {
+            continue;
+        }
+        if page.objects.len() + page.common_prefixes.len() == max {
+            page.is_truncated = true;
+            return false;
+        }
+        page.last = Some(e.name().to_owned());
+        match e {
+            Entry::Object(o) => page.objects.push(o),
+            Entry::Prefix(p) => page.common_prefixes.push(p),
+        }
+    }
+    true
+}
+
+#[async_trait]
+impl Backend for S3Backend {
+    fn describe(&self) -> String {
+        format!("s3:{}", self.endpoint.as_deref().unwrap_or("aws"))
+    }
+
+    async fn list_buckets(&self) -> Result<Vec<BucketInfo>> {
+        let mut out = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            let resp = self
+                .client
+                .list_buckets()
+                .set_continuation_token(token.take())
+                .send()
+                .await
+                .map_err(|e| self.map_err(e, Target::Bucket("")))?;
+            out.extend(resp.buckets().iter().filter_map(|b| {
+                Some(BucketInfo {
+                    name: b.name()?.to_owned(),
+                    created: time(b.creation_date()),
+                })
+            }));
+            match resp.continuation_token() {
+                Some(t) if !t.is_empty() => token = Some(t.to_owned()),
+                _ => break,
+            }
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+
+    async fn create_bucket(&self, bucket: &str) -> Result<()> {
+        if !valid_bucket_name(bucket) {
+            return Err(BackendError::InvalidBucketName(bucket.to_owned()));
+        }
+        let mut req = self.client.create_bucket().bucket(bucket);
+        // Outside us-east-1, S3 wants the region named in the body.
+        if let Some(region) = self.client.config().region().map(|r| r.as_ref().to_owned()) {
+            if region != DEFAULT_REGION {
+                req = req.create_bucket_configuration(
+                    aws_sdk_s3::types::CreateBucketConfiguration::builder()
+                        .location_constraint(region.as_str().into())
+                        .build(),
+                );
+            }
+        }
+        req.send()
+            .await
+            .map_err(|e| self.map_err(e, Target::Bucket(bucket)))?;
+        Ok(())
+    }
+
+    async fn head_bucket(&self, bucket: &str) -> Result<()> {
+        if !valid_bucket_name(bucket) {
+            return Err(BackendError::NoSuchBucket(bucket.to_owned()));
+        }
+        self.client
+            .head_bucket()
+            .bucket(bucket)
+            .send()
+            .await
+            .map_err(|e| self.map_err(e, Target::Bucket(bucket)))?;
+        Ok(())
+    }
+
+    async fn delete_bucket(&self, bucket: &str) -> Result<()> {
+        if !valid_bucket_name(bucket) {
+            return Err(BackendError::NoSuchBucket(bucket.to_owned()));
+        }
+        self.client
+            .delete_bucket()
+            .bucket(bucket)
+            .send()
+            .await
+            .map_err(|e| self.map_err(e, Target::Bucket(bucket)))?;
+        Ok(())
+    }
+
+    async fn head_object(&self, bucket: &str, key: &str) -> Result<ObjectMeta> {
+        check_key(key)?;
+        if !valid_bucket_name(bucket) {
+            return Err(BackendError::NoSuchBucket(bucket.to_owned()));
+        }
+        let out = match self
+            .client
+            .head_object()
+            .bucket(bucket)
+            .key(key)
+            .send()
+            .await
+        {
+            Ok(out) => out,
+            Err(e) => {
+                return Err(match self.map_err(e, Target::Object(bucket, key)) {
+                    BackendError::NoSuchKey(_) => self.missing(bucket, key).await,
+                    other => other,
+                })
+            }
+        };
+        let headers = stored_headers(
+            [
+                ("content-type", out.content_type()),
+                ("cache-control", out.cache_control()),
+                ("content-disposition", out.content_disposition()),
+                ("content-encoding", out.content_encoding()),
+                ("content-language", out.content_language()),
+                ("expires", out.expires_string()),
+            ],
+            out.metadata(),
+        );
+        Ok(ObjectMeta {
+            size: size(out.content_length()),
+            etag: unquote(out.e_tag()),
+            last_modified: time(out.last_modified()),
+            headers,
+        })
+    }
+
+    /// HEAD for the metadata the closure decides on, then a GET of just the bytes it
+    /// chose, pinned to that version with `If-Match`; if the object was replaced in
+    /// between, both are repeated.
+    async fn get_object(
+        &self,
+        bucket: &str,
+        key: &str,
+        range: &RangeFn<'_>,
+    ) -> Result<(GetObject, Option<ByteRange>)> {
+        for _ in 0..GET_ATTEMPTS {
+            let meta = self.head_object(bucket, key).await?;
+            let resolved = range(&meta).map_err(BackendError::Client)?;
+            let (start, len) = resolved.map_or((0, meta.size), |r| (r.start, r.len()));
+            if len == 0 {
+                let body: ByteStream = Box::pin(futures::stream::empty());
+                return Ok((GetObject { meta, body }, resolved));
+            }
+            let mut req = self
+                .client
+                .get_object()
+                .bucket(bucket)
+                .key(key)
+                .if_match(format!("\"{}\"", meta.etag));
+            if resolved.is_some() {
+                req = req.range(format!("bytes={}-{}", start, start + len - 1));
+            }
+            match req.send().await {
+                Ok(out) => {
+                    let got = size(out.content_length());
+                    if got != len {
+                        return Err(BackendError::Unavailable(format!(
+                            "the S3 backend at {} answered {got} bytes for a read of {len}",
+                            self.where_()
+                        )));
+                    }
+                    let body = download(out.body, len, self.where_().to_owned());
+                    return Ok((GetObject { meta, body }, resolved));
+                }
+                Err(e) => match self.map_err(e, Target::Object(bucket, key)) {
+                    // Replaced or deleted since the HEAD: start over with the new version.
+                    BackendError::Client(s) if s.code == S3Code::PreconditionFailed => continue,
+                    BackendError::NoSuchKey(_) => continue,
+                    other => return Err(other),
+                },
+            }
+        }
+        Err(BackendError::Unavailable(format!(
+            "`{bucket}/{key}` on the S3 backend at {} changed during each of {GET_ATTEMPTS} reads",
+            self.where_()
+        )))
+    }
+
+    async fn put_object(
+        &self,
+        bucket: &str,
+        key: &str,
+        body: ByteStream,
+        opts: PutOptions,
+    ) -> Result<ObjectMeta> {
+        check_key(key)?;
+        if !valid_bucket_name(bucket) {
+            return Err(BackendError::NoSuchBucket(bucket.to_owned()));
+        }
+        let size = required_size(&opts)?;
+        let out = self
+            .upload(body, size, Target::Object(bucket, key), |body| {
+                let mut req = self
+                    .client
+                    .put_object()
+                    .bucket(bucket)
+                    .key(key)
+                    .content_length(size as i64)
+                    .set_content_md5(opts.expected_md5.map(md5_header))
+                    .body(body);
+                req = with_headers!(req, &opts.headers);
+                req.customize().config_override(upload_timeouts()).send()
+            })
+            .await?;
+        Ok(ObjectMeta {
+            size,
+            etag: unquote(out.e_tag()),
+            last_modified: SystemTime::now(),
+            headers: opts.headers,
+        })
+    }
+
+    async fn delete_object(&self, bucket: &str, key: &str) -> Result<()> {
+        check_key(key)?;
+        if !valid_bucket_name(bucket) {
+            return Err(BackendError::NoSuchBucket(bucket.to_owned()));
+        }
+        self.client
+            .delete_object()
+            .bucket(bucket)
+            .key(key)
+            .send()
+            .await
+            .map_err(|e| self.map_err(e, Target::Object(bucket, key)))?;
+        Ok(())
+    }
+
+    /// ListObjectsV2 from `start-after = after`. S3 has no way to start after a common
+    /// prefix, so a page that follows one may begin with it again: it is skipped, and one
+    /// key more than needed is asked for so that a skip never leaves the page short.
+    async fn list_objects(&self, bucket: &str, query: &ListQuery) -> Result<ListPage> {
+        if !valid_bucket_name(bucket) {
+            return Err(BackendError::NoSuchBucket(bucket.to_owned()));
+        }
+        let delimiter = query.delimiter.clone().filter(|d| !d.is_empty());
+        let mut page = ListPage::default();
+        let mut start_after = query.after.clone();
+        loop {
+            let have = page.objects.len() + page.common_prefixes.len();
+            let ask = (query.max_keys - have + 2).min(MAX_PAGE);
+            let resp = self
+                .client
+                .list_objects_v2()
+                .bucket(bucket)
+                .prefix(&query.prefix)
+                .set_delimiter(delimiter.clone())
+                .set_start_after(start_after.clone())
+                .max_keys(ask as i32)
+                .encoding_type(EncodingType::Url)
+                .send()
+                .await
+                .map_err(|e| self.map_err(e, Target::Bucket(bucket)))?;
+            let objects = resp
+                .contents()
+                .iter()
+                .map(|o| ObjectEntry {
+                    key: url_decode(o.key().unwrap_or("")),
+                    size: size(o.size()),
+                    etag: unquote(o.e_tag()),
+                    last_modified: time(o.last_modified()),
+                })
+                .collect();
+            let prefixes = resp
+                .common_prefixes()
+                .iter()
+                .filter_map(|p| p.prefix().map(url_decode))
+                .collect();
+            let entries = merge(objects, prefixes);
+            let last_seen = entries.last().map(|e| e.name().to_owned());
+            let skip = rolled(start_after.as_deref(), query);
+            if !fill(&mut page, entries, skip, query.max_keys) {
+                return Ok(page);
+            }
+            if !resp.is_truncated().unwrap_or(false) {
+                return Ok(page);
+            }
+            match last_seen {
+                Some(l) if Some(&l) != start_after.as_ref() => start_after = Some(l),
+                // S3 says more follow but gave nothing new: let the client ask again.
+                _ => {
+                    page.is_truncated = page.last.is_some();
+                    return Ok(page);
+                }
+            }
+        }
+    }
+
+    async fn create_multipart(&self, bucket: &str, key: &str, opts: PutOptions) -> Result<String> {
+        check_key(key)?;
+        if !valid_bucket_name(bucket) {
+            return Err(BackendError::NoSuchBucket(bucket.to_owned()));
+        }
+        let req = self
+            .client
+            .create_multipart_upload()
+            .bucket(bucket)
+            .key(key);
+        let out = with_headers!(req, &opts.headers)
+            .send()
+            .await
+            .map_err(|e| self.map_err(e, Target::Object(bucket, key)))?;
+        out.upload_id().map(str::to_owned).ok_or_else(|| {
+            BackendError::Unavailable(format!(
+                "the S3 backend at {} started an upload without an UploadId",
+                self.where_()
+            ))
+        })
+    }
+
+    async fn upload_part(
+        &self,
+        bucket: &str,
+        key: &str,
+        upload_id: &str,
+        part: u32,
+        body: ByteStream,
+        opts: PutOptions,
+    ) -> Result<PartInfo> {
+        check_key(key)?;
+        if !valid_bucket_name(bucket) {
+            return Err(BackendError::NoSuchBucket(bucket.to_owned()));
+        }
+        let size = required_size(&opts)?;
+        let out = self
+            .upload(body, size, Target::Upload(upload_id), |body| {
+                self.client
+                    .upload_part()
+                    .bucket(bucket)
+                    .key(key)
+                    .upload_id(upload_id)
+                    .part_number(part as i32)
+                    .content_length(size as i64)
+                    .set_content_md5(opts.expected_md5.map(md5_header))
+                    .body(body)
+                    .customize()
+                    .config_override(upload_timeouts())
+                    .send()
+            })
+            .await?;
+        Ok(PartInfo {
+            number: part,
+            etag: unquote(out.e_tag()),
+            size,
+            last_modified: SystemTime::now(),
+        })
+    }
+
+    async fn list_parts(&self, bucket: &str, key: &str, upload_id: &str) -> Result<Vec<PartInfo>> {
+        check_key(key)?;
+        if !valid_bucket_name(bucket) {
+            return Err(BackendError::NoSuchBucket(bucket.to_owned()));
+        }
+        let mut out = Vec::new();
+        let mut marker: Option<String> = None;
+        loop {
+            let resp = self
+                .client
+                .list_parts()
+                .bucket(bucket)
+                .key(key)
+                .upload_id(upload_id)
+                .set_part_number_marker(marker.take())
+                .send()
+                .await
+                .map_err(|e| self.map_err(e, Target::Upload(upload_id)))?;
+            out.extend(resp.parts().iter().filter_map(|p| {
+                Some(PartInfo {
+                    number: u32::try_from(p.part_number()?).ok()?,
+                    etag: unquote(p.e_tag()),
+                    size: size(p.size()),
+                    last_modified: time(p.last_modified()),
+                })
+            }));
+            match resp.next_part_number_marker() {
+                Some(m) if resp.is_truncated().unwrap_or(false) && !m.is_empty() => {
+                    marker = Some(m.to_owned())
+                }
+                _ => break,
+            }
+        }
+        Ok(out)
+    }
+
+    async fn complete_multipart(
+        &self,
+        bucket: &str,
+        key: &str,
+        upload_id: &str,
+        parts: &[(u32, String)],
+    ) -> Result<ObjectMeta> {
+        check_key(key)?;
+        if !valid_bucket_name(bucket) {
+            return Err(BackendError::NoSuchBucket(bucket.to_owned()));
+        }
+        if parts.is_empty() {
+            return Err(BackendError::Client(S3Error::new(
+                S3Code::MalformedXML,
+                "CompleteMultipartUpload names no parts",
+            )));
+        }
+        if parts.windows(2).any(|w| w[0].0 >= w[1].0) {
+            return Err(BackendError::InvalidPartOrder);
+        }
+        let completed = CompletedMultipartUpload::builder()
+            .set_parts(Some(
+                parts
+                    .iter()
+                    .map(|(n, etag)| {
+                        CompletedPart::builder()
+                            .part_number(*n as i32)
+                            .e_tag(format!("\"{}\"", etag.trim_matches('"')))
+                            .build()
+                    })
+                    .collect(),
+            ))
+            .build();
+        let result = self
+            .client
+            .complete_multipart_upload()
+            .bucket(bucket)
+            .key(key)
+            .upload_id(upload_id)
+            .multipart_upload(completed)
+            .send()
+            .await;
+        let out = match result {
+            Ok(out) => out,
+            Err(e) => {
+                let err = self.map_err(e, Target::Upload(upload_id));
+                return Err(match err {
+                    // S3 does not say which part: find the first one it cannot have.
+                    BackendError::Client(s) if s.code == S3Code::InvalidPart => {
+                        let have = self
+                            .list_parts(bucket, key, upload_id)
+                            .await
+                            .unwrap_or_default();
+                        let bad = parts.iter().find(|(n, etag)| {
+                            !have
+                                .iter()
+                                .any(|p| p.number == *n && p.etag == etag.trim_matches('"'))
+                        });
+                        match bad {
+                            Some((n, _)) => BackendError::InvalidPart(*n),
+                            None => BackendError::Client(s),
+                        }
+                    }
+                    other => other,
+                });
+            }
+        };
+        let etag = unquote(out.e_tag());
+        // The completion answer has no size or headers: read them back. If the key was
+        // replaced or deleted in the instant since, this version's size is unknown.
+        match self.head_object(bucket, key).await {
+            Ok(meta) if meta.etag == etag => Ok(meta),
+            _ => {
+                tracing::debug!(
+                    bucket,
+                    key,
+                    "completed object replaced before it was read back"
+                );
+                Ok(ObjectMeta {
+                    size: 0,
+                    etag,
+                    last_modified: SystemTime::now(),
+                    headers: Vec::new(),
+                })
+            }
+        }
+    }
+
+    async fn abort_multipart(&self, bucket: &str, key: &str, upload_id: &str) -> Result<()> {
+        check_key(key)?;
+        if !valid_bucket_name(bucket) {
+            return Err(BackendError::NoSuchBucket(bucket.to_owned()));
+        }
+        self.client
+            .abort_multipart_upload()
+            .bucket(bucket)
+            .key(key)
+            .upload_id(upload_id)
+            .send()
+            .await
+            .map_err(|e| self.map_err(e, Target::Upload(upload_id)))?;
+        Ok(())
+    }
+
+    async fn list_uploads(&self, bucket: &str, prefix: &str) -> Result<Vec<UploadInfo>> {
+        if !valid_bucket_name(bucket) {
+            return Err(BackendError::NoSuchBucket(bucket.to_owned()));
+        }
+        let mut out = Vec::new();
+        let (mut key_marker, mut id_marker): (Option<String>, Option<String>) = (None, None);
+        loop {
+            let resp = self
+                .client
+                .list_multipart_uploads()
+                .bucket(bucket)
+                .prefix(prefix)
+                .set_key_marker(key_marker.take())
+                .set_upload_id_marker(id_marker.take())
+                .send()
+                .await
+                .map_err(|e| self.map_err(e, Target::Bucket(bucket)))?;
+            out.extend(resp.uploads().iter().filter_map(|u| {
+                Some(UploadInfo {
+                    key: u.key()?.to_owned(),
+                    upload_id: u.upload_id()?.to_owned(),
+                    initiated: time(u.initiated()),
+                })
+            }));
+            if !resp.is_truncated().unwrap_or(false) {
+                break;
+            }
+            key_marker = resp.next_key_marker().map(str::to_owned);
+            id_marker = resp.next_upload_id_marker().map(str::to_owned);
+            if key_marker.is_none() && id_marker.is_none() {
+                break;
+            }
+        }
+        out.sort_by(|a, b| a.key.cmp(&b.key).then(a.initiated.cmp(&b.initiated)));
+        Ok(out)
+    }
+}
+
+/// S3 needs every body's length up front.
+fn required_size(opts: &PutOptions) -> Result<u64> {
+    opts.size.ok_or_else(|| {
+        BackendError::Client(S3Error::new(
+            S3Code::MissingContentLength,
+            "the S3 backend needs the body's length: send Content-Length (or x-amz-decoded-content-length)",
+        ))
+    })
+}
+
+fn md5_header(md5: [u8; 16]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(md5)
+}
+
+/// Uploads keep the connect timeout but wait for their answer as long as the body takes.
+fn upload_timeouts() -> aws_sdk_s3::config::Builder {
+    aws_sdk_s3::config::Builder::default().timeout_config(
+        TimeoutConfig::builder()
+            .connect_timeout(CONNECT_TIMEOUT)
+            .disable_read_timeout()
+            .build(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn obj(key: &str) -> ObjectEntry {
+        ObjectEntry {
+            key: key.into(),
+            size: 1,
+            etag: "e".into(),
+            last_modified: UNIX_EPOCH,
+        }
+    }
+
+    fn names(page: &ListPage) -> Vec<String> {
+        let mut v: Vec<String> = page
+            .objects
+            .iter()
+            .map(|o| o.key.clone())
+            .chain(page.common_prefixes.iter().cloned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn pages_merge_in_byte_order_and_skip_a_repeated_prefix() {
+        let entries = merge(
+            vec![obj("a"), obj("c"), obj("e")],
+            vec!["b/".into(), "d/".into()],
+        );
+        let order: Vec<&str> = entries.iter().map(Entry::name).collect();
+        assert_eq!(order, ["a", "b/", "c", "d/", "e"]);
+
+        let mut page = ListPage::default();
+        assert!(!fill(&mut page, entries, Some("b/"), 2));
+        assert_eq!(names(&page), ["a", "c"]);
+        assert!(page.is_truncated);
+        assert_eq!(page.last.as_deref(), Some("c"));
+
+        let mut page = ListPage::default();
+        let entries = merge(vec![obj("x")], vec!["d/".into()]);
+        assert!(fill(&mut page, entries, Some("d/"), 5));
+        assert_eq!(names(&page), ["x"]);
+        assert!(!page.is_truncated);
+    }
+
+    #[test]
+    fn after_is_rolled_only_past_the_prefix() {
+        let q = ListQuery {
+            prefix: "dir/".into(),
+            delimiter: Some("/".into()),
+            after: None,
+            max_keys: 10,
+        };
+        assert_eq!(rolled(Some("dir/sub/"), &q), Some("dir/sub/"));
+        assert_eq!(rolled(Some("dir/"), &q), None);
+        assert_eq!(rolled(Some("dir/key"), &q), None);
+        let no_delim = ListQuery {
+            delimiter: None,
+            ..q
+        };
+        assert_eq!(rolled(Some("dir/sub/"), &no_delim), None);
+    }
+
+    #[test]
+    fn url_encoded_names_decode() {
+        assert_eq!(url_decode("a+b%2Bc%2Fd/%E2%82%AC"), "a b+c/d/€");
+        assert_eq!(url_decode("plain/key"), "plain/key");
+    }
+
+    #[test]
+    fn error_codes_map_to_their_side() {
+        let obj = Target::Object("bkt", "k");
+        let m = |code: Option<&str>, status| from_code(code, status, "msg", obj, "http://s3");
+        assert!(matches!(m(Some("NoSuchKey"), 404), BackendError::NoSuchKey(k) if k == "k"));
+        assert!(matches!(m(None, 404), BackendError::NoSuchKey(_)));
+        assert!(matches!(
+            m(Some("NoSuchBucket"), 404),
+            BackendError::NoSuchBucket(b) if b == "bkt"
+        ));
+        assert!(matches!(
+            m(Some("BadDigest"), 400),
+            BackendError::BadDigest(_)
+        ));
+        assert!(matches!(
+            m(Some("InternalError"), 500),
+            BackendError::Unavailable(_)
+        ));
+        assert!(matches!(
+            m(Some("SlowDown"), 503),
+            BackendError::Unavailable(_)
+        ));
+        assert!(matches!(
+            m(Some("SignatureDoesNotMatch"), 403),
+            BackendError::Client(s) if s.code == S3Code::AccessDenied
+        ));
+        assert!(matches!(
+            m(Some("PreconditionFailed"), 412),
+            BackendError::Client(s) if s.code == S3Code::PreconditionFailed
+        ));
+        assert!(matches!(
+            from_code(
+                Some("BucketAlreadyOwnedByYou"),
+                409,
+                "",
+                Target::Bucket("b"),
+                ""
+            ),
+            BackendError::BucketExists(_)
+        ));
+        assert!(matches!(
+            from_code(None, 404, "", Target::Bucket("b"), ""),
+            BackendError::NoSuchBucket(_)
+        ));
+        assert!(matches!(
+            from_code(Some("NoSuchUpload"), 404, "", Target::Upload("u1"), ""),
+            BackendError::NoSuchUpload(u) if u == "u1"
+        ));
+    }
+
+    #[test]
+    fn headers_come_back_sorted_with_metadata_in_lower_case() {
+        let mut md = HashMap::new();
+        md.insert("Owner".to_string(), "me".to_string());
+        let h = stored_headers(
+            [
+                ("content-type", Some("text/plain")),
+                ("cache-control", None),
+                ("content-disposition", None),
+                ("content-encoding", Some("gzip")),
+                ("content-language", None),
+                ("expires", None),
+            ],
+            Some(&md),
+        );
+        assert_eq!(
+            h,
+            vec![
+                ("content-encoding".to_string(), "gzip".to_string()),
+                ("content-type".to_string(), "text/plain".to_string()),
+                ("x-amz-meta-owner".to_string(), "me".to_string()),
+            ]
+        );
+        assert_eq!(unquote(Some("\"abc-2\"")), "abc-2");
+    }
+
+    #[tokio::test]
+    async fn upload_body_checks_its_length() {
+        use http_body_util::BodyExt;
+        let short: ByteStream =
+            Box::pin(futures::stream::iter(vec![Ok(Bytes::from_static(b"abc"))]));
+        let failure = Arc::new(Mutex::new(None));
+        let body = UploadBody {
+            inner: Mutex::new(short),
+            remaining: 5,
+            size: 5,
+            failure: failure.clone(),
+        };
+        assert!(body.collect().await.is_err());
+        let recorded = failure.lock().unwrap().take();
+        assert!(matches!(
+            recorded,
+            Some(BackendError::Client(s)) if s.code == S3Code::IncompleteBody
+        ));
+
+        let exact: ByteStream = Box::pin(futures::stream::iter(vec![
+            Ok(Bytes::from_static(b"ab")),
+            Ok(Bytes::from_static(b"c")),
+        ]));
+        let body = UploadBody {
+            inner: Mutex::new(exact),
+            remaining: 3,
+            size: 3,
+            failure: Arc::new(Mutex::new(None)),
+        };
+        let bytes = body.collect().await.unwrap().to_bytes();
+        assert_eq!(&bytes[..], b"abc");
+    }
+}

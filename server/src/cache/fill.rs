@@ -1,0 +1,211 @@
+//! Cold reads: one backend fetch per object however many readers ask at once.
+//!
+//! The first reader of an absent object becomes the fill's leader: it fetches the object
+//! from the backend and a spawned task writes it to a temp file, publishing how many bytes
+//! are on disk. Every reader — the leader's client included — streams from that temp file
+//! behind the writer, so the first byte does not wait for the last and late readers follow
+//! the bytes already written. When the last byte is written the task appends the footer,
+//! fsyncs and renames the file into the cache (the commit). A fill that fails ends every
+//! reader's stream with an error: no reader sees a short body as complete.
+
+use std::fs::File;
+use std::io::{self, Write};
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use futures::StreamExt;
+use tokio::sync::{mpsc, watch};
+
+use super::store::{self, BlockSums};
+use crate::backend::{ByteStream, ObjectMeta};
+
+/// Bytes per read of a follower.
+const FOLLOW_CHUNK: u64 = 256 << 10;
+
+/// Where a fill is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Phase {
+    /// The leader is asking the backend.
+    Starting,
+    /// Bytes are arriving; `FillState::meta` is known.
+    Filling,
+    /// All bytes are on disk (committed unless the entry was invalidated meanwhile).
+    Done,
+    /// The backend or the disk failed; readers must not trust the partial file.
+    Failed(String),
+    /// The leader did not fill (not admitted, or its request failed before the body):
+    /// other readers fetch on their own.
+    Abandoned,
+}
+
+#[derive(Debug, Clone)]
+pub struct FillState {
+    pub phase: Phase,
+    pub meta: Option<ObjectMeta>,
+    pub written: u64,
+}
+
+/// One object being filled.
+pub struct Fill {
+    pub state: watch::Sender<FillState>,
+    /// The temp file, opened for reading before the first byte is written.
+    pub file: std::sync::OnceLock<Arc<File>>,
+    /// Set when the object was overwritten or deleted while filling: do not commit.
+    pub stale: AtomicBool,
+}
+
+impl Fill {
+    pub fn new() -> Arc<Fill> {
+        let (tx, _) = watch::channel(FillState {
+            phase: Phase::Starting,
+            meta: None,
+            written: 0,
+        });
+        Arc::new(Fill {
+            state: tx,
+            file: std::sync::OnceLock::new(),
+            stale: AtomicBool::new(false),
+        })
+    }
+
+    pub fn set_phase(&self, phase: Phase) {
+        self.state.send_modify(|s| s.phase = phase);
+    }
+
+    /// Waits until the leader has decided; returns the state then.
+    pub async fn started(&self) -> FillState {
+        let mut rx = self.state.subscribe();
+        let st = rx
+            .wait_for(|s| s.phase != Phase::Starting)
+            .await
+            .map(|s| s.clone());
+        st.unwrap_or(FillState {
+            phase: Phase::Abandoned,
+            meta: None,
+            written: 0,
+        })
+    }
+}
+
+/// The object a fill writes, named in its footer.
+pub struct Commit {
+    pub bucket: String,
+    pub key: String,
+}
+
+/// Writes `body` into the fill's temp file on a blocking thread, publishing progress.
+/// Returns the block checksums once every byte is durable, or the failure.
+pub async fn write_body(
+    fill: Arc<Fill>,
+    mut file: File,
+    meta: ObjectMeta,
+    mut body: ByteStream,
+    commit: Commit,
+    on_bytes: impl Fn(u64) + Send + 'static,
+) -> io::Result<Vec<u32>> {
+    let (tx, mut rx) = mpsc::channel::<Bytes>(8);
+    let writer_fill = fill.clone();
+    let size = meta.size;
+    let writer = tokio::task::spawn_blocking(move || -> io::Result<Vec<u32>> {
+        let mut sums = BlockSums::default();
+        let mut written = 0u64;
+        while let Some(chunk) = rx.blocking_recv() {
+            file.write_all(&chunk)?;
+            sums.update(&chunk);
+            written += chunk.len() as u64;
+            writer_fill.state.send_modify(|s| s.written = written);
+        }
+        if written != size {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!("the backend sent {written} of {size} bytes"),
+            ));
+        }
+        let crcs = sums.finish();
+        store::write_footer(&mut file, &commit.bucket, &commit.key, &meta, &crcs)?;
+        file.sync_all()?;
+        Ok(crcs)
+    });
+    let mut buf = BytesMut::new();
+    let mut failure = None;
+    while let Some(item) = body.next().await {
+        match item {
+            Ok(chunk) => {
+                on_bytes(chunk.len() as u64);
+                buf.extend_from_slice(&chunk);
+                // Hand over in 256 KiB pieces: small enough for a quick first byte.
+                if buf.len() >= FOLLOW_CHUNK as usize
+                    && tx.send(buf.split().freeze()).await.is_err()
+                {
+                    break;
+                }
+            }
+            Err(e) => {
+                failure = Some(e);
+                break;
+            }
+        }
+    }
+    if failure.is_none() && !buf.is_empty() {
+        let _ = tx.send(buf.freeze()).await;
+    }
+    drop(tx);
+    let result = writer.await.map_err(io::Error::other)?;
+    match failure {
+        Some(e) => Err(e),
+        None => result,
+    }
+}
+
+/// Streams `[start, end)` of a fill's temp file, behind its writer.
+pub fn follow(fill: Arc<Fill>, start: u64, end: u64) -> ByteStream {
+    let stream = async_stream::try_stream! {
+        let mut rx = fill.state.subscribe();
+        let mut pos = start;
+        while pos < end {
+            let st = rx
+                .wait_for(|s| s.written > pos || s.phase != Phase::Filling)
+                .await
+                .map(|s| s.clone())
+                .map_err(|_| io::Error::other("the fill ended without a verdict"))?;
+            if let Phase::Failed(why) = &st.phase {
+                Err(io::Error::other(format!("cache fill failed: {why}")))?;
+            }
+            if st.written <= pos {
+                // Done or abandoned with fewer bytes than promised.
+                Err(io::Error::new(io::ErrorKind::UnexpectedEof, "cache fill ended short"))?;
+            }
+            let file = fill
+                .file
+                .get()
+                .cloned()
+                .ok_or_else(|| io::Error::other("fill has no file"))?;
+            let n = (st.written.min(end) - pos).min(FOLLOW_CHUNK);
+            let at = pos;
+            let chunk = tokio::task::spawn_blocking(move || -> io::Result<Bytes> {
+                let mut buf = BytesMut::zeroed(n as usize);
+                file.read_exact_at(&mut buf, at)?;
+                Ok(buf.freeze())
+            })
+            .await
+            .map_err(io::Error::other)??;
+            pos += n;
+            yield chunk;
+        }
+    };
+    Box::pin(stream)
+}
+
+/// Whether a fill should be left alone by a reader starting at `start`: far ahead of
+/// the writer, a direct backend read is quicker than waiting.
+pub fn far_ahead(st: &FillState, start: u64) -> bool {
+    const FAR: u64 = 32 << 20;
+    st.phase == Phase::Filling && start > st.written + FAR
+}
+
+/// Ordering helper for the stale flag.
+pub fn is_stale(fill: &Fill) -> bool {
+    fill.stale.load(Ordering::Acquire)
+}

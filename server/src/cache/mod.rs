@@ -1,0 +1,456 @@
+//! The node's disk cache in front of the backend: reads are answered from a committed
+//! entry (`hit`), from a fill in progress that admits the object (`miss`), or straight
+//! from the backend when the policy does not admit it (`bypass`). Writes through the node
+//! invalidate the entry. See `fill` for the cold-read path, `store` for the files,
+//! `index` for the policies and their accounting.
+
+mod fill;
+mod index;
+mod store;
+
+use std::collections::HashMap;
+use std::fs::{self, File};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use futures::StreamExt;
+
+use crate::backend::{Backend, BackendError, ByteRange, ByteStream, ObjectMeta, RangeFn};
+use crate::config::CachePolicy;
+use crate::error::S3Error;
+use crate::stats::Stats;
+use fill::{Fill, Phase};
+use index::{Entry, Index};
+
+pub use index::Usage;
+
+/// Where the bytes of a read came from (`x-granary-cache`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    Hit,
+    Miss,
+    Peer,
+    Bypass,
+}
+
+impl Source {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::Hit => "hit",
+            Source::Miss => "miss",
+            Source::Peer => "peer",
+            Source::Bypass => "bypass",
+        }
+    }
+}
+
+/// An object read: metadata, the bytes of the resolved range, and their source.
+pub struct Read {
+    pub meta: ObjectMeta,
+    pub range: Option<ByteRange>,
+    pub body: ByteStream,
+    pub source: Source,
+}
+
+pub struct Cache {
+    objects: PathBuf,
+    tmp: PathBuf,
+    index: Mutex<Index>,
+    fills: Mutex<HashMap<String, Arc<Fill>>>,
+    verify_reads: bool,
+    stats: Arc<Stats>,
+    policy: CachePolicy,
+}
+
+impl Cache {
+    /// Opens the cache under `dir`, rebuilding the index from the entries on disk.
+    /// Temp files of fills a killed process left are removed; files that are not whole
+    /// entries are removed too. `capacity == 0` disables admission.
+    pub fn open(
+        dir: &Path,
+        capacity: u64,
+        policy: CachePolicy,
+        verify_reads: bool,
+        stats: Arc<Stats>,
+    ) -> io::Result<Cache> {
+        let objects = dir.join("objects");
+        let tmp = dir.join("tmp");
+        let mut index = Index::new(policy, capacity);
+        for path in store::scan(&objects, &tmp)? {
+            let loaded = File::open(&path).and_then(|f| store::read_footer(&f));
+            match loaded {
+                Ok(Some(l)) if store::entry_path(&objects, &l.bucket, &l.key) == path => {
+                    index.insert(
+                        index::key_of(&l.bucket, &l.key),
+                        Entry {
+                            path,
+                            meta: l.meta,
+                            crcs: Arc::from(l.crcs),
+                            verified: AtomicBool::new(false),
+                        },
+                    );
+                }
+                _ => {
+                    tracing::warn!(path = %path.display(), "dropping a damaged cache entry");
+                    let _ = fs::remove_file(&path);
+                }
+            }
+        }
+        let u = index.usage();
+        tracing::info!(
+            objects = u.objects,
+            used = u.used,
+            capacity,
+            policy = policy.as_str(),
+            "cache index loaded"
+        );
+        Ok(Cache {
+            objects,
+            tmp,
+            index: Mutex::new(index),
+            fills: Mutex::new(HashMap::new()),
+            verify_reads,
+            stats,
+            policy,
+        })
+    }
+
+    pub fn policy(&self) -> CachePolicy {
+        self.policy
+    }
+
+    pub fn usage(&self) -> Usage {
+        self.lock_index().usage()
+    }
+
+    fn lock_index(&self) -> std::sync::MutexGuard<'_, Index> {
+        self.index.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn lock_fills(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Fill>>> {
+        self.fills.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Metadata of an object: from the cache when it holds it, else the backend.
+    pub async fn head(
+        &self,
+        backend: &dyn Backend,
+        bucket: &str,
+        key: &str,
+    ) -> Result<(ObjectMeta, Source), BackendError> {
+        if let Some(e) = self.lock_index().get(&index::key_of(bucket, key)) {
+            return Ok((e.meta.clone(), Source::Hit));
+        }
+        Ok((backend.head_object(bucket, key).await?, Source::Bypass))
+    }
+
+    /// Reads an object through the cache. `range` sees the object's metadata first and
+    /// decides which bytes to send (or refuses, for failed preconditions).
+    pub async fn get(
+        self: &Arc<Self>,
+        backend: &Arc<dyn Backend>,
+        bucket: &str,
+        key: &str,
+        range: &RangeFn<'_>,
+    ) -> Result<Read, BackendError> {
+        let ikey = index::key_of(bucket, key);
+        if let Some(entry) = self.lock_index().get(&ikey) {
+            let resolved = range(&entry.meta).map_err(BackendError::Client)?;
+            self.stats.hits.fetch_add(1, Ordering::Relaxed);
+            let body = self.clone().hit_stream(ikey, entry.clone(), resolved);
+            return Ok(Read {
+                meta: entry.meta.clone(),
+                range: resolved,
+                body,
+                source: Source::Hit,
+            });
+        }
+        // Join a fill in progress, or lead a new one.
+        let (fill, leader) = {
+            let mut fills = self.lock_fills();
+            match fills.get(&ikey) {
+                Some(f) => (f.clone(), false),
+                None => {
+                    let f = Fill::new();
+                    fills.insert(ikey.clone(), f.clone());
+                    (f, true)
+                }
+            }
+        };
+        if leader {
+            return self.lead(backend, bucket, key, ikey, fill, range).await;
+        }
+        let st = fill.started().await;
+        if st.phase == Phase::Filling || st.phase == Phase::Done {
+            let meta = st.meta.clone().expect("a started fill knows its object");
+            let resolved = range(&meta).map_err(BackendError::Client)?;
+            let start = resolved.map_or(0, |r| r.start);
+            if !fill::far_ahead(&st, start) {
+                self.stats.misses.fetch_add(1, Ordering::Relaxed);
+                let end = resolved.map_or(meta.size, |r| r.end);
+                return Ok(Read {
+                    meta,
+                    range: resolved,
+                    body: fill::follow(fill, start, end),
+                    source: Source::Miss,
+                });
+            }
+        }
+        // The fill is of no use to this reader: read the backend directly.
+        self.bypass(backend, bucket, key, range).await
+    }
+
+    async fn bypass(
+        &self,
+        backend: &Arc<dyn Backend>,
+        bucket: &str,
+        key: &str,
+        range: &RangeFn<'_>,
+    ) -> Result<Read, BackendError> {
+        let (obj, resolved) = backend.get_object(bucket, key, range).await?;
+        self.stats.bypasses.fetch_add(1, Ordering::Relaxed);
+        Ok(Read {
+            meta: obj.meta,
+            range: resolved,
+            body: self.count_backend(obj.body),
+            source: Source::Bypass,
+        })
+    }
+
+    fn count_backend(&self, body: ByteStream) -> ByteStream {
+        let stats = self.stats.clone();
+        Box::pin(body.map(move |item| {
+            if let Ok(b) = &item {
+                stats
+                    .bytes_from_backend
+                    .fetch_add(b.len() as u64, Ordering::Relaxed);
+            }
+            item
+        }))
+    }
+
+    async fn lead(
+        self: &Arc<Self>,
+        backend: &Arc<dyn Backend>,
+        bucket: &str,
+        key: &str,
+        ikey: String,
+        fill: Arc<Fill>,
+        range: &RangeFn<'_>,
+    ) -> Result<Read, BackendError> {
+        // Decide admission inside the backend call, once the size is known: admitted
+        // fetches the whole object, not admitted fetches only the client's range.
+        let decision: Mutex<Option<(ObjectMeta, Option<ByteRange>, bool)>> = Mutex::new(None);
+        let decide = |meta: &ObjectMeta| -> Result<Option<ByteRange>, S3Error> {
+            let client = range(meta)?;
+            let admitted = match self.lock_index().reserve(meta.size) {
+                Some(evicted) => {
+                    for p in evicted {
+                        let _ = fs::remove_file(p);
+                    }
+                    true
+                }
+                None => false,
+            };
+            *decision.lock().unwrap_or_else(|p| p.into_inner()) =
+                Some((meta.clone(), client, admitted));
+            Ok(if admitted { None } else { client })
+        };
+        let got = backend.get_object(bucket, key, &decide).await;
+        let decided = decision.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let abandon = |cache: &Cache| {
+            cache.lock_fills().remove(&ikey);
+            fill.set_phase(Phase::Abandoned);
+        };
+        let (obj, _) = match got {
+            Ok(v) => v,
+            Err(e) => {
+                if let Some((meta, _, true)) = &decided {
+                    self.lock_index().release(meta.size);
+                }
+                abandon(self);
+                return Err(e);
+            }
+        };
+        let (meta, client, admitted) = decided.expect("get_object consulted the range");
+        if !admitted {
+            abandon(self);
+            self.stats.bypasses.fetch_add(1, Ordering::Relaxed);
+            return Ok(Read {
+                meta: obj.meta,
+                range: client,
+                body: self.count_backend(obj.body),
+                source: Source::Bypass,
+            });
+        }
+        let temp = self
+            .tmp
+            .join(format!("fill-{}", uuid::Uuid::new_v4().simple()));
+        let opened = File::create(&temp).and_then(|w| File::open(&temp).map(|r| (w, r)));
+        let (writer, reader) = match opened {
+            Ok(v) => v,
+            Err(e) => {
+                self.lock_index().release(meta.size);
+                abandon(self);
+                tracing::error!(error = %e, "cannot create a cache temp file; serving through");
+                self.stats.bypasses.fetch_add(1, Ordering::Relaxed);
+                return self.bypass(backend, bucket, key, range).await;
+            }
+        };
+        let _ = fill.file.set(Arc::new(reader));
+        fill.state.send_modify(|s| {
+            s.meta = Some(meta.clone());
+            s.phase = Phase::Filling;
+        });
+        self.stats.misses.fetch_add(1, Ordering::Relaxed);
+        let commit = fill::Commit {
+            bucket: bucket.to_owned(),
+            key: key.to_owned(),
+        };
+        let dest = store::entry_path(&self.objects, bucket, key);
+        let cache = self.clone();
+        let task_fill = fill.clone();
+        let task_meta = meta.clone();
+        let stats = self.stats.clone();
+        tokio::spawn(async move {
+            let on_bytes = move |n: u64| {
+                stats.bytes_from_backend.fetch_add(n, Ordering::Relaxed);
+            };
+            let result = fill::write_body(
+                task_fill.clone(),
+                writer,
+                task_meta.clone(),
+                obj.body,
+                commit,
+                on_bytes,
+            )
+            .await;
+            cache.finish_fill(ikey, task_fill, task_meta, temp, dest, result);
+        });
+        let start = client.map_or(0, |r| r.start);
+        let end = client.map_or(meta.size, |r| r.end);
+        Ok(Read {
+            meta,
+            range: client,
+            body: fill::follow(fill, start, end),
+            source: Source::Miss,
+        })
+    }
+
+    fn finish_fill(
+        &self,
+        ikey: String,
+        fill: Arc<Fill>,
+        meta: ObjectMeta,
+        temp: PathBuf,
+        dest: PathBuf,
+        result: io::Result<Vec<u32>>,
+    ) {
+        let size = meta.size;
+        let committed = result.and_then(|crcs| {
+            if fill::is_stale(&fill) {
+                return Err(io::Error::other("the object changed while filling"));
+            }
+            if let Some(parent) = dest.parent() {
+                fs::create_dir_all(parent)?;
+            }
+            fs::rename(&temp, &dest)?;
+            if let Some(parent) = dest.parent() {
+                if let Ok(d) = File::open(parent) {
+                    let _ = d.sync_all();
+                }
+            }
+            Ok(crcs)
+        });
+        // Commit into the index and retire the fill under the fills lock, so a reader
+        // finds either the fill or the entry.
+        let mut fills = self.lock_fills();
+        match committed {
+            Ok(crcs) => {
+                self.lock_index().commit(
+                    ikey.clone(),
+                    Entry {
+                        path: dest,
+                        meta,
+                        crcs: Arc::from(crcs),
+                        verified: AtomicBool::new(true),
+                    },
+                    size,
+                );
+                fill.set_phase(Phase::Done);
+            }
+            Err(e) => {
+                let _ = fs::remove_file(&temp);
+                self.lock_index().release(size);
+                if fill::is_stale(&fill) {
+                    // All bytes arrived; readers of the old version may finish.
+                    fill.set_phase(Phase::Done);
+                } else {
+                    tracing::warn!(key = %ikey, error = %e, "cache fill failed");
+                    fill.set_phase(Phase::Failed(e.to_string()));
+                }
+            }
+        }
+        if fills.get(&ikey).is_some_and(|f| Arc::ptr_eq(f, &fill)) {
+            fills.remove(&ikey);
+        }
+    }
+
+    /// Drops the cached copy of an object written or deleted through this node, and
+    /// keeps a fill in progress from committing the old bytes.
+    pub fn invalidate(&self, bucket: &str, key: &str) {
+        let ikey = index::key_of(bucket, key);
+        if let Some(f) = self.lock_fills().remove(&ikey) {
+            f.stale.store(true, Ordering::Release);
+        }
+        if let Some(e) = self.lock_index().remove(&ikey, None) {
+            let _ = fs::remove_file(&e.path);
+        }
+    }
+
+    /// Streams a committed entry, checking each block's CRC32C before sending it. On a
+    /// mismatch the stream ends with an error (the response is cut short) and the entry
+    /// is dropped, so the next read refetches it.
+    fn hit_stream(
+        self: Arc<Self>,
+        ikey: String,
+        entry: Arc<Entry>,
+        range: Option<ByteRange>,
+    ) -> ByteStream {
+        let size = entry.meta.size;
+        let (start, end) = range.map_or((0, size), |r| (r.start, r.end));
+        let verify = self.verify_reads || !entry.verified.load(Ordering::Relaxed);
+        let stream = async_stream::try_stream! {
+            if start < end {
+                let file = Arc::new(File::open(&entry.path)?);
+                let first = start / store::BLOCK;
+                let last = (end - 1) / store::BLOCK;
+                for b in first..=last {
+                    let f = file.clone();
+                    let block = tokio::task::spawn_blocking(move || store::read_block(&f, size, b))
+                        .await
+                        .map_err(io::Error::other)??;
+                    if verify && crc32c::crc32c(&block) != entry.crcs[b as usize] {
+                        tracing::error!(key = %ikey, block = b, "cache entry failed its checksum; dropping it");
+                        if let Some(e) = self.lock_index().remove(&ikey, Some(&entry)) {
+                            let _ = fs::remove_file(&e.path);
+                        }
+                        Err(io::Error::other("cache entry failed its checksum"))?;
+                    }
+                    let block_start = b * store::BLOCK;
+                    let lo = (start.max(block_start) - block_start) as usize;
+                    let hi = (end.min(block_start + block.len() as u64) - block_start) as usize;
+                    let piece: Bytes = block.slice(lo..hi);
+                    yield piece;
+                }
+                if start == 0 && end == size {
+                    entry.verified.store(true, Ordering::Relaxed);
+                }
+            }
+        };
+        Box::pin(stream)
+    }
+}
