@@ -2,7 +2,8 @@
 # Every test of the project, in tiers that share one release build:
 #   1. formatting and lints (cargo fmt, cargo clippy -D warnings)
 #   2. unit tests and Rust integration tests (real granary processes, aws-sdk-s3)
-#   3. real-client tests in a venv this script creates (boto3, the AWS CLI, pytest)
+#   3. real-client tests in a venv this script creates (boto3, the AWS CLI, moto, pytest);
+#      the venv is made first, since Rust tests start moto from it too
 # Needs: a Rust toolchain, python3 with venv. Installs the Python packages it uses.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,15 +22,19 @@ step "build (release, all targets)"
 cargo build --release --workspace --all-targets
 export GRANARY_BIN="$root/target/release/granary"
 
-step "Rust unit and integration tests"
-cargo test --release --workspace --no-fail-fast
-
-step "Python real-client tests (boto3, AWS CLI)"
+step "Python venv for the real clients (boto3, AWS CLI, moto)"
 venv="$root/tests/.venv"
 if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"
 fi
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r tests/python/requirements.txt
-PATH="$venv/bin:$PATH" "$venv/bin/python" -m pytest -q tests/python
+export PATH="$venv/bin:$PATH"
+export MOTO_SERVER="$venv/bin/moto_server"
+
+step "Rust unit and integration tests"
+cargo test --release --workspace --no-fail-fast
+
+step "Python real-client tests (boto3, AWS CLI, moto)"
+"$venv/bin/python" -m pytest -q tests/python
 
 step "all tests passed"

@@ -31,6 +31,8 @@ pub struct ServerOpts {
     pub anonymous_read: bool,
     /// Further `granary serve` flags.
     pub extra_args: Vec<String>,
+    /// Environment variables for the server process (e.g. AWS credentials for `--backend s3`).
+    pub env: Vec<(String, String)>,
 }
 
 impl ServerOpts {
@@ -45,6 +47,106 @@ impl ServerOpts {
     /// A server with no credentials: every request is allowed unsigned.
     pub fn open() -> Self {
         Self::default()
+    }
+
+    /// An open server whose backend is the S3 server at `endpoint` (e.g. [`Moto`]).
+    pub fn s3_backend(endpoint: &str) -> Self {
+        Self {
+            extra_args: vec![
+                "--backend".into(),
+                "s3".into(),
+                "--s3-endpoint".into(),
+                endpoint.into(),
+            ],
+            env: vec![
+                ("AWS_ACCESS_KEY_ID".into(), "testing".into()),
+                ("AWS_SECRET_ACCESS_KEY".into(), "testing".into()),
+                ("AWS_REGION".into(), "us-east-1".into()),
+                ("AWS_DEFAULT_REGION".into(), "us-east-1".into()),
+                ("AWS_CONFIG_FILE".into(), "/dev/null".into()),
+                ("AWS_SHARED_CREDENTIALS_FILE".into(), "/dev/null".into()),
+                ("AWS_EC2_METADATA_DISABLED".into(), "true".into()),
+            ],
+            ..Self::default()
+        }
+    }
+
+    /// Adds `granary serve` flags.
+    pub fn args(mut self, args: &[&str]) -> Self {
+        self.extra_args.extend(args.iter().map(|a| a.to_string()));
+        self
+    }
+}
+
+/// A real S3 server: `moto_server` on a free loopback port, killed on drop. The binary is
+/// `$MOTO_SERVER`, else `<workspace>/tests/.venv/bin/moto_server` (the test script's venv).
+pub struct Moto {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Moto {
+    pub fn start() -> Result<Moto> {
+        let bin = std::env::var_os("MOTO_SERVER")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| {
+                let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+                manifest.join(".venv").join("bin").join("moto_server")
+            });
+        if !bin.exists() {
+            bail!(
+                "moto_server not found at {} (run ./tests/run.sh, which installs it, or set MOTO_SERVER)",
+                bin.display()
+            );
+        }
+        let addr = free_port()?;
+        let mut child = Command::new(&bin)
+            .args(["-H", "127.0.0.1", "-p", &addr.port().to_string()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .with_context(|| format!("spawning {}", bin.display()))?;
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            if let Some(status) = child.try_wait()? {
+                bail!("moto_server exited during start-up with {status}");
+            }
+            let req = request_bytes("GET", "/", addr, &[], b"");
+            if raw_request_with_timeout(addr, &req, Duration::from_secs(2)).is_ok() {
+                return Ok(Moto { child, addr });
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                bail!("moto_server did not answer within {START_TIMEOUT:?}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// `http://127.0.0.1:PORT`
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// An S3 client talking to moto directly.
+    pub fn client(&self) -> aws_sdk_s3::Client {
+        let creds = Credentials::new("testing", "testing", None, None, "granary-tests");
+        let config = aws_sdk_s3::Config::builder()
+            .behavior_version(BehaviorVersion::latest())
+            .endpoint_url(self.url())
+            .force_path_style(true)
+            .region(Region::new("us-east-1"))
+            .credentials_provider(creds)
+            .build();
+        aws_sdk_s3::Client::from_conf(config)
+    }
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
@@ -280,6 +382,7 @@ fn spawn_granary(
         cmd.arg("--anonymous-read");
     }
     cmd.args(&opts.extra_args);
+    cmd.envs(opts.env.iter().map(|(k, v)| (k, v)));
     // Settings must come from the flags above only, not from the developer's environment.
     for (key, _) in std::env::vars_os() {
         if key.to_string_lossy().starts_with("GRANARY_") {

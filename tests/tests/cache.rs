@@ -8,7 +8,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{bail, Result};
-use granary_tests::{md5_hex, raw_request_blocking, request_bytes, Pattern, Server, ServerOpts};
+use granary_tests::{
+    md5_hex, raw_request_blocking, request_bytes, Moto, Pattern, Server, ServerOpts,
+};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 
@@ -41,6 +43,18 @@ fn stat(server: &Server, field: &str) -> u64 {
     server.stats().unwrap()[field].as_u64().unwrap()
 }
 
+/// Waits until no fill is in flight: a response can end a moment before its fill
+/// commits (footer, fsync, rename), and only reads that start after the commit are hits.
+fn settle(server: &Server) {
+    for _ in 0..200 {
+        if stat(server, "reserved_bytes") == 0 {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    panic!("fills still in flight after 5 s");
+}
+
 /// Reads every object once per epoch in a new seeded order; returns, per epoch, the
 /// keys read as hits and the count of each source.
 fn run_epochs(
@@ -52,6 +66,7 @@ fn run_epochs(
     keys.sort();
     let mut out = Vec::new();
     for epoch in 0..epochs {
+        settle(server);
         keys.shuffle(&mut rand::rngs::StdRng::seed_from_u64(epoch));
         let mut hits = HashSet::new();
         let mut sources: HashMap<String, usize> = HashMap::new();
@@ -182,6 +197,7 @@ fn concurrent_cold_reads_fetch_the_object_once() {
         "the backend was read once"
     );
     assert_eq!(stat(&server, "misses") + stat(&server, "hits"), 32);
+    settle(&server);
     assert_eq!(get(&server, key).unwrap().1, "hit");
 }
 
@@ -201,6 +217,7 @@ fn kill_during_fills_then_restart_serves_whole_objects_only() {
     for key in &keys[..5] {
         assert_eq!(get(&server, key).unwrap().1, "miss");
     }
+    settle(&server);
     // Start the other cold reads at once and kill the node while they are filling.
     std::thread::scope(|s| {
         for key in &keys[5..] {
@@ -237,6 +254,7 @@ fn kill_during_fills_then_restart_serves_whole_objects_only() {
         assert!(source == "hit" || source == "miss", "{key}: {source}");
     }
     // Everything is cached now, each entry whole.
+    settle(&server);
     for key in &keys {
         let (_, source, md5, _) = get(&server, key).unwrap();
         assert_eq!(source, "hit");
@@ -267,6 +285,7 @@ fn corrupt_entry_is_cut_short_dropped_and_refetched() -> Result<()> {
     let objects = lay_out(&server, 1, SIZE);
     let (key, want) = objects.iter().next().unwrap();
     assert_eq!(get(&server, key)?.1, "miss");
+    settle(&server);
     assert_eq!(get(&server, key)?.1, "hit");
     let entries = walk_entries(&server.data_dir().join("cache"));
     let [entry] = entries.as_slice() else {
@@ -286,5 +305,110 @@ fn corrupt_entry_is_cut_short_dropped_and_refetched() -> Result<()> {
     let (status, source, md5, _) = get(&server, key)?;
     assert_eq!((status, source.as_str()), (200, "miss"), "refetched");
     assert_eq!(&md5, want);
+    Ok(())
+}
+
+/// The cache paths over a real S3 server (moto) as the backend.
+#[test]
+fn cache_over_a_real_s3_backend() -> Result<()> {
+    const SMALL: usize = 1 << 20;
+    const BIG: usize = 64 << 20;
+    let rt = tokio::runtime::Runtime::new()?;
+    let moto = Moto::start()?;
+    let direct = moto.client();
+    let mut objects = HashMap::new();
+    let big = Pattern::new(77).bytes(0, BIG);
+    let big_md5 = md5_hex(&big);
+    rt.block_on(async {
+        direct.create_bucket().bucket(BUCKET).send().await?;
+        for i in 0..10u64 {
+            let data = Pattern::new(500 + i).bytes(0, SMALL);
+            let key = format!("small-{i:02}");
+            objects.insert(key.clone(), md5_hex(&data));
+            direct
+                .put_object()
+                .bucket(BUCKET)
+                .key(&key)
+                .body(data.into())
+                .send()
+                .await?;
+        }
+        direct
+            .put_object()
+            .bucket(BUCKET)
+            .key("big")
+            .body(big.clone().into())
+            .send()
+            .await?;
+        anyhow::Ok(())
+    })?;
+
+    // Capacity: the big object and 5 of the 10 small ones.
+    let capacity = (BIG + 5 * SMALL).to_string();
+    let mut server =
+        Server::start(ServerOpts::s3_backend(&moto.url()).args(&["--cache-capacity", &capacity]))?;
+    let addr = server.addr();
+
+    // A cold range read streams the range while the object fills.
+    let req = request_bytes(
+        "GET",
+        &format!("/{BUCKET}/big"),
+        addr,
+        &[("range", "bytes=100-199")],
+        b"",
+    );
+    let resp = raw_request_blocking(addr, &req)?;
+    assert_eq!(resp.status, 206);
+    assert_eq!(resp.body, &big[100..200]);
+    assert_eq!(resp.header("x-granary-cache"), Some("miss"));
+
+    // 32 concurrent reads of it: equal bytes, the backend read once.
+    std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..32).map(|_| sc.spawn(|| get(&server, "big"))).collect();
+        for h in hs {
+            let (status, _, md5, len) = h.join().unwrap().unwrap();
+            assert_eq!((status, len), (200, BIG));
+            assert_eq!(md5, big_md5);
+        }
+    });
+    assert_eq!(
+        stat(&server, "bytes_from_backend"),
+        BIG as u64,
+        "one backend fetch of the big object"
+    );
+    settle(&server);
+
+    // Two epochs over the small objects: the admitted five hit in the second.
+    let epochs = run_epochs(&server, &objects, 2);
+    assert_eq!(epochs[0].1.get("miss"), Some(&5));
+    assert_eq!(epochs[1].0.len(), 5, "epoch 2 hits the admitted set");
+    assert_eq!(stat(&server, "used_bytes"), (BIG + 5 * SMALL) as u64);
+
+    // A write through the node reaches S3 and replaces the cached copy.
+    let key = epochs[1].0.iter().next().unwrap().clone();
+    let new = Pattern::new(999).bytes(0, 1000);
+    let put = raw_request_blocking(
+        addr,
+        &request_bytes("PUT", &format!("/{BUCKET}/{key}"), addr, &[], &new),
+    )?;
+    assert_eq!(put.status, 200);
+    let in_s3 = rt.block_on(async {
+        let got = direct.get_object().bucket(BUCKET).key(&key).send().await?;
+        anyhow::Ok(got.body.collect().await?.into_bytes())
+    })?;
+    assert_eq!(in_s3.as_ref(), &new[..], "written through to S3");
+    let (status, _, md5, _) = get(&server, &key)?;
+    assert_eq!(
+        (status, md5),
+        (200, md5_hex(&new)),
+        "the old cached copy is gone"
+    );
+
+    // A restart keeps the committed entries.
+    settle(&server);
+    server.kill_and_restart()?;
+    let (status, source, md5, _) = get(&server, "big")?;
+    assert_eq!((status, source.as_str()), (200, "hit"));
+    assert_eq!(md5, big_md5);
     Ok(())
 }

@@ -221,6 +221,7 @@ pub async fn put(state: &AppState, mut r: Req) -> Result<Response, S3Error> {
         .backend
         .put_object(&r.bucket, r.key(), body, opts)
         .await?;
+    state.cache.invalidate(&r.bucket, r.key());
     state
         .stats
         .bytes_received
