@@ -44,6 +44,8 @@ pub struct Config {
     pub tls_cert: Option<PathBuf>,
     /// TLS private key (PEM) for HTTPS.
     pub tls_key: Option<PathBuf>,
+    /// How cache entries are read from disk.
+    pub read_engine: crate::io::EngineChoice,
 }
 
 impl Default for Config {
@@ -65,6 +67,7 @@ impl Default for Config {
             listen_unix: None,
             tls_cert: None,
             tls_key: None,
+            read_engine: crate::io::EngineChoice::Auto,
         }
     }
 }

@@ -8,6 +8,7 @@ pub mod backend;
 pub mod cache;
 pub mod config;
 pub mod error;
+pub mod io;
 pub mod stats;
 
 use std::sync::Arc;
@@ -57,11 +58,14 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             free / 10 * 9
         }
     };
+    let engine = io::engine(config.read_engine).context("cannot start the cache read engine")?;
+    tracing::info!(engine = engine.name(), "cache read engine");
     let cache = cache::Cache::open(
         &cache_dir,
         capacity,
         config.cache_policy,
         config.verify_reads,
+        engine,
         stats.clone(),
     )
     .with_context(|| format!("cannot open the cache at {}", cache_dir.display()))?;

@@ -79,6 +79,9 @@ struct ServeArgs {
     /// TLS private key (PEM) to serve HTTPS.
     #[arg(long, env = "GRANARY_TLS_KEY")]
     tls_key: Option<PathBuf>,
+    /// How cache entries are read from disk: auto (io_uring, else std), io-uring, std [default: auto].
+    #[arg(long, env = "GRANARY_READ_ENGINE", value_enum)]
+    read_engine: Option<granary_server::io::EngineChoice>,
 }
 
 impl ServeArgs {
@@ -93,7 +96,14 @@ impl ServeArgs {
         macro_rules! set_opt {
             ($($f:ident),*) => { $( if self.$f.is_some() { c.$f = self.$f; } )* };
         }
-        set!(listen, data_dir, cache_policy, route, verify_reads);
+        set!(
+            listen,
+            data_dir,
+            cache_policy,
+            route,
+            verify_reads,
+            read_engine
+        );
         set_opt!(
             backend,
             s3_endpoint,

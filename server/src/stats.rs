@@ -3,9 +3,49 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+/// Upper bounds (seconds) of the request latency histogram's buckets; `+Inf` follows.
+pub const LATENCY_BUCKETS: [f64; 14] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// Request latency (first byte in to last byte out), as a Prometheus histogram.
+#[derive(Debug, Default)]
+pub struct Latency {
+    /// Per bucket, not cumulative; the last is `+Inf`.
+    counts: [AtomicU64; LATENCY_BUCKETS.len() + 1],
+    sum_us: AtomicU64,
+}
+
+impl Latency {
+    pub fn record(&self, secs: f64) {
+        let i = LATENCY_BUCKETS
+            .iter()
+            .position(|b| secs <= *b)
+            .unwrap_or(LATENCY_BUCKETS.len());
+        self.counts[i].fetch_add(1, Ordering::Relaxed);
+        self.sum_us
+            .fetch_add((secs * 1e6) as u64, Ordering::Relaxed);
+    }
+
+    /// Cumulative counts per bucket (the last is the total), and the sum in seconds.
+    pub fn cumulative(&self) -> (Vec<u64>, f64) {
+        let mut acc = 0;
+        let counts = self
+            .counts
+            .iter()
+            .map(|c| {
+                acc += c.load(Ordering::Relaxed);
+                acc
+            })
+            .collect();
+        (counts, self.sum_us.load(Ordering::Relaxed) as f64 / 1e6)
+    }
+}
+
 /// Monotonic counters, updated lock-free on the request path.
 #[derive(Debug, Default)]
 pub struct Stats {
+    pub latency: Latency,
     pub requests: AtomicU64,
     pub errors: AtomicU64,
     /// Object reads answered from this node's committed cache.
@@ -54,5 +94,23 @@ impl Stats {
             bytes_from_backend: r(&self.bytes_from_backend),
             bytes_from_peers: r(&self.bytes_from_peers),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn latency_buckets_are_cumulative() {
+        let l = Latency::default();
+        l.record(0.0001);
+        l.record(0.003);
+        l.record(20.0);
+        let (c, sum) = l.cumulative();
+        assert_eq!(c[0], 1);
+        assert_eq!(c[3], 2, "0.003 falls in the 0.005 bucket");
+        assert_eq!(*c.last().unwrap(), 3);
+        assert!((sum - 20.0031).abs() < 1e-3);
     }
 }

@@ -159,6 +159,10 @@ impl Drop for Tally {
             .stats
             .bytes_served
             .fetch_add(self.bytes, Ordering::Relaxed);
+        self.state
+            .stats
+            .latency
+            .record(self.started.elapsed().as_secs_f64());
         self.span.record("bytes", self.bytes);
         let _e = self.span.enter();
         tracing::debug!(

@@ -146,6 +146,33 @@ fn metrics_text(state: &AppState) -> String {
         ),
         ("cache_objects", "objects in the cache", u.objects),
     ];
+    let (counts, sum) = state.stats.latency.cumulative();
+    let _ = writeln!(
+        out,
+        "# HELP granary_request_duration_seconds request time, first byte in to last byte out"
+    );
+    let _ = writeln!(out, "# TYPE granary_request_duration_seconds histogram");
+    for (i, c) in counts.iter().enumerate() {
+        let le = crate::stats::LATENCY_BUCKETS
+            .get(i)
+            .map_or("+Inf".to_owned(), |b| b.to_string());
+        let _ = writeln!(
+            out,
+            "granary_request_duration_seconds_bucket{{node=\"{}\",le=\"{le}\"}} {c}",
+            state.node_id
+        );
+    }
+    let total = counts.last().copied().unwrap_or(0);
+    let _ = writeln!(
+        out,
+        "granary_request_duration_seconds_sum{{node=\"{}\"}} {sum}",
+        state.node_id
+    );
+    let _ = writeln!(
+        out,
+        "granary_request_duration_seconds_count{{node=\"{}\"}} {total}",
+        state.node_id
+    );
     for (name, help, v) in gauges {
         let _ = writeln!(out, "# HELP granary_{name} {help}");
         let _ = writeln!(out, "# TYPE granary_{name} gauge");

@@ -8,11 +8,13 @@
 //! user metadata, and the mapping of S3's answers and transport failures onto
 //! `BackendError`, saying which side failed and whether a retry can help.
 
+mod body;
+mod errors;
+mod list;
+
 use std::collections::HashMap;
 use std::io;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
@@ -23,14 +25,15 @@ use aws_config::BehaviorVersion;
 use aws_sdk_s3::config::{
     Region, RequestChecksumCalculation, ResponseChecksumValidation, StalledStreamProtectionConfig,
 };
-use aws_sdk_s3::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
+use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::primitives::{ByteStream as SdkByteStream, DateTime, SdkBody};
 use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart, EncodingType};
 use aws_sdk_s3::Client;
 use base64::Engine;
-use bytes::Bytes;
-use http_body::{Frame, SizeHint};
 
+use self::body::{download, UploadBody};
+use self::errors::{causes, from_code, Target};
+use self::list::{fill, lenient_parts, merge, rolled, url_decode, PartsPage};
 use super::{
     check_key, valid_bucket_name, Backend, BackendError, BucketInfo, ByteRange, ByteStream,
     GetObject, ListPage, ListQuery, ObjectEntry, ObjectMeta, PartInfo, PutOptions, RangeFn, Result,
@@ -52,6 +55,9 @@ const GET_ATTEMPTS: usize = 3;
 /// S3's largest page of keys.
 const MAX_PAGE: usize = 1000;
 
+type HttpResponse = aws_sdk_s3::config::http::HttpResponse;
+
+/// A bucket store reached over the S3 API; cheap to share (the client pools connections).
 pub struct S3Backend {
     client: Client,
     /// The configured endpoint, for `describe` and error messages.
@@ -108,21 +114,18 @@ impl S3Backend {
         })
     }
 
-    fn where_(&self) -> &str {
+    /// Where the store is, for messages.
+    fn location(&self) -> &str {
         self.endpoint.as_deref().unwrap_or("AWS")
     }
 
     /// Maps a failed SDK call onto `BackendError`. `target` names what the call was about,
     /// for S3's bodiless 404s (HEAD) and for the `NoSuch*` messages.
-    fn map_err<E>(
-        &self,
-        e: SdkError<E, aws_sdk_s3::config::http::HttpResponse>,
-        target: Target<'_>,
-    ) -> BackendError
+    fn map_err<E>(&self, e: SdkError<E, HttpResponse>, target: Target<'_>) -> BackendError
     where
         E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
     {
-        let backend = self.where_();
+        let backend = self.location();
         match &e {
             // The store answered: its code says who is at fault.
             SdkError::ServiceError(ctx) => {
@@ -134,24 +137,24 @@ impl S3Backend {
             // No answer in time (the SDK retried first): the store's side; retry may help.
             SdkError::TimeoutError(_) => BackendError::Unavailable(format!(
                 "the S3 backend at {backend} did not answer in time: {}",
-                DisplayErrorContext(&e)
+                causes(&e)
             )),
             // Connection refused or reset, DNS, TLS (after the SDK's retries): the store or
             // the network to it; retry may help once it is back.
             SdkError::DispatchFailure(_) => BackendError::Unavailable(format!(
                 "the S3 backend at {backend} cannot be reached: {}",
-                DisplayErrorContext(&e)
+                causes(&e)
             )),
             // An answer we could not read: the store's side.
             SdkError::ResponseError(_) => BackendError::Unavailable(format!(
                 "the S3 backend at {backend} sent an unreadable answer: {}",
-                DisplayErrorContext(&e)
+                causes(&e)
             )),
             // The request could not be built or signed (no credentials in the AWS chain,
             // say): this node's configuration; retry will not help until it is fixed.
             _ => BackendError::Io(io::Error::other(format!(
                 "cannot send a request to the S3 backend at {backend}: {}",
-                DisplayErrorContext(&e)
+                causes(&e)
             ))),
         }
     }
@@ -170,15 +173,14 @@ impl S3Backend {
         &self,
         body: ByteStream,
         size: u64,
+        expected_md5: Option<[u8; 16]>,
         target: Target<'_>,
         send: F,
     ) -> Result<T>
     where
         E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
         F: FnOnce(SdkByteStream) -> Fut,
-        Fut: std::future::Future<
-            Output = std::result::Result<T, SdkError<E, aws_sdk_s3::config::http::HttpResponse>>,
-        >,
+        Fut: std::future::Future<Output = std::result::Result<T, SdkError<E, HttpResponse>>>,
     {
         let failure = Arc::new(Mutex::new(None));
         let body = UploadBody::new(body, size, expected_md5, failure.clone());
@@ -190,103 +192,6 @@ impl S3Backend {
             (Err(e), None) => Err(self.map_err(e, target)),
         }
     }
-}
-
-/// What a call was about.
-#[derive(Clone, Copy)]
-enum Target<'a> {
-    Bucket(&'a str),
-    Object(&'a str, &'a str),
-    Upload(&'a str),
-}
-
-/// S3's error code (and status) → `BackendError`.
-fn from_code(
-    code: Option<&str>,
-    status: u16,
-    message: &str,
-    target: Target<'_>,
-    backend: &str,
-) -> BackendError {
-    let (bucket, key) = match target {
-        Target::Bucket(b) => (b, ""),
-        Target::Object(b, k) => (b, k),
-        Target::Upload(_) => ("", ""),
-    };
-    let code = code.unwrap_or(match status {
-        404 => "NotFound",
-        _ => "",
-    });
-    match code {
-        // The client asked for something that is not there.
-        "NoSuchKey" => BackendError::NoSuchKey(key.to_owned()),
-        "NoSuchBucket" => BackendError::NoSuchBucket(bucket.to_owned()),
-        "NoSuchUpload" => match target {
-            Target::Upload(id) => BackendError::NoSuchUpload(id.to_owned()),
-            _ => BackendError::NoSuchUpload(String::new()),
-        },
-        "NotFound" => match target {
-            Target::Object(_, k) => BackendError::NoSuchKey(k.to_owned()),
-            Target::Bucket(b) => BackendError::NoSuchBucket(b.to_owned()),
-            Target::Upload(id) => BackendError::NoSuchUpload(id.to_owned()),
-        },
-        // The client's request conflicts with the store's state or breaks its rules.
-        "BucketAlreadyOwnedByYou" | "BucketAlreadyExists" => {
-            BackendError::BucketExists(bucket.to_owned())
-        }
-        "BucketNotEmpty" => BackendError::BucketNotEmpty(bucket.to_owned()),
-        "InvalidBucketName" => BackendError::InvalidBucketName(bucket.to_owned()),
-        "InvalidPartOrder" => BackendError::InvalidPartOrder,
-        "EntityTooSmall" => BackendError::EntityTooSmall,
-        "BadDigest" => BackendError::BadDigest(if message.is_empty() {
-            "the Content-MD5 you specified did not match what we received".into()
-        } else {
-            message.to_owned()
-        }),
-        "KeyTooLongError" => BackendError::KeyTooLong,
-        // The store refuses this node's credentials or policy: the node's configuration,
-        // not the client's signature; retry will not help.
-        _ if status == 403 => BackendError::Client(S3Error::new(
-            S3Code::AccessDenied,
-            format!(
-                "the S3 backend at {backend} denied access ({code}): {message}; check the node's AWS credentials"
-            ),
-        )),
-        // The store failed or is overloaded (the SDK retried first): its side; a later
-        // retry may help.
-        _ if status >= 500 || code == "SlowDown" => BackendError::Unavailable(format!(
-            "the S3 backend at {backend} failed with {status} {code}: {message}"
-        )),
-        _ => match passthrough(code) {
-            // Other refusals of the client's request keep S3's own code.
-            Some(c) => BackendError::Client(S3Error::new(c, message)),
-            // Redirects (wrong region) and codes we do not know: the node's setup or the
-            // store; report them as the store's failure with its words.
-            None => BackendError::Unavailable(format!(
-                "the S3 backend at {backend} answered {status} {code}: {message}"
-            )),
-        },
-    }
-}
-
-/// S3 codes of client errors that pass through unchanged.
-fn passthrough(code: &str) -> Option<S3Code> {
-    use S3Code::*;
-    Some(match code {
-        "InvalidPart" => InvalidPart,
-        "InvalidArgument" => InvalidArgument,
-        "InvalidRequest" => InvalidRequest,
-        "InvalidRange" => InvalidRange,
-        "InvalidDigest" => InvalidDigest,
-        "EntityTooLarge" => EntityTooLarge,
-        "IncompleteBody" => IncompleteBody,
-        "MalformedXML" => MalformedXML,
-        "MissingContentLength" => MissingContentLength,
-        "MethodNotAllowed" => MethodNotAllowed,
-        "PreconditionFailed" => PreconditionFailed,
-        "NotModified" => NotModified,
-        _ => return None,
-    })
 }
 
 /// An ETag as S3 sends it (quoted), as `ObjectMeta` keeps it (bare).
@@ -350,237 +255,6 @@ macro_rules! with_headers {
         }
         req
     }};
-}
-
-/// Our request body as an `http_body::Body` for the SDK, checked against its declared
-/// length and, when the client sent one, its Content-MD5 (S3 checks it too, but not every
-/// S3-compatible store does). The last chunk is held back until the check passes and the
-/// stream has ended, so a failing body never reaches the store whole and is never
-/// committed. A failure is recorded for the caller, so it reports the client's error
-/// (bad signature, short body, BadDigest) rather than the SDK's wrapping of it.
-struct UploadBody {
-    /// A `Mutex` only to make the body `Sync`, as the SDK asks; it is never contended.
-    inner: Mutex<ByteStream>,
-    size: u64,
-    remaining: u64,
-    /// The running MD5 and the one expected, until checked.
-    md5: Option<(Md5, [u8; 16])>,
-    /// The last chunk, sent once the stream has ended.
-    held: Option<Bytes>,
-    finished: bool,
-    failure: Arc<Mutex<Option<BackendError>>>,
-}
-
-type Polled = Poll<Option<std::result::Result<Frame<Bytes>, io::Error>>>;
-
-impl UploadBody {
-    fn new(
-        inner: ByteStream,
-        size: u64,
-        expected_md5: Option<[u8; 16]>,
-        failure: Arc<Mutex<Option<BackendError>>>,
-    ) -> UploadBody {
-        UploadBody {
-            inner: Mutex::new(inner),
-            size,
-            remaining: size,
-            md5: expected_md5.map(|m| (Md5::new(), m)),
-            held: None,
-            finished: false,
-            failure,
-        }
-    }
-
-    fn fail(&mut self, e: BackendError) -> Polled {
-        let msg = e.to_string();
-        *self.failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
-        self.finished = true;
-        self.held = None;
-        Poll::Ready(Some(Err(io::Error::other(msg))))
-    }
-
-    fn too_long(&mut self) -> Polled {
-        let size = self.size;
-        self.fail(BackendError::Client(S3Error::new(
-            S3Code::IncompleteBody,
-            format!("the body is longer than its declared {size} bytes"),
-        )))
-    }
-
-    /// Checks the MD5 once every byte has been seen.
-    fn digest_ok(&mut self) -> bool {
-        match self.md5.take() {
-            Some((md5, want)) => <[u8; 16]>::from(md5.finalize()) == want,
-            None => true,
-        }
-    }
-
-    fn bad_digest(&mut self) -> Polled {
-        self.fail(BackendError::BadDigest(
-            "the Content-MD5 you specified did not match what we received".into(),
-        ))
-    }
-}
-
-impl http_body::Body for UploadBody {
-    type Data = Bytes;
-    type Error = io::Error;
-
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Polled {
-        let this = self.get_mut();
-        loop {
-            if this.finished {
-                return Poll::Ready(None);
-            }
-            let inner = this.inner.get_mut().unwrap_or_else(|p| p.into_inner());
-            let next = match inner.as_mut().poll_next(cx) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(next) => next,
-            };
-            match next {
-                Some(Err(e)) => return this.fail(BackendError::from_body(e)),
-                Some(Ok(chunk)) if chunk.is_empty() => continue,
-                Some(Ok(_)) if this.held.is_some() => return this.too_long(),
-                Some(Ok(chunk)) => {
-                    if chunk.len() as u64 > this.remaining {
-                        return this.too_long();
-                    }
-                    this.remaining -= chunk.len() as u64;
-                    if let Some((md5, _)) = &mut this.md5 {
-                        md5.update(&chunk);
-                    }
-                    if this.remaining > 0 {
-                        return Poll::Ready(Some(Ok(Frame::data(chunk))));
-                    }
-                    if !this.digest_ok() {
-                        return this.bad_digest();
-                    }
-                    this.held = Some(chunk);
-                }
-                None if this.remaining > 0 => {
-                    let (size, got) = (this.size, this.size - this.remaining);
-                    return this.fail(BackendError::Client(S3Error::new(
-                        S3Code::IncompleteBody,
-                        format!("expected {size} bytes, received {got}"),
-                    )));
-                }
-                None => {
-                    // An empty body is checked here; a longer one was when it filled up.
-                    if !this.digest_ok() {
-                        return this.bad_digest();
-                    }
-                    this.finished = true;
-                    return Poll::Ready(this.held.take().map(|c| Ok(Frame::data(c))));
-                }
-            }
-        }
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        let held = self.held.as_ref().map_or(0, |c| c.len() as u64);
-        SizeHint::with_exact(self.remaining + held)
-    }
-}
-
-/// The SDK's response body as our `ByteStream`, chunk by chunk, failing unless exactly
-/// `expected` bytes arrive.
-fn download(body: SdkByteStream, expected: u64, backend: String) -> ByteStream {
-    Box::pin(async_stream::try_stream! {
-        let mut body = body;
-        let mut got = 0u64;
-        while let Some(chunk) = body.next().await {
-            // The store or the network broke off: its side; the client may retry.
-            let chunk = chunk.map_err(|e| io::Error::other(format!(
-                "the S3 backend at {backend} broke off after {got} of {expected} bytes: {}",
-                DisplayErrorContext(e)
-            )))?;
-            got += chunk.len() as u64;
-            if got > expected {
-                Err(io::Error::other(format!(
-                    "the S3 backend at {backend} sent more than the {expected} bytes it announced"
-                )))?;
-            }
-            yield chunk;
-        }
-        if got != expected {
-            Err(io::Error::new(io::ErrorKind::UnexpectedEof, format!(
-                "the S3 backend at {backend} ended after {got} of {expected} bytes"
-            )))?;
-        }
-    })
-}
-
-/// An entry of a listing page: a key or a rolled-up common prefix.
-#[derive(Debug)]
-enum Entry {
-    Object(ObjectEntry),
-    Prefix(String),
-}
-
-impl Entry {
-    fn name(&self) -> &str {
-        match self {
-            Entry::Object(o) => &o.key,
-            Entry::Prefix(p) => p,
-        }
-    }
-}
-
-/// Keys and common prefixes of one S3 page merged in byte order (S3 sends two sorted lists).
-fn merge(objects: Vec<ObjectEntry>, prefixes: Vec<String>) -> Vec<Entry> {
-    let mut out = Vec::with_capacity(objects.len() + prefixes.len());
-    let mut objects = objects.into_iter().peekable();
-    let mut prefixes = prefixes.into_iter().peekable();
-    loop {
-        let take_object = match (objects.peek(), prefixes.peek()) {
-            (Some(o), Some(p)) => o.key.as_str() < p.as_str(),
-            (Some(_), None) => true,
-            (None, Some(_)) => false,
-            (None, None) => break,
-        };
-        if take_object {
-            out.extend(objects.next().map(Entry::Object));
-        } else {
-            out.extend(prefixes.next().map(Entry::Prefix));
-        }
-    }
-    out
-}
-
-/// Decodes a name of a listing asked with `encoding-type=url` (S3 writes a space as `+`).
-fn url_decode(s: &str) -> String {
-    let plus = s.replace('+', " ");
-    percent_encoding::percent_decode_str(&plus)
-        .decode_utf8_lossy()
-        .into_owned()
-}
-
-/// The common prefix `after` stands for, if it is one: it ends with the delimiter and is
-/// longer than the query's prefix (a key equal to the prefix is just a key).
-fn rolled<'a>(after: Option<&'a str>, q: &ListQuery) -> Option<&'a str> {
-    let d = q.delimiter.as_deref().filter(|d| !d.is_empty())?;
-    after.filter(|a| a.ends_with(d) && a.len() > q.prefix.len())
-}
-
-/// Adds the entries of one S3 page to `page`, skipping those under `skip` (a common prefix
-/// S3 repeats after a start-after equal to it). Returns false once `page` is full; it is
-/// then marked truncated if an entry was left over.
-fn fill(page: &mut ListPage, entries: Vec<Entry>, skip: Option<&str>, max: usize) -> bool {
-    for e in entries {
-        if skip.is_some_and(|s| e.name().starts_with(s)) {
-            continue;
-        }
-        if page.objects.len() + page.common_prefixes.len() == max {
-            page.is_truncated = true;
-            return false;
-        }
-        page.last = Some(e.name().to_owned());
-        match e {
-            Entry::Object(o) => page.objects.push(o),
-            Entry::Prefix(p) => page.common_prefixes.push(p),
-        }
-    }
-    true
 }
 
 #[async_trait]
@@ -734,10 +408,10 @@ impl Backend for S3Backend {
                     if got != len {
                         return Err(BackendError::Unavailable(format!(
                             "the S3 backend at {} answered {got} bytes for a read of {len}",
-                            self.where_()
+                            self.location()
                         )));
                     }
-                    let body = download(out.body, len, self.where_().to_owned());
+                    let body = download(out.body, len, self.location().to_owned());
                     return Ok((GetObject { meta, body }, resolved));
                 }
                 Err(e) => match self.map_err(e, Target::Object(bucket, key)) {
@@ -750,7 +424,7 @@ impl Backend for S3Backend {
         }
         Err(BackendError::Unavailable(format!(
             "`{bucket}/{key}` on the S3 backend at {} changed during each of {GET_ATTEMPTS} reads",
-            self.where_()
+            self.location()
         )))
     }
 
@@ -767,18 +441,24 @@ impl Backend for S3Backend {
         }
         let size = required_size(&opts)?;
         let out = self
-            .upload(body, size, Target::Object(bucket, key), |body| {
-                let mut req = self
-                    .client
-                    .put_object()
-                    .bucket(bucket)
-                    .key(key)
-                    .content_length(size as i64)
-                    .set_content_md5(opts.expected_md5.map(md5_header))
-                    .body(body);
-                req = with_headers!(req, &opts.headers);
-                req.customize().config_override(upload_timeouts()).send()
-            })
+            .upload(
+                body,
+                size,
+                opts.expected_md5,
+                Target::Object(bucket, key),
+                |body| {
+                    let mut req = self
+                        .client
+                        .put_object()
+                        .bucket(bucket)
+                        .key(key)
+                        .content_length(size as i64)
+                        .set_content_md5(opts.expected_md5.map(md5_header))
+                        .body(body);
+                    req = with_headers!(req, &opts.headers);
+                    req.customize().config_override(upload_timeouts()).send()
+                },
+            )
             .await?;
         Ok(ObjectMeta {
             size,
@@ -880,7 +560,7 @@ impl Backend for S3Backend {
         out.upload_id().map(str::to_owned).ok_or_else(|| {
             BackendError::Unavailable(format!(
                 "the S3 backend at {} started an upload without an UploadId",
-                self.where_()
+                self.location()
             ))
         })
     }
@@ -900,20 +580,26 @@ impl Backend for S3Backend {
         }
         let size = required_size(&opts)?;
         let out = self
-            .upload(body, size, Target::Upload(upload_id), |body| {
-                self.client
-                    .upload_part()
-                    .bucket(bucket)
-                    .key(key)
-                    .upload_id(upload_id)
-                    .part_number(part as i32)
-                    .content_length(size as i64)
-                    .set_content_md5(opts.expected_md5.map(md5_header))
-                    .body(body)
-                    .customize()
-                    .config_override(upload_timeouts())
-                    .send()
-            })
+            .upload(
+                body,
+                size,
+                opts.expected_md5,
+                Target::Upload(upload_id),
+                |body| {
+                    self.client
+                        .upload_part()
+                        .bucket(bucket)
+                        .key(key)
+                        .upload_id(upload_id)
+                        .part_number(part as i32)
+                        .content_length(size as i64)
+                        .set_content_md5(opts.expected_md5.map(md5_header))
+                        .body(body)
+                        .customize()
+                        .config_override(upload_timeouts())
+                        .send()
+                },
+            )
             .await?;
         Ok(PartInfo {
             number: part,
@@ -1113,66 +799,6 @@ impl Backend for S3Backend {
     }
 }
 
-/// One page of ListParts.
-struct PartsPage {
-    parts: Vec<PartInfo>,
-    truncated: bool,
-    next: Option<String>,
-}
-
-/// ListParts as moto (5.2) answers it: right fields under a root named
-/// `ListPartsResponse`, where S3 says `ListPartsResult` and the SDK insists on it. A 200
-/// the SDK refused is read again here, whatever its root is called.
-fn lenient_parts<E>(e: &SdkError<E, aws_sdk_s3::config::http::HttpResponse>) -> Option<PartsPage> {
-    #[derive(serde::Deserialize)]
-    #[serde(rename_all = "PascalCase")]
-    struct Doc {
-        #[serde(default, rename = "Part")]
-        parts: Vec<Part>,
-        #[serde(default)]
-        is_truncated: bool,
-        next_part_number_marker: Option<String>,
-    }
-    #[derive(serde::Deserialize)]
-    #[serde(rename_all = "PascalCase")]
-    struct Part {
-        part_number: u32,
-        #[serde(rename = "ETag")]
-        etag: String,
-        size: u64,
-        last_modified: Option<String>,
-    }
-    let SdkError::ServiceError(ctx) = e else {
-        return None;
-    };
-    if !ctx.raw().status().is_success() {
-        return None;
-    }
-    let body = std::str::from_utf8(ctx.raw().body().bytes()?).ok()?;
-    let doc: Doc = quick_xml::de::from_str(body).ok()?;
-    Some(PartsPage {
-        parts: doc
-            .parts
-            .into_iter()
-            .map(|p| PartInfo {
-                number: p.part_number,
-                etag: unquote(Some(&p.etag)),
-                size: p.size,
-                last_modified: time(
-                    p.last_modified
-                        .and_then(|t| {
-                            DateTime::from_str(&t, aws_sdk_s3::primitives::DateTimeFormat::DateTime)
-                                .ok()
-                        })
-                        .as_ref(),
-                ),
-            })
-            .collect(),
-        truncated: doc.is_truncated,
-        next: doc.next_part_number_marker,
-    })
-}
-
 /// S3 needs every body's length up front.
 fn required_size(opts: &PutOptions) -> Result<u64> {
     opts.size.ok_or_else(|| {
@@ -1201,122 +827,6 @@ fn upload_timeouts() -> aws_sdk_s3::config::Builder {
 mod tests {
     use super::*;
 
-    fn obj(key: &str) -> ObjectEntry {
-        ObjectEntry {
-            key: key.into(),
-            size: 1,
-            etag: "e".into(),
-            last_modified: UNIX_EPOCH,
-        }
-    }
-
-    fn names(page: &ListPage) -> Vec<String> {
-        let mut v: Vec<String> = page
-            .objects
-            .iter()
-            .map(|o| o.key.clone())
-            .chain(page.common_prefixes.iter().cloned())
-            .collect();
-        v.sort();
-        v
-    }
-
-    #[test]
-    fn pages_merge_in_byte_order_and_skip_a_repeated_prefix() {
-        let entries = merge(
-            vec![obj("a"), obj("c"), obj("e")],
-            vec!["b/".into(), "d/".into()],
-        );
-        let order: Vec<&str> = entries.iter().map(Entry::name).collect();
-        assert_eq!(order, ["a", "b/", "c", "d/", "e"]);
-
-        let mut page = ListPage::default();
-        assert!(!fill(&mut page, entries, Some("b/"), 2));
-        assert_eq!(names(&page), ["a", "c"]);
-        assert!(page.is_truncated);
-        assert_eq!(page.last.as_deref(), Some("c"));
-
-        let mut page = ListPage::default();
-        let entries = merge(vec![obj("x")], vec!["d/".into()]);
-        assert!(fill(&mut page, entries, Some("d/"), 5));
-        assert_eq!(names(&page), ["x"]);
-        assert!(!page.is_truncated);
-    }
-
-    #[test]
-    fn after_is_rolled_only_past_the_prefix() {
-        let q = ListQuery {
-            prefix: "dir/".into(),
-            delimiter: Some("/".into()),
-            after: None,
-            max_keys: 10,
-        };
-        assert_eq!(rolled(Some("dir/sub/"), &q), Some("dir/sub/"));
-        assert_eq!(rolled(Some("dir/"), &q), None);
-        assert_eq!(rolled(Some("dir/key"), &q), None);
-        let no_delim = ListQuery {
-            delimiter: None,
-            ..q
-        };
-        assert_eq!(rolled(Some("dir/sub/"), &no_delim), None);
-    }
-
-    #[test]
-    fn url_encoded_names_decode() {
-        assert_eq!(url_decode("a+b%2Bc%2Fd/%E2%82%AC"), "a b+c/d/€");
-        assert_eq!(url_decode("plain/key"), "plain/key");
-    }
-
-    #[test]
-    fn error_codes_map_to_their_side() {
-        let obj = Target::Object("bkt", "k");
-        let m = |code: Option<&str>, status| from_code(code, status, "msg", obj, "http://s3");
-        assert!(matches!(m(Some("NoSuchKey"), 404), BackendError::NoSuchKey(k) if k == "k"));
-        assert!(matches!(m(None, 404), BackendError::NoSuchKey(_)));
-        assert!(matches!(
-            m(Some("NoSuchBucket"), 404),
-            BackendError::NoSuchBucket(b) if b == "bkt"
-        ));
-        assert!(matches!(
-            m(Some("BadDigest"), 400),
-            BackendError::BadDigest(_)
-        ));
-        assert!(matches!(
-            m(Some("InternalError"), 500),
-            BackendError::Unavailable(_)
-        ));
-        assert!(matches!(
-            m(Some("SlowDown"), 503),
-            BackendError::Unavailable(_)
-        ));
-        assert!(matches!(
-            m(Some("SignatureDoesNotMatch"), 403),
-            BackendError::Client(s) if s.code == S3Code::AccessDenied
-        ));
-        assert!(matches!(
-            m(Some("PreconditionFailed"), 412),
-            BackendError::Client(s) if s.code == S3Code::PreconditionFailed
-        ));
-        assert!(matches!(
-            from_code(
-                Some("BucketAlreadyOwnedByYou"),
-                409,
-                "",
-                Target::Bucket("b"),
-                ""
-            ),
-            BackendError::BucketExists(_)
-        ));
-        assert!(matches!(
-            from_code(None, 404, "", Target::Bucket("b"), ""),
-            BackendError::NoSuchBucket(_)
-        ));
-        assert!(matches!(
-            from_code(Some("NoSuchUpload"), 404, "", Target::Upload("u1"), ""),
-            BackendError::NoSuchUpload(u) if u == "u1"
-        ));
-    }
-
     #[test]
     fn headers_come_back_sorted_with_metadata_in_lower_case() {
         let mut md = HashMap::new();
@@ -1341,38 +851,5 @@ mod tests {
             ]
         );
         assert_eq!(unquote(Some("\"abc-2\"")), "abc-2");
-    }
-
-    #[tokio::test]
-    async fn upload_body_checks_its_length() {
-        use http_body_util::BodyExt;
-        let short: ByteStream =
-            Box::pin(futures::stream::iter(vec![Ok(Bytes::from_static(b"abc"))]));
-        let failure = Arc::new(Mutex::new(None));
-        let body = UploadBody {
-            inner: Mutex::new(short),
-            remaining: 5,
-            size: 5,
-            failure: failure.clone(),
-        };
-        assert!(body.collect().await.is_err());
-        let recorded = failure.lock().unwrap().take();
-        assert!(matches!(
-            recorded,
-            Some(BackendError::Client(s)) if s.code == S3Code::IncompleteBody
-        ));
-
-        let exact: ByteStream = Box::pin(futures::stream::iter(vec![
-            Ok(Bytes::from_static(b"ab")),
-            Ok(Bytes::from_static(b"c")),
-        ]));
-        let body = UploadBody {
-            inner: Mutex::new(exact),
-            remaining: 3,
-            size: 3,
-            failure: Arc::new(Mutex::new(None)),
-        };
-        let bytes = body.collect().await.unwrap().to_bytes();
-        assert_eq!(&bytes[..], b"abc");
     }
 }

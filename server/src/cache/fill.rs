@@ -10,7 +10,6 @@
 
 use std::fs::File;
 use std::io::{self, Write};
-use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -20,6 +19,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::store::{self, BlockSums};
 use crate::backend::{ByteStream, ObjectMeta};
+use crate::io::ReadEngine;
 
 /// Bytes per read of a follower.
 const FOLLOW_CHUNK: u64 = 256 << 10;
@@ -160,7 +160,7 @@ pub async fn write_body(
 }
 
 /// Streams `[start, end)` of a fill's temp file, behind its writer.
-pub fn follow(fill: Arc<Fill>, start: u64, end: u64) -> ByteStream {
+pub fn follow(fill: Arc<Fill>, engine: Arc<dyn ReadEngine>, start: u64, end: u64) -> ByteStream {
     let stream = async_stream::try_stream! {
         let mut rx = fill.state.subscribe();
         let mut pos = start;
@@ -183,14 +183,7 @@ pub fn follow(fill: Arc<Fill>, start: u64, end: u64) -> ByteStream {
                 .cloned()
                 .ok_or_else(|| io::Error::other("fill has no file"))?;
             let n = (st.written.min(end) - pos).min(FOLLOW_CHUNK);
-            let at = pos;
-            let chunk = tokio::task::spawn_blocking(move || -> io::Result<Bytes> {
-                let mut buf = BytesMut::zeroed(n as usize);
-                file.read_exact_at(&mut buf, at)?;
-                Ok(buf.freeze())
-            })
-            .await
-            .map_err(io::Error::other)??;
+            let chunk = engine.read_at(file, pos, n as usize).await?;
             pos += n;
             yield chunk;
         }

@@ -21,6 +21,7 @@ use futures::StreamExt;
 use crate::backend::{Backend, BackendError, ByteRange, ByteStream, ObjectMeta, RangeFn};
 use crate::config::CachePolicy;
 use crate::error::S3Error;
+use crate::io::ReadEngine;
 use crate::stats::Stats;
 use fill::{Fill, Phase};
 use index::{Entry, Index};
@@ -61,6 +62,7 @@ pub struct Cache {
     index: Mutex<Index>,
     fills: Mutex<HashMap<String, Arc<Fill>>>,
     verify_reads: bool,
+    engine: Arc<dyn ReadEngine>,
     stats: Arc<Stats>,
     policy: CachePolicy,
 }
@@ -74,6 +76,7 @@ impl Cache {
         capacity: u64,
         policy: CachePolicy,
         verify_reads: bool,
+        engine: Arc<dyn ReadEngine>,
         stats: Arc<Stats>,
     ) -> io::Result<Cache> {
         let objects = dir.join("objects");
@@ -113,6 +116,7 @@ impl Cache {
             index: Mutex::new(index),
             fills: Mutex::new(HashMap::new()),
             verify_reads,
+            engine,
             stats,
             policy,
         })
@@ -194,7 +198,7 @@ impl Cache {
                 return Ok(Read {
                     meta,
                     range: resolved,
-                    body: fill::follow(fill, start, end),
+                    body: fill::follow(fill, self.engine.clone(), start, end),
                     source: Source::Miss,
                 });
             }
@@ -335,7 +339,7 @@ impl Cache {
         Ok(Read {
             meta,
             range: client,
-            body: fill::follow(fill, start, end),
+            body: fill::follow(fill, self.engine.clone(), start, end),
             source: Source::Miss,
         })
     }
@@ -429,10 +433,8 @@ impl Cache {
                 let first = start / store::BLOCK;
                 let last = (end - 1) / store::BLOCK;
                 for b in first..=last {
-                    let f = file.clone();
-                    let block = tokio::task::spawn_blocking(move || store::read_block(&f, size, b))
-                        .await
-                        .map_err(io::Error::other)??;
+                    let block_len = (size - b * store::BLOCK).min(store::BLOCK) as usize;
+                    let block = self.engine.read_at(file.clone(), b * store::BLOCK, block_len).await?;
                     if verify && crc32c::crc32c(&block) != entry.crcs[b as usize] {
                         tracing::error!(key = %ikey, block = b, "cache entry failed its checksum; dropping it");
                         if let Some(e) = self.lock_index().remove(&ikey, Some(&entry)) {

@@ -10,7 +10,6 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, UNIX_EPOCH};
 
-use bytes::{Bytes, BytesMut};
 use serde::{Deserialize, Serialize};
 
 use crate::backend::ObjectMeta;
@@ -162,15 +161,6 @@ impl BlockSums {
         }
         self.crcs
     }
-}
-
-/// Reads block `b` of an entry (the last block may be short) into memory.
-pub fn read_block(file: &File, size: u64, b: u64) -> io::Result<Bytes> {
-    let start = b * BLOCK;
-    let len = (size - start).min(BLOCK) as usize;
-    let mut buf = BytesMut::zeroed(len);
-    file.read_exact_at(&mut buf, start)?;
-    Ok(buf.freeze())
 }
 
 /// Removes temp files a killed process left behind, and returns every committed entry
