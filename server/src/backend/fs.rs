@@ -543,7 +543,8 @@ fn list_sync(bucket_dir: &Path, q: &ListQuery) -> (ListPage, Vec<PathBuf>) {
         .filter(|(k, _)| match after {
             None => true,
             Some(a) => {
-                let rolled = q.delimiter.as_deref().is_some_and(|d| a.ends_with(d));
+                let rolled = a.len() > q.prefix.len()
+                    && q.delimiter.as_deref().is_some_and(|d| a.ends_with(d));
                 k.as_str() > a && !(rolled && k.starts_with(a))
             }
         })
