@@ -412,3 +412,27 @@ fn cache_over_a_real_s3_backend() -> Result<()> {
     assert_eq!(md5, big_md5);
     Ok(())
 }
+
+#[test]
+fn cold_range_far_into_an_object_is_read_at_once_while_it_fills() -> Result<()> {
+    const SIZE: usize = 64 << 20;
+    let server = Server::start(ServerOpts::open())?;
+    let objects = lay_out(&server, 1, SIZE);
+    let (key, want) = objects.iter().next().unwrap();
+    let data = Pattern::new(1000).bytes(0, SIZE);
+    let (a, b) = (SIZE - 100, SIZE - 1);
+    let range = format!("bytes={a}-{b}");
+    let path = format!("/{BUCKET}/{key}");
+    let req = request_bytes("GET", &path, server.addr(), &[("range", &range)], b"");
+    let resp = raw_request_blocking(server.addr(), &req)?;
+    assert_eq!(resp.status, 206);
+    assert_eq!(resp.body, &data[a..=b]);
+    assert_eq!(resp.header("x-granary-cache"), Some("miss"));
+    settle(&server);
+    // The whole object once for the fill, and the range once for the reader.
+    assert_eq!(stat(&server, "bytes_from_backend"), (SIZE + 100) as u64);
+    let (status, source, md5, _) = get(&server, key)?;
+    assert_eq!((status, source.as_str()), (200, "hit"));
+    assert_eq!(&md5, want);
+    Ok(())
+}

@@ -336,6 +336,27 @@ impl Cache {
         });
         let start = client.map_or(0, |r| r.start);
         let end = client.map_or(meta.size, |r| r.end);
+        if fill::far_ahead(&fill.state.borrow(), start) {
+            // The fill goes on in the background; this reader's range, far into the
+            // object, comes from the backend now rather than after the bytes before it.
+            let etag = meta.etag.clone();
+            let exact = move |m: &ObjectMeta| -> Result<Option<ByteRange>, S3Error> {
+                if m.etag != etag {
+                    return Err(S3Error::new(
+                        crate::error::S3Code::ServiceUnavailable,
+                        "the object changed while it was read; retry",
+                    ));
+                }
+                Ok(client)
+            };
+            let (obj, _) = backend.get_object(bucket, key, &exact).await?;
+            return Ok(Read {
+                meta,
+                range: client,
+                body: self.count_backend(obj.body),
+                source: Source::Miss,
+            });
+        }
         Ok(Read {
             meta,
             range: client,
