@@ -436,3 +436,48 @@ fn cold_range_far_into_an_object_is_read_at_once_while_it_fills() -> Result<()> 
     assert_eq!(&md5, want);
     Ok(())
 }
+
+#[test]
+fn small_hot_objects_follow_writes_and_deletes() -> Result<()> {
+    let server = Server::start(ServerOpts::open())?;
+    let objects = lay_out(&server, 1, 100 << 10);
+    let (key, want) = objects.iter().next().unwrap();
+    assert_eq!(get(&server, key)?.1, "miss");
+    settle(&server);
+    for _ in 0..3 {
+        let (status, source, md5, _) = get(&server, key)?;
+        assert_eq!(
+            (status, source.as_str(), md5.as_str()),
+            (200, "hit", want.as_str())
+        );
+    }
+    // A range of a small hit.
+    let path = format!("/{BUCKET}/{key}");
+    let req = request_bytes(
+        "GET",
+        &path,
+        server.addr(),
+        &[("range", "bytes=10-19")],
+        b"",
+    );
+    let r = raw_request_blocking(server.addr(), &req)?;
+    assert_eq!(r.status, 206);
+    assert_eq!(r.body, Pattern::new(1000).bytes(10, 10));
+    // Overwrite through the node: the next read has the new bytes.
+    let new = b"new contents".to_vec();
+    let put = raw_request_blocking(
+        server.addr(),
+        &request_bytes("PUT", &path, server.addr(), &[], &new),
+    )?;
+    assert_eq!(put.status, 200);
+    let (status, _, md5, len) = get(&server, key)?;
+    assert_eq!((status, len, md5), (200, new.len(), md5_hex(&new)));
+    // Delete through the node: gone.
+    let del = raw_request_blocking(
+        server.addr(),
+        &request_bytes("DELETE", &path, server.addr(), &[], b""),
+    )?;
+    assert_eq!(del.status, 204);
+    assert_eq!(get(&server, key)?.0, 404);
+    Ok(())
+}

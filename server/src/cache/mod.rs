@@ -65,7 +65,15 @@ pub struct Cache {
     engine: Arc<dyn ReadEngine>,
     stats: Arc<Stats>,
     policy: CachePolicy,
+    /// Bytes of small, verified entries kept in memory: a hit on them skips the open and
+    /// the read. Keyed like the index; dropped with the entry.
+    hot: moka::sync::Cache<String, (Arc<Entry>, Bytes)>,
 }
+
+/// Entries up to this size are kept in memory once read whole.
+const HOT_MAX_OBJECT: u64 = 256 << 10;
+/// Memory for hot small objects.
+const HOT_CAPACITY: u64 = 256 << 20;
 
 impl Cache {
     /// Opens the cache under `dir`, rebuilding the index from the entries on disk.
@@ -119,6 +127,10 @@ impl Cache {
             engine,
             stats,
             policy,
+            hot: moka::sync::Cache::builder()
+                .max_capacity(HOT_CAPACITY)
+                .weigher(|_, (_, b): &(Arc<Entry>, Bytes)| b.len().try_into().unwrap_or(u32::MAX))
+                .build(),
         })
     }
 
@@ -164,7 +176,19 @@ impl Cache {
         if let Some(entry) = self.lock_index().get(&ikey) {
             let resolved = range(&entry.meta).map_err(BackendError::Client)?;
             self.stats.hits.fetch_add(1, Ordering::Relaxed);
-            let body = self.clone().hit_stream(ikey, entry.clone(), resolved);
+            let hot = self
+                .hot
+                .get(&ikey)
+                .filter(|(e, _)| Arc::ptr_eq(e, &entry))
+                .map(|(_, b)| b);
+            let body = match hot {
+                Some(bytes) => {
+                    let (a, b) = resolved.map_or((0, bytes.len()), |r| (r.start as usize, r.end as usize));
+                    let piece = bytes.slice(a..b);
+                    Box::pin(futures::stream::once(async move { Ok(piece) })) as ByteStream
+                }
+                None => self.clone().hit_stream(ikey, entry.clone(), resolved),
+            };
             return Ok(Read {
                 meta: entry.meta.clone(),
                 range: resolved,
@@ -431,6 +455,7 @@ impl Cache {
         if let Some(f) = self.lock_fills().remove(&ikey) {
             f.stale.store(true, Ordering::Release);
         }
+        self.hot.invalidate(&ikey);
         if let Some(e) = self.lock_index().remove(&ikey, None) {
             let _ = fs::remove_file(&e.path);
         }
@@ -458,6 +483,7 @@ impl Cache {
                     let block = self.engine.read_at(file.clone(), b * store::BLOCK, block_len).await?;
                     if verify && crc32c::crc32c(&block) != entry.crcs[b as usize] {
                         tracing::error!(key = %ikey, block = b, "cache entry failed its checksum; dropping it");
+                        self.hot.invalidate(&ikey);
                         if let Some(e) = self.lock_index().remove(&ikey, Some(&entry)) {
                             let _ = fs::remove_file(&e.path);
                         }
@@ -466,6 +492,9 @@ impl Cache {
                     let block_start = b * store::BLOCK;
                     let lo = (start.max(block_start) - block_start) as usize;
                     let hi = (end.min(block_start + block.len() as u64) - block_start) as usize;
+                    if size <= HOT_MAX_OBJECT && start == 0 && end == size {
+                        self.hot.insert(ikey.clone(), (entry.clone(), block.clone()));
+                    }
                     let piece: Bytes = block.slice(lo..hi);
                     yield piece;
                 }
