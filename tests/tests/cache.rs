@@ -30,6 +30,55 @@ fn lay_out(server: &Server, n: usize, size: usize) -> HashMap<String, String> {
         .collect()
 }
 
+/// Where the objects live: files in the fs backend, or a real S3 server (moto).
+enum Origin {
+    Fs,
+    S3(Moto),
+}
+
+impl Origin {
+    fn s3() -> Origin {
+        Origin::S3(Moto::start().expect("start moto_server"))
+    }
+
+    /// A node over this origin, with extra `granary serve` flags.
+    fn start(&self, args: &[&str]) -> Server {
+        let opts = match self {
+            Origin::Fs => ServerOpts::open(),
+            Origin::S3(moto) => ServerOpts::s3_backend(&moto.url()),
+        };
+        Server::start(opts.args(args)).expect("start granary")
+    }
+
+    /// Stores `n` objects of `size` bytes in the origin; returns their MD5s by key.
+    fn lay_out(&self, server: &Server, n: usize, size: usize) -> HashMap<String, String> {
+        let Origin::S3(moto) = self else {
+            return lay_out(server, n, size);
+        };
+        let client = moto.client();
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async {
+            // A second node over the same moto finds the bucket there already.
+            let _ = client.create_bucket().bucket(BUCKET).send().await;
+            let mut out = HashMap::new();
+            for i in 0..n {
+                let key = format!("shard-{i:04}.tar");
+                let data = Pattern::new(1000 + i as u64).bytes(0, size);
+                out.insert(key.clone(), md5_hex(&data));
+                client
+                    .put_object()
+                    .bucket(BUCKET)
+                    .key(&key)
+                    .body(data.into())
+                    .send()
+                    .await
+                    .unwrap();
+            }
+            out
+        })
+    }
+}
+
 /// GETs `/BUCKET/key`; returns (status, x-granary-cache, md5 of body, body length).
 fn get(server: &Server, key: &str) -> Result<(u16, String, String, usize)> {
     let path = format!("/{BUCKET}/{key}");
@@ -86,17 +135,22 @@ fn run_epochs(
 
 #[test]
 fn never_evict_keeps_a_stable_hit_ratio_where_lru_thrashes() {
+    epochs_never_evict_against_lru(Origin::Fs);
+}
+
+#[test]
+fn never_evict_against_lru_over_s3() {
+    epochs_never_evict_against_lru(Origin::s3());
+}
+
+fn epochs_never_evict_against_lru(origin: Origin) {
     const D: usize = 40;
     const C: usize = 20;
     const SIZE: usize = 256 << 10;
     let capacity = (C * SIZE).to_string();
 
-    let never = Server::start(ServerOpts {
-        extra_args: vec!["--cache-capacity".into(), capacity.clone()],
-        ..ServerOpts::open()
-    })
-    .unwrap();
-    let objects = lay_out(&never, D, SIZE);
+    let never = origin.start(&["--cache-capacity", &capacity]);
+    let objects = origin.lay_out(&never, D, SIZE);
     let epochs = run_epochs(&never, &objects, 3);
     let admitted: HashSet<String> = {
         let (_, sources) = &epochs[0];
@@ -140,17 +194,8 @@ fn never_evict_keeps_a_stable_hit_ratio_where_lru_thrashes() {
         (D * SIZE + 2 * (D - C) * SIZE) as u64
     );
 
-    let lru = Server::start(ServerOpts {
-        extra_args: vec![
-            "--cache-capacity".into(),
-            capacity,
-            "--cache-policy".into(),
-            "lru".into(),
-        ],
-        ..ServerOpts::open()
-    })
-    .unwrap();
-    let objects = lay_out(&lru, D, SIZE);
+    let lru = origin.start(&["--cache-capacity", &capacity, "--cache-policy", "lru"]);
+    let objects = origin.lay_out(&lru, D, SIZE);
     let epochs = run_epochs(&lru, &objects, 3);
     for (i, (hits, sources)) in epochs.iter().enumerate() {
         println!(
@@ -207,10 +252,19 @@ fn tmp_files(cache: &Path) -> usize {
 
 #[test]
 fn kill_during_fills_then_restart_serves_whole_objects_only() {
+    kill_during_fills(Origin::Fs);
+}
+
+#[test]
+fn kill_during_fills_over_s3() {
+    kill_during_fills(Origin::s3());
+}
+
+fn kill_during_fills(origin: Origin) {
     const N: usize = 20;
     const SIZE: usize = 8 << 20;
-    let mut server = Server::start(ServerOpts::open()).unwrap();
-    let objects = lay_out(&server, N, SIZE);
+    let mut server = origin.start(&[]);
+    let objects = origin.lay_out(&server, N, SIZE);
     let mut keys: Vec<String> = objects.keys().cloned().collect();
     keys.sort();
     // A few objects are committed before the crash.

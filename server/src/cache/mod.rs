@@ -183,7 +183,8 @@ impl Cache {
                 .map(|(_, b)| b);
             let body = match hot {
                 Some(bytes) => {
-                    let (a, b) = resolved.map_or((0, bytes.len()), |r| (r.start as usize, r.end as usize));
+                    let (a, b) =
+                        resolved.map_or((0, bytes.len()), |r| (r.start as usize, r.end as usize));
                     let piece = bytes.slice(a..b);
                     Box::pin(futures::stream::once(async move { Ok(piece) })) as ByteStream
                 }
@@ -274,6 +275,9 @@ impl Cache {
         let decision: Mutex<Option<(ObjectMeta, Option<ByteRange>, bool)>> = Mutex::new(None);
         let decide = |meta: &ObjectMeta| -> Result<Option<ByteRange>, S3Error> {
             let client = range(meta)?;
+            // Under the fills lock, as every commit and unlink of an entry file is: an
+            // evicted key's file cannot be a newer commit of that key.
+            let _fills = self.lock_fills();
             let admitted = match self.lock_index().reserve(meta.size) {
                 Some(evicted) => {
                     for p in evicted {
@@ -399,30 +403,27 @@ impl Cache {
         result: io::Result<Vec<u32>>,
     ) {
         let size = meta.size;
-        let committed = result.and_then(|crcs| {
-            if fill::is_stale(&fill) {
-                return Err(io::Error::other("the object changed while filling"));
-            }
-            if let Some(parent) = dest.parent() {
-                fs::create_dir_all(parent)?;
-            }
-            fs::rename(&temp, &dest)?;
-            if let Some(parent) = dest.parent() {
-                if let Ok(d) = File::open(parent) {
-                    let _ = d.sync_all();
-                }
-            }
-            Ok(crcs)
-        });
-        // Commit into the index and retire the fill under the fills lock, so a reader
-        // finds either the fill or the entry.
+        // Decide and commit under the fills lock: `invalidate` takes it too, so an
+        // overwrite or delete either comes after the commit (and removes the entry) or
+        // before it (and the fill, seen stale here, does not commit).
         let mut fills = self.lock_fills();
-        match committed {
-            Ok(crcs) => {
+        let outcome = match result {
+            Err(e) => Err(e),
+            // Every byte arrived, but the object changed meanwhile: readers of the old
+            // version may finish; nothing is committed.
+            Ok(_) if fill::is_stale(&fill) => Ok(None),
+            Ok(crcs) => dest
+                .parent()
+                .map_or(Ok(()), fs::create_dir_all)
+                .and_then(|()| fs::rename(&temp, &dest))
+                .map(|()| Some(crcs)),
+        };
+        match outcome {
+            Ok(Some(crcs)) => {
                 self.lock_index().commit(
                     ikey.clone(),
                     Entry {
-                        path: dest,
+                        path: dest.clone(),
                         meta,
                         crcs: Arc::from(crcs),
                         verified: AtomicBool::new(true),
@@ -431,20 +432,36 @@ impl Cache {
                 );
                 fill.set_phase(Phase::Done);
             }
+            Ok(None) => {
+                let _ = fs::remove_file(&temp);
+                self.lock_index().release(size);
+                fill.set_phase(Phase::Done);
+            }
             Err(e) => {
                 let _ = fs::remove_file(&temp);
                 self.lock_index().release(size);
-                if fill::is_stale(&fill) {
-                    // All bytes arrived; readers of the old version may finish.
-                    fill.set_phase(Phase::Done);
-                } else {
-                    tracing::warn!(key = %ikey, error = %e, "cache fill failed");
-                    fill.set_phase(Phase::Failed(e.to_string()));
-                }
+                tracing::warn!(key = %ikey, error = %e, "cache fill failed");
+                fill.set_phase(Phase::Failed(e.to_string()));
             }
         }
         if fills.get(&ikey).is_some_and(|f| Arc::ptr_eq(f, &fill)) {
             fills.remove(&ikey);
+        }
+        drop(fills);
+        // Make the rename durable.
+        if let Some(parent) = dest.parent() {
+            if let Ok(d) = File::open(parent) {
+                let _ = d.sync_all();
+            }
+        }
+    }
+
+    /// Drops one entry (if it is still `key`'s) and its file, under the fills lock.
+    fn drop_entry(&self, key: &str, entry: &Arc<Entry>) {
+        let _fills = self.lock_fills();
+        self.hot.invalidate(key);
+        if let Some(e) = self.lock_index().remove(key, Some(entry)) {
+            let _ = fs::remove_file(&e.path);
         }
     }
 
@@ -452,13 +469,15 @@ impl Cache {
     /// keeps a fill in progress from committing the old bytes.
     pub fn invalidate(&self, bucket: &str, key: &str) {
         let ikey = index::key_of(bucket, key);
-        if let Some(f) = self.lock_fills().remove(&ikey) {
+        let mut fills = self.lock_fills();
+        if let Some(f) = fills.remove(&ikey) {
             f.stale.store(true, Ordering::Release);
         }
         self.hot.invalidate(&ikey);
         if let Some(e) = self.lock_index().remove(&ikey, None) {
             let _ = fs::remove_file(&e.path);
         }
+        drop(fills);
     }
 
     /// Streams a committed entry, checking each block's CRC32C before sending it. On a
@@ -483,10 +502,7 @@ impl Cache {
                     let block = self.engine.read_at(file.clone(), b * store::BLOCK, block_len).await?;
                     if verify && crc32c::crc32c(&block) != entry.crcs[b as usize] {
                         tracing::error!(key = %ikey, block = b, "cache entry failed its checksum; dropping it");
-                        self.hot.invalidate(&ikey);
-                        if let Some(e) = self.lock_index().remove(&ikey, Some(&entry)) {
-                            let _ = fs::remove_file(&e.path);
-                        }
+                        self.drop_entry(&ikey, &entry);
                         Err(io::Error::other("cache entry failed its checksum"))?;
                     }
                     let block_start = b * store::BLOCK;
