@@ -316,6 +316,45 @@ fn mismatch() -> S3Error {
     )
 }
 
+/// What a SigV4 signature covers, from the header or the presigned query.
+struct V4Check<'a> {
+    scope: &'a Scope<'a>,
+    amz_date: &'a str,
+    signed_headers: &'a str,
+    content_sha: &'a str,
+    /// A presigned query: its own `X-Amz-Signature` is left out of the canonical query.
+    presigned: bool,
+}
+
+impl V4Check<'_> {
+    /// Recomputes the signature; returns the signing key when it matches.
+    fn verify(
+        &self,
+        creds: &Credentials,
+        parts: &Parts,
+        signature: &str,
+    ) -> Result<[u8; 32], S3Error> {
+        let signed: Vec<&str> = self.signed_headers.split(';').collect();
+        let canonical_request = format!(
+            "{}\n{}\n{}\n{}\n{}\n{}",
+            parts.method.as_str(),
+            canonical_uri(parts.uri.path()),
+            canonical_query(parts.uri.query().unwrap_or(""), self.presigned),
+            canonical_headers(&parts.headers, &signed),
+            self.signed_headers,
+            self.content_sha
+        );
+        let key = self.scope.signing_key(&creds.secret_key);
+        let sts = string_to_sign(self.amz_date, &self.scope.text(), &canonical_request);
+        let expected = hex::encode(hmac(&key, sts.as_bytes()));
+        if !ct_eq(&expected, signature) {
+            tracing::debug!(%canonical_request, "signature mismatch");
+            return Err(mismatch());
+        }
+        Ok(key)
+    }
+}
+
 fn header_v4(creds: &Credentials, parts: &Parts, auth: &str) -> Result<Verdict, S3Error> {
     let malformed = || {
         err(
@@ -363,22 +402,14 @@ fn header_v4(creds: &Credentials, parts: &Parts, auth: &str) -> Result<Verdict, 
     if !signed.contains(&"host") {
         return Err(malformed());
     }
-    let canonical_request = format!(
-        "{}\n{}\n{}\n{}\n{}\n{}",
-        parts.method.as_str(),
-        canonical_uri(parts.uri.path()),
-        canonical_query(parts.uri.query().unwrap_or(""), false),
-        canonical_headers(&parts.headers, &signed),
+    let check = V4Check {
+        scope: &scope,
+        amz_date,
         signed_headers,
-        content_sha
-    );
-    let key = scope.signing_key(&creds.secret_key);
-    let sts = string_to_sign(amz_date, &scope.text(), &canonical_request);
-    let expected = hex::encode(hmac(&key, sts.as_bytes()));
-    if !ct_eq(&expected, signature) {
-        tracing::debug!(%canonical_request, "signature mismatch");
-        return Err(mismatch());
-    }
+        content_sha,
+        presigned: false,
+    };
+    let key = check.verify(creds, parts, signature)?;
     let payload = match content_sha {
         "UNSIGNED-PAYLOAD" => Payload::Unsigned,
         "STREAMING-AWS4-HMAC-SHA256-PAYLOAD" | "STREAMING-AWS4-HMAC-SHA256-PAYLOAD-TRAILER" => {
@@ -439,22 +470,14 @@ fn presigned_v4(creds: &Credentials, parts: &Parts) -> Result<Verdict, S3Error> 
         return Err(err(S3Code::AccessDenied, "Request is not valid yet"));
     }
     let content_sha = get("X-Amz-Content-Sha256").unwrap_or("UNSIGNED-PAYLOAD");
-    let signed: Vec<&str> = signed_headers.split(';').collect();
-    let canonical_request = format!(
-        "{}\n{}\n{}\n{}\n{}\n{}",
-        parts.method.as_str(),
-        canonical_uri(parts.uri.path()),
-        canonical_query(parts.uri.query().unwrap_or(""), true),
-        canonical_headers(&parts.headers, &signed),
+    let check = V4Check {
+        scope: &scope,
+        amz_date,
         signed_headers,
-        content_sha
-    );
-    let key = scope.signing_key(&creds.secret_key);
-    let sts = string_to_sign(amz_date, &scope.text(), &canonical_request);
-    let expected = hex::encode(hmac(&key, sts.as_bytes()));
-    if !ct_eq(&expected, signature) {
-        return Err(mismatch());
-    }
+        content_sha,
+        presigned: true,
+    };
+    check.verify(creds, parts, signature)?;
     Ok(Verdict {
         signed: true,
         payload: Payload::Unsigned,
