@@ -42,6 +42,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     if config.tls_cert.is_some() {
         anyhow::bail!("this build of granary serves plain HTTP only; TLS is a later release");
     }
+    if !config.peer.is_empty() {
+        tracing::warn!(
+            peers = config.peer.len(),
+            "this build runs a single node: cluster membership (--peer, --route) is ignored"
+        );
+    }
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("cannot create the data dir {}", config.data_dir.display()))?;
     let backend = open_backend(&config).await?;
