@@ -1,20 +1,26 @@
-//! `granary-bench`: a load generator for Granary and any HTTP object server.
+//! `granary-bench`: a load generator and data-stall analyser for Granary and any HTTP
+//! object server (nginx, S3-compatible stores reached with unsigned requests).
 //!
-//! `get` reads one URL path over and over from several keep-alive connections and
-//! reports throughput and request latency percentiles.
+//! `run` drives a GET/PUT mix over an object set for a number of shuffled epochs or a
+//! duration and reports throughput, latency, cache outcomes per epoch, Granary's
+//! counters and how long a GPU group would stall; `get` reads one object repeatedly.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::path::PathBuf;
+use std::time::Duration;
 
-use clap::{Parser, Subcommand};
-use granary_client::Client;
+use anyhow::{bail, Context};
+use clap::{Args, Parser, Subcommand};
+use granary_bench::http::{ensure_bucket, http_client, list_objects, HttpClient};
+use granary_bench::listing::{generated, Object};
+use granary_bench::report::{fetch_stats, stats_delta, Report, RunConfig};
+use granary_bench::size::{parse_duration, parse_rate, parse_size};
+use granary_bench::workload::{self, Workload};
 
 #[derive(Parser)]
 #[command(
     name = "granary-bench",
     version,
-    about = "Load generator and data-stall analyser for Granary"
+    about = "Load generator and data-stall analyser for Granary and any HTTP object server"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -23,89 +29,238 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// GET one object repeatedly and report MB/s, req/s and latency.
-    Get {
-        /// Endpoint, `http://host:port`.
-        #[arg(long, default_value = "http://127.0.0.1:7070")]
-        endpoint: String,
-        /// Path of the object, `/bucket/key`.
-        #[arg(long)]
-        path: String,
-        /// Concurrent connections, one thread each.
-        #[arg(long, default_value_t = 1)]
-        workers: usize,
-        /// Seconds to run.
-        #[arg(long, default_value_t = 10.0)]
-        duration: f64,
-    },
+    /// Drive a GET/PUT workload over an object set for epochs or a duration.
+    ///
+    /// The object set is listed with ListObjectsV2 (default, or `--keys-from-list`) or
+    /// named `PREFIX000000`, `PREFIX000001`, … with `--objects N --object-size SIZE`
+    /// (for PUT workloads and servers that cannot list, such as nginx).
+    Run(RunArgs),
+    /// GET one object over and over and report MB/s, req/s and latency.
+    Get(GetArgs),
+}
+
+#[derive(Args)]
+struct Common {
+    /// Server to load, `http://host:port` (Granary, nginx, or S3 with unsigned requests).
+    #[arg(long, default_value = "http://127.0.0.1:7070")]
+    endpoint: String,
+    /// Concurrent requests, each over its own keep-alive connection.
+    #[arg(long, default_value_t = 8)]
+    workers: usize,
+    /// Print a progress line on stderr every second.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    progress: bool,
+    /// Write every figure as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// Number of GPUs in the consumer group of the stall analysis.
+    #[arg(long, requires = "gpu_rate")]
+    gpus: Option<u32>,
+    /// What each GPU ingests, e.g. `600MB/s`; with --gpus, reports the fraction of time
+    /// the group would wait for data and how many GPUs the measured rate feeds.
+    #[arg(long, value_parser = parse_rate, requires = "gpus")]
+    gpu_rate: Option<f64>,
+    /// Tokio worker threads (default: one per core).
+    #[arg(long)]
+    threads: Option<usize>,
+}
+
+#[derive(Args)]
+struct RunArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Bucket of the object set.
+    #[arg(long)]
+    bucket: String,
+    /// Key prefix: what to list, or the stem of generated names.
+    #[arg(long, default_value = "")]
+    prefix: String,
+    /// Take the object set (keys and sizes) from ListObjectsV2 of BUCKET/PREFIX.
+    /// The default when --objects is not given.
+    #[arg(long, conflicts_with = "objects")]
+    keys_from_list: bool,
+    /// Use N generated keys `PREFIX{i:06}` instead of a listing.
+    #[arg(long, value_name = "N")]
+    objects: Option<usize>,
+    /// Size of each generated object (e.g. `100KiB`, `256MiB`); needed for PUTs and ranges.
+    #[arg(long, value_parser = parse_size, requires = "objects")]
+    object_size: Option<u64>,
+    /// Percentage of requests that are PUTs of seeded random bytes (0..=100).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=100))]
+    pct_put: u8,
+    /// Run for this long (`30s`, `2m`); epochs repeat until it ends.
+    #[arg(long, value_parser = parse_duration)]
+    duration: Option<Duration>,
+    /// Run this many epochs, each reading every object once in a new shuffled order
+    /// (default 1 when --duration is not given; with both, whichever ends first).
+    #[arg(long)]
+    epochs: Option<u64>,
+    /// Read random ranges of this size instead of whole objects.
+    #[arg(long, value_parser = parse_size)]
+    range_size: Option<u64>,
+    /// Check that the MD5 of each whole-object body (and of each PUT body) equals its
+    /// ETag when the ETag is a plain 32-hex MD5; mismatches count as `verify` errors.
+    #[arg(long)]
+    verify: bool,
+    /// Seed for the epoch orders, PUT bodies, ranges and the GET/PUT mix.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+}
+
+#[derive(Args)]
+struct GetArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Path of the object, `/bucket/key`.
+    #[arg(long)]
+    path: String,
+    /// How long to run (`10s`, `1m`).
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    duration: Duration,
 }
 
 fn main() -> anyhow::Result<()> {
-    match Cli::parse().command {
-        Command::Get {
-            endpoint,
-            path,
-            workers,
-            duration,
-        } => get(
-            &endpoint,
-            &path,
-            workers.max(1),
-            Duration::from_secs_f64(duration),
-        ),
+    let cli = Cli::parse();
+    let threads = match &cli.command {
+        Command::Run(a) => a.common.threads,
+        Command::Get(a) => a.common.threads,
+    };
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    if let Some(t) = threads {
+        rt.worker_threads(t.max(1));
     }
+    let rt = rt.enable_all().build()?;
+    rt.block_on(async {
+        match cli.command {
+            Command::Run(a) => run(a).await,
+            Command::Get(a) => get(a).await,
+        }
+    })
 }
 
-fn get(endpoint: &str, path: &str, workers: usize, duration: Duration) -> anyhow::Result<()> {
-    let stop = Arc::new(AtomicBool::new(false));
-    let bytes = Arc::new(AtomicU64::new(0));
-    let started = Instant::now();
-    let mut handles = Vec::new();
-    for _ in 0..workers {
-        let (stop, bytes) = (stop.clone(), bytes.clone());
-        let mut client = Client::new(endpoint)?;
-        let path = path.to_owned();
-        handles.push(std::thread::spawn(
-            move || -> anyhow::Result<Vec<Duration>> {
-                let mut lat = Vec::new();
-                while !stop.load(Ordering::Relaxed) {
-                    let t = Instant::now();
-                    let (resp, n) = client.get_into(&path, &mut std::io::sink())?;
-                    if resp.status != 200 && resp.status != 206 {
-                        anyhow::bail!("GET {path} answered {}", resp.status);
-                    }
-                    lat.push(t.elapsed());
-                    bytes.fetch_add(n, Ordering::Relaxed);
-                }
-                Ok(lat)
-            },
-        ));
-    }
-    std::thread::sleep(duration);
-    stop.store(true, Ordering::Relaxed);
-    let mut lat = Vec::new();
-    for h in handles {
-        lat.extend(
-            h.join()
-                .map_err(|_| anyhow::anyhow!("a worker panicked"))??,
-        );
-    }
-    let secs = started.elapsed().as_secs_f64();
-    lat.sort();
-    let pct = |p: f64| -> f64 {
-        lat.get(((lat.len() as f64 * p) as usize).min(lat.len().saturating_sub(1)))
-            .map_or(0.0, |d| d.as_secs_f64() * 1e3)
+async fn run(a: RunArgs) -> anyhow::Result<()> {
+    let endpoint = endpoint(&a.common.endpoint)?;
+    let client = http_client(1);
+    let objects: Vec<Object> = match a.objects {
+        Some(n) => {
+            if a.pct_put > 0 && a.object_size.is_none() {
+                bail!("--pct-put needs --object-size with --objects");
+            }
+            generated(&a.prefix, n, a.object_size.unwrap_or(0))
+        }
+        None => {
+            let list = list_objects(&client, &endpoint, &a.bucket, &a.prefix).await?;
+            if list.is_empty() {
+                bail!("no objects under {endpoint}/{}/{}", a.bucket, a.prefix);
+            }
+            list
+        }
     };
-    let total = bytes.load(Ordering::Relaxed);
-    println!(
-        "requests {}  throughput {:.1} MB/s  {:.0} req/s  latency ms p50 {:.2} p90 {:.2} p99 {:.2} max {:.2}",
-        lat.len(),
-        total as f64 / secs / 1e6,
-        lat.len() as f64 / secs,
-        pct(0.5),
-        pct(0.9),
-        pct(0.99),
-        lat.last().map_or(0.0, |d| d.as_secs_f64() * 1e3)
-    );
+    if a.pct_put > 0 {
+        ensure_bucket(&client, &endpoint, &a.bucket).await;
+    }
+    let config = RunConfig {
+        endpoint: endpoint.clone(),
+        bucket: a.bucket.clone(),
+        prefix: a.prefix.clone(),
+        objects: objects.len(),
+        object_bytes_total: objects.iter().map(|o| o.size).sum(),
+        workers: a.common.workers.max(1),
+        pct_put: a.pct_put,
+        epochs: a
+            .epochs
+            .or(if a.duration.is_none() { Some(1) } else { None }),
+        duration_s: a.duration.map(|d| d.as_secs_f64()),
+        range_size: a.range_size,
+        verify: a.verify,
+        seed: a.seed,
+    };
+    let wl = Workload {
+        endpoint,
+        bucket: a.bucket,
+        objects,
+        pct_put: a.pct_put,
+        workers: a.common.workers.max(1),
+        duration: a.duration,
+        epochs: a.epochs,
+        range_size: a.range_size,
+        verify: a.verify,
+        seed: a.seed,
+        progress: a.common.progress,
+    };
+    measure(wl, config, &a.common, &client).await
+}
+
+async fn get(a: GetArgs) -> anyhow::Result<()> {
+    let endpoint = endpoint(&a.common.endpoint)?;
+    let path = a.path.trim_start_matches('/');
+    let Some((bucket, key)) = path.split_once('/') else {
+        bail!("--path must be /bucket/key, got {:?}", a.path);
+    };
+    let client = http_client(1);
+    let config = RunConfig {
+        endpoint: endpoint.clone(),
+        bucket: bucket.into(),
+        prefix: String::new(),
+        objects: 1,
+        object_bytes_total: 0,
+        workers: a.common.workers.max(1),
+        pct_put: 0,
+        epochs: None,
+        duration_s: Some(a.duration.as_secs_f64()),
+        range_size: None,
+        verify: false,
+        seed: 1,
+    };
+    let wl = Workload {
+        endpoint,
+        bucket: bucket.into(),
+        objects: vec![Object {
+            key: key.into(),
+            size: 0,
+        }],
+        pct_put: 0,
+        workers: a.common.workers.max(1),
+        duration: Some(a.duration),
+        epochs: None,
+        range_size: None,
+        verify: false,
+        seed: 1,
+        progress: a.common.progress,
+    };
+    measure(wl, config, &a.common, &client).await
+}
+
+async fn measure(
+    wl: Workload,
+    config: RunConfig,
+    common: &Common,
+    client: &HttpClient,
+) -> anyhow::Result<()> {
+    let before = fetch_stats(client, &wl.endpoint).await;
+    let m = workload::run(wl.clone()).await?;
+    let delta = match (&before, fetch_stats(client, &wl.endpoint).await) {
+        (Some(b), Some(a)) => Some(stats_delta(b, &a)),
+        _ => None,
+    };
+    let gpu = common.gpus.zip(common.gpu_rate);
+    let report = Report::build(config, &m, delta, gpu);
+    print!("{}", report.summary());
+    if let Some(path) = &common.json {
+        let json = serde_json::to_string_pretty(&report)?;
+        std::fs::write(path, json + "\n").with_context(|| format!("writing {}", path.display()))?;
+    }
+    if report.requests > 0 && report.errors.total == report.requests {
+        bail!("every request failed");
+    }
     Ok(())
+}
+
+/// `http://host:port` without a trailing slash; HTTPS is not supported yet.
+fn endpoint(e: &str) -> anyhow::Result<String> {
+    let e = e.trim_end_matches('/');
+    if !e.starts_with("http://") {
+        bail!("--endpoint must be http://host:port (HTTPS is not supported), got {e:?}");
+    }
+    Ok(e.to_owned())
 }

@@ -1,0 +1,15 @@
+//! `granary-bench` as a library: the pieces the binary and its tests share.
+//!
+//! - [`size`]: human sizes, rates and durations on the command line.
+//! - [`http`]: the keep-alive client, listing, stats and bucket requests.
+//! - [`listing`]: the object set (ListObjectsV2 or generated names).
+//! - [`workload`]: epoch schedule, HTTP client, worker tasks.
+//! - [`report`]: the JSON report and the human summary.
+//! - [`stall`]: the data-stall analysis for a group of GPUs.
+
+pub mod http;
+pub mod listing;
+pub mod report;
+pub mod size;
+pub mod stall;
+pub mod workload;
