@@ -524,8 +524,9 @@ fn small_hot_objects_follow_writes_and_deletes() -> Result<()> {
         &request_bytes("PUT", &path, server.addr(), &[], &new),
     )?;
     assert_eq!(put.status, 200);
-    let (status, _, md5, len) = get(&server, key)?;
+    let (status, source, md5, len) = get(&server, key)?;
     assert_eq!((status, len, md5), (200, new.len(), md5_hex(&new)));
+    assert_eq!(source, "hit", "a write through the node is cached");
     // Delete through the node: gone.
     let del = raw_request_blocking(
         server.addr(),

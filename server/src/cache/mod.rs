@@ -7,6 +7,7 @@
 mod fill;
 mod index;
 mod store;
+mod write;
 
 use std::collections::HashMap;
 use std::fs::{self, File};
@@ -68,6 +69,8 @@ pub struct Cache {
     /// Bytes of small, verified entries kept in memory: a hit on them skips the open and
     /// the read. Keyed like the index; dropped with the entry.
     hot: moka::sync::Cache<String, (Arc<Entry>, Bytes)>,
+    /// Writes through this node in progress, per key (locked only under the fills lock).
+    writes: Mutex<write::Writes>,
 }
 
 /// Entries up to this size are kept in memory once read whole.
@@ -131,6 +134,7 @@ impl Cache {
                 .max_capacity(HOT_CAPACITY)
                 .weigher(|_, (_, b): &(Arc<Entry>, Bytes)| b.len().try_into().unwrap_or(u32::MAX))
                 .build(),
+            writes: Mutex::new(write::Writes::default()),
         })
     }
 
@@ -275,18 +279,7 @@ impl Cache {
         let decision: Mutex<Option<(ObjectMeta, Option<ByteRange>, bool)>> = Mutex::new(None);
         let decide = |meta: &ObjectMeta| -> Result<Option<ByteRange>, S3Error> {
             let client = range(meta)?;
-            // Under the fills lock, as every commit and unlink of an entry file is: an
-            // evicted key's file cannot be a newer commit of that key.
-            let _fills = self.lock_fills();
-            let admitted = match self.lock_index().reserve(meta.size) {
-                Some(evicted) => {
-                    for p in evicted {
-                        let _ = fs::remove_file(p);
-                    }
-                    true
-                }
-                None => false,
-            };
+            let admitted = self.reserve(meta.size);
             *decision.lock().unwrap_or_else(|p| p.into_inner()) =
                 Some((meta.clone(), client, admitted));
             Ok(if admitted { None } else { client })
@@ -456,6 +449,22 @@ impl Cache {
         }
     }
 
+    /// Reserves room for `size` bytes, removing the files of entries the policy evicts.
+    /// Under the fills lock, as every commit and unlink of an entry file is: an evicted
+    /// key's file cannot be a newer commit of that key.
+    fn reserve(&self, size: u64) -> bool {
+        let _fills = self.lock_fills();
+        match self.lock_index().reserve(size) {
+            Some(evicted) => {
+                for p in evicted {
+                    let _ = fs::remove_file(p);
+                }
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Drops one entry (if it is still `key`'s) and its file, under the fills lock.
     fn drop_entry(&self, key: &str, entry: &Arc<Entry>) {
         let _fills = self.lock_fills();
@@ -473,6 +482,10 @@ impl Cache {
         if let Some(f) = fills.remove(&ikey) {
             f.stale.store(true, Ordering::Release);
         }
+        self.writes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .bump(&ikey);
         self.hot.invalidate(&ikey);
         if let Some(e) = self.lock_index().remove(&ikey, None) {
             let _ = fs::remove_file(&e.path);

@@ -218,10 +218,9 @@ pub async fn put(state: &AppState, mut r: Req) -> Result<Response, S3Error> {
         size,
     };
     let meta = state
-        .backend
-        .put_object(&r.bucket, r.key(), body, opts)
+        .cache
+        .put_through(&state.backend, &r.bucket, r.key(), body, opts)
         .await?;
-    state.cache.invalidate(&r.bucket, r.key());
     state
         .stats
         .bytes_received
@@ -314,10 +313,9 @@ pub async fn copy(state: &AppState, r: Req) -> Result<Response, S3Error> {
         size: Some(src.meta.size),
     };
     let meta = state
-        .backend
-        .put_object(&r.bucket, r.key(), src.body, opts)
+        .cache
+        .put_through(&state.backend, &r.bucket, r.key(), src.body, opts)
         .await?;
-    state.cache.invalidate(&r.bucket, r.key());
     let mut doc = Doc::new("CopyObjectResult");
     doc.time("LastModified", meta.last_modified)
         .elem("ETag", &format!("\"{}\"", meta.etag));
