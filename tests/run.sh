@@ -12,6 +12,11 @@ export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
 
 step() { printf '\n== %s\n' "$*"; }
 
+# The lint tools, where a toolchain came without them.
+if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
+  rustup component add rustfmt clippy
+fi
+
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
@@ -25,7 +30,12 @@ export GRANARY_BIN="$root/target/release/granary"
 step "Python venv for the real clients (boto3, AWS CLI, moto)"
 venv="$root/tests/.venv"
 if [ ! -x "$venv/bin/python" ]; then
-  python3 -m venv "$venv"
+  # Debian's python3 without python3-venv: fall back to virtualenv from PyPI.
+  python3 -m venv "$venv" 2>/dev/null || {
+    rm -rf "$venv"
+    python3 -m pip install --quiet --user virtualenv
+    python3 -m virtualenv --quiet "$venv"
+  }
 fi
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r tests/python/requirements.txt
 export PATH="$venv/bin:$PATH"
