@@ -150,6 +150,10 @@ impl Cache {
         self.index.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    fn lock_writes(&self) -> std::sync::MutexGuard<'_, write::Writes> {
+        self.writes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     fn lock_fills(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Fill>>> {
         self.fills.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -208,6 +212,12 @@ impl Cache {
                 Some(f) => (f.clone(), false),
                 None => {
                     let f = Fill::new();
+                    // A write of the key is under way: the backend may answer with the
+                    // old version or the new one, so this fill serves its readers but
+                    // never commits.
+                    if self.lock_writes().active(&ikey) {
+                        f.stale.store(true, Ordering::Release);
+                    }
                     fills.insert(ikey.clone(), f.clone());
                     (f, true)
                 }

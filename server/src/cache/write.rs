@@ -49,6 +49,11 @@ impl Writes {
         untouched
     }
 
+    /// Whether a write of the key is under way.
+    pub fn active(&self, key: &str) -> bool {
+        self.keys.contains_key(key)
+    }
+
     /// Marks the key touched (an invalidation).
     pub fn bump(&mut self, key: &str) {
         if let Some(e) = self.keys.get_mut(key) {
@@ -135,11 +140,7 @@ impl Cache {
         };
         let dest = store::entry_path(&self.objects, bucket, key);
         let fills = self.lock_fills();
-        let untouched = self
-            .writes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .end(&ikey, ticket);
+        let untouched = self.lock_writes().end(&ikey, ticket);
         let committed = prepared.and_then(|crcs| {
             if !(alone && untouched) {
                 return Err(io::Error::other(
