@@ -23,9 +23,9 @@ use tokio::sync::mpsc;
 
 use super::keypath::{self, ESCAPE_DIR};
 use super::{
-    check_key, valid_bucket_name, Backend, BackendError, BucketInfo, ByteRange, ByteStream,
-    GetObject, ListPage, ListQuery, ObjectEntry, ObjectMeta, PartInfo, PutOptions, RangeFn, Result,
-    UploadInfo,
+    check_key, known_bucket, valid_bucket_name, Backend, BackendError, BucketInfo, ByteRange,
+    ByteStream, GetObject, ListPage, ListQuery, ObjectEntry, ObjectMeta, PartInfo, PutOptions,
+    RangeFn, Result, UploadInfo,
 };
 use crate::error::S3Error;
 
@@ -231,9 +231,7 @@ fn key_stripe(key: &str) -> usize {
 
 impl Inner {
     fn bucket_dir(&self, bucket: &str) -> Result<PathBuf> {
-        if !valid_bucket_name(bucket) {
-            return Err(BackendError::NoSuchBucket(bucket.to_owned()));
-        }
+        known_bucket(bucket)?;
         let dir = self.root.join(bucket);
         match fs::metadata(&dir) {
             Ok(md) if md.is_dir() => Ok(dir),

@@ -265,6 +265,16 @@ pub fn valid_bucket_name(name: &str) -> bool {
     name.parse::<std::net::Ipv4Addr>().is_err()
 }
 
+/// A bucket name that breaks S3's rules names no bucket: `NoSuchBucket`, before any
+/// path or request is built from it.
+pub fn known_bucket(bucket: &str) -> Result<()> {
+    if valid_bucket_name(bucket) {
+        Ok(())
+    } else {
+        Err(BackendError::NoSuchBucket(bucket.to_owned()))
+    }
+}
+
 /// S3's key rules: 1..=1024 bytes of UTF-8, no NUL.
 pub fn check_key(key: &str) -> Result<()> {
     if key.is_empty() {

@@ -35,9 +35,9 @@ use self::body::{download, UploadBody};
 use self::errors::{causes, from_code, Target};
 use self::list::{fill, lenient_parts, merge, rolled, url_decode, PartsPage};
 use super::{
-    check_key, valid_bucket_name, Backend, BackendError, BucketInfo, ByteRange, ByteStream,
-    GetObject, ListPage, ListQuery, ObjectEntry, ObjectMeta, PartInfo, PutOptions, RangeFn, Result,
-    UploadInfo,
+    check_key, known_bucket, valid_bucket_name, Backend, BackendError, BucketInfo, ByteRange,
+    ByteStream, GetObject, ListPage, ListQuery, ObjectEntry, ObjectMeta, PartInfo, PutOptions,
+    RangeFn, Result, UploadInfo,
 };
 use crate::error::{S3Code, S3Error};
 
@@ -311,9 +311,7 @@ impl Backend for S3Backend {
     }
 
     async fn head_bucket(&self, bucket: &str) -> Result<()> {
-        if !valid_bucket_name(bucket) {
-            return Err(BackendError::NoSuchBucket(bucket.to_owned()));
-        }
+        known_bucket(bucket)?;
         self.client
             .head_bucket()
             .bucket(bucket)
@@ -324,9 +322,7 @@ impl Backend for S3Backend {
     }
 
     async fn delete_bucket(&self, bucket: &str) -> Result<()> {
-        if !valid_bucket_name(bucket) {
-            return Err(BackendError::NoSuchBucket(bucket.to_owned()));
-        }
+        known_bucket(bucket)?;
         self.client
             .delete_bucket()
             .bucket(bucket)
@@ -338,9 +334,7 @@ impl Backend for S3Backend {
 
     async fn head_object(&self, bucket: &str, key: &str) -> Result<ObjectMeta> {
         check_key(key)?;
-        if !valid_bucket_name(bucket) {
-            return Err(BackendError::NoSuchBucket(bucket.to_owned()));
-        }
+        known_bucket(bucket)?;
         let out = match self
             .client
             .head_object()
@@ -436,9 +430,7 @@ impl Backend for S3Backend {
         opts: PutOptions,
     ) -> Result<ObjectMeta> {
         check_key(key)?;
-        if !valid_bucket_name(bucket) {
-            return Err(BackendError::NoSuchBucket(bucket.to_owned()));
-        }
+        known_bucket(bucket)?;
         let size = required_size(&opts)?;
         let out = self
             .upload(
@@ -470,9 +462,7 @@ impl Backend for S3Backend {
 
     async fn delete_object(&self, bucket: &str, key: &str) -> Result<()> {
         check_key(key)?;
-        if !valid_bucket_name(bucket) {
-            return Err(BackendError::NoSuchBucket(bucket.to_owned()));
-        }
+        known_bucket(bucket)?;
         self.client
             .delete_object()
             .bucket(bucket)
@@ -487,9 +477,7 @@ impl Backend for S3Backend {
     /// prefix, so a page that follows one may begin with it again: it is skipped, and one
     /// key more than needed is asked for so that a skip never leaves the page short.
     async fn list_objects(&self, bucket: &str, query: &ListQuery) -> Result<ListPage> {
-        if !valid_bucket_name(bucket) {
-            return Err(BackendError::NoSuchBucket(bucket.to_owned()));
-        }
+        known_bucket(bucket)?;
         let delimiter = query.delimiter.clone().filter(|d| !d.is_empty());
         let mut page = ListPage::default();
         let mut start_after = query.after.clone();
@@ -545,9 +533,7 @@ impl Backend for S3Backend {
 
     async fn create_multipart(&self, bucket: &str, key: &str, opts: PutOptions) -> Result<String> {
         check_key(key)?;
-        if !valid_bucket_name(bucket) {
-            return Err(BackendError::NoSuchBucket(bucket.to_owned()));
-        }
+        known_bucket(bucket)?;
         let req = self
             .client
             .create_multipart_upload()
@@ -575,9 +561,7 @@ impl Backend for S3Backend {
         opts: PutOptions,
     ) -> Result<PartInfo> {
         check_key(key)?;
-        if !valid_bucket_name(bucket) {
-            return Err(BackendError::NoSuchBucket(bucket.to_owned()));
-        }
+        known_bucket(bucket)?;
         let size = required_size(&opts)?;
         let out = self
             .upload(
@@ -611,9 +595,7 @@ impl Backend for S3Backend {
 
     async fn list_parts(&self, bucket: &str, key: &str, upload_id: &str) -> Result<Vec<PartInfo>> {
         check_key(key)?;
-        if !valid_bucket_name(bucket) {
-            return Err(BackendError::NoSuchBucket(bucket.to_owned()));
-        }
+        known_bucket(bucket)?;
         let mut out = Vec::new();
         let mut marker: Option<String> = None;
         loop {
@@ -665,9 +647,7 @@ impl Backend for S3Backend {
         parts: &[(u32, String)],
     ) -> Result<ObjectMeta> {
         check_key(key)?;
-        if !valid_bucket_name(bucket) {
-            return Err(BackendError::NoSuchBucket(bucket.to_owned()));
-        }
+        known_bucket(bucket)?;
         if parts.is_empty() {
             return Err(BackendError::Client(S3Error::new(
                 S3Code::MalformedXML,
@@ -747,9 +727,7 @@ impl Backend for S3Backend {
 
     async fn abort_multipart(&self, bucket: &str, key: &str, upload_id: &str) -> Result<()> {
         check_key(key)?;
-        if !valid_bucket_name(bucket) {
-            return Err(BackendError::NoSuchBucket(bucket.to_owned()));
-        }
+        known_bucket(bucket)?;
         self.client
             .abort_multipart_upload()
             .bucket(bucket)
@@ -762,9 +740,7 @@ impl Backend for S3Backend {
     }
 
     async fn list_uploads(&self, bucket: &str, prefix: &str) -> Result<Vec<UploadInfo>> {
-        if !valid_bucket_name(bucket) {
-            return Err(BackendError::NoSuchBucket(bucket.to_owned()));
-        }
+        known_bucket(bucket)?;
         let mut out = Vec::new();
         let (mut key_marker, mut id_marker): (Option<String>, Option<String>) = (None, None);
         loop {

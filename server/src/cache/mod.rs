@@ -165,7 +165,8 @@ impl Cache {
         bucket: &str,
         key: &str,
     ) -> Result<(ObjectMeta, Source), BackendError> {
-        if let Some(e) = self.lock_index().get(&index::key_of(bucket, key)) {
+        let cached = self.lock_index().get(&index::key_of(bucket, key));
+        if let Some(e) = cached {
             return Ok((e.meta.clone(), Source::Hit));
         }
         Ok((backend.head_object(bucket, key).await?, Source::Bypass))
@@ -181,7 +182,9 @@ impl Cache {
         range: &RangeFn<'_>,
     ) -> Result<Read, BackendError> {
         let ikey = index::key_of(bucket, key);
-        if let Some(entry) = self.lock_index().get(&ikey) {
+        // Bound first: the index lock is not held while the read is set up.
+        let cached = self.lock_index().get(&ikey);
+        if let Some(entry) = cached {
             let resolved = range(&entry.meta).map_err(BackendError::Client)?;
             self.stats.hits.fetch_add(1, Ordering::Relaxed);
             let hot = self
