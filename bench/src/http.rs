@@ -1,17 +1,20 @@
-//! The HTTP side shared by the workload and the report: the keep-alive client and the
-//! small control requests (listing, stats, bucket creation) whose bodies are read whole.
+//! The HTTP side shared by the workload and the report: the target (endpoint, keep-alive
+//! client, optional SigV4 signer) and the small control requests (listing, stats, bucket
+//! creation) whose bodies are read whole.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use bytes::Bytes;
-use http::{Request, StatusCode};
+use http::{Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
 use crate::listing::{encode, parse_list_page, Object};
+use crate::sigv4::{canonical_query, Signer};
 
 /// The HTTP client every worker shares: a pool of keep-alive HTTP/1.1 connections.
 pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
@@ -26,56 +29,114 @@ pub fn http_client(workers: usize) -> HttpClient {
         .build(conn)
 }
 
-/// Lists `bucket` under `prefix` with ListObjectsV2, following continuation tokens.
-pub async fn list_objects(
-    client: &HttpClient,
-    endpoint: &str,
-    bucket: &str,
-    prefix: &str,
-) -> anyhow::Result<Vec<Object>> {
-    let mut out = Vec::new();
-    let mut token: Option<String> = None;
-    loop {
-        let mut uri = format!(
-            "{endpoint}/{}?list-type=2&prefix={}",
-            encode(bucket, false),
-            encode(prefix, false)
+/// The server under load: where it is, how requests reach it and how they are signed.
+#[derive(Clone)]
+pub struct Target {
+    /// `http://host:port`, no trailing slash.
+    pub endpoint: String,
+    /// `host:port`, as signed.
+    pub host: String,
+    pub client: HttpClient,
+    /// Signs every request with SigV4 when set (S3 servers that refuse anonymous requests).
+    pub signer: Option<Arc<Signer>>,
+}
+
+impl Target {
+    /// A target for `endpoint` (`http://host:port`) with room for `workers` connections.
+    pub fn new(endpoint: &str, workers: usize, signer: Option<Signer>) -> anyhow::Result<Self> {
+        let endpoint = endpoint.trim_end_matches('/');
+        let Some(host) = endpoint.strip_prefix("http://") else {
+            anyhow::bail!(
+                "--endpoint must be http://host:port (HTTPS is not supported), got {endpoint:?}"
+            );
+        };
+        anyhow::ensure!(
+            !host.is_empty() && !host.contains('/'),
+            "--endpoint must be http://host:port, got {endpoint:?}"
         );
-        if let Some(t) = &token {
-            uri.push_str("&continuation-token=");
-            uri.push_str(&encode(t, false));
+        Ok(Target {
+            endpoint: endpoint.to_owned(),
+            host: host.to_owned(),
+            client: http_client(workers),
+            signer: signer.map(Arc::new),
+        })
+    }
+
+    /// `/bucket/key`, percent-encoded as sent and signed.
+    pub fn object_path(bucket: &str, key: &str) -> String {
+        format!("/{}/{}", encode(bucket, false), encode(key, true))
+    }
+
+    /// A request builder for `method path?query`, signed when the target signs.
+    /// `path` is already encoded; `query` holds decoded pairs.
+    pub fn builder(
+        &self,
+        method: Method,
+        path: &str,
+        query: &[(&str, &str)],
+    ) -> http::request::Builder {
+        let q = canonical_query(query);
+        let uri = if q.is_empty() {
+            format!("{}{path}", self.endpoint)
+        } else {
+            format!("{}{path}?{q}", self.endpoint)
+        };
+        let mut b = Request::builder().method(method.clone()).uri(uri);
+        if let Some(s) = &self.signer {
+            for (name, value) in s.sign(method.as_str(), &self.host, path, &q) {
+                b = b.header(name, value);
+            }
         }
-        let (status, body) = get_text(client, &uri).await?;
-        let page =
-            parse_list_page(&body).with_context(|| format!("listing {uri} (status {status})"))?;
-        anyhow::ensure!(status.is_success(), "listing {uri} answered {status}");
-        out.extend(page.objects);
-        match page.next_token {
-            Some(t) => token = Some(t),
-            None => return Ok(out),
+        b
+    }
+
+    /// A request whose (small) body is read whole: listings, stats, bucket creation.
+    pub async fn text(
+        &self,
+        method: Method,
+        path: &str,
+        query: &[(&str, &str)],
+    ) -> anyhow::Result<(StatusCode, String)> {
+        let req = self
+            .builder(method.clone(), path, query)
+            .body(Full::new(Bytes::new()))?;
+        let resp = self
+            .client
+            .request(req)
+            .await
+            .with_context(|| format!("{method} {}{path}", self.endpoint))?;
+        let status = resp.status();
+        let body = resp.into_body().collect().await?.to_bytes();
+        Ok((status, String::from_utf8_lossy(&body).into_owned()))
+    }
+
+    /// Lists `bucket` under `prefix` with ListObjectsV2, following continuation tokens.
+    pub async fn list_objects(&self, bucket: &str, prefix: &str) -> anyhow::Result<Vec<Object>> {
+        let path = format!("/{}", encode(bucket, false));
+        let mut out = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            let mut query = vec![("list-type", "2"), ("prefix", prefix)];
+            if let Some(t) = &token {
+                query.push(("continuation-token", t));
+            }
+            let (status, body) = self.text(Method::GET, &path, &query).await?;
+            let page = parse_list_page(&body)
+                .with_context(|| format!("listing {path} (status {status})"))?;
+            anyhow::ensure!(status.is_success(), "listing {path} answered {status}");
+            out.extend(page.objects);
+            match page.next_token {
+                Some(t) => token = Some(t),
+                None => return Ok(out),
+            }
         }
     }
-}
 
-/// A GET whose (small) body is read whole: listings and stats.
-pub async fn get_text(client: &HttpClient, uri: &str) -> anyhow::Result<(StatusCode, String)> {
-    let req = Request::get(uri).body(Full::new(Bytes::new()))?;
-    let resp = client
-        .request(req)
-        .await
-        .with_context(|| format!("GET {uri}"))?;
-    let status = resp.status();
-    let body = resp.into_body().collect().await?.to_bytes();
-    Ok((status, String::from_utf8_lossy(&body).into_owned()))
-}
-
-/// `PUT /bucket` so a PUT workload has somewhere to write; any answer is accepted
-/// (409 when it exists, 405 from servers without buckets).
-pub async fn ensure_bucket(client: &HttpClient, endpoint: &str, bucket: &str) {
-    let uri = format!("{endpoint}/{}", encode(bucket, false));
-    if let Ok(req) = Request::put(uri).body(Full::new(Bytes::new())) {
-        if let Ok(resp) = client.request(req).await {
-            let _ = resp.into_body().collect().await;
-        }
+    /// `PUT /bucket` so a PUT workload has somewhere to write; any answer is accepted
+    /// (409 when it exists, 405 from servers without buckets).
+    pub async fn ensure_bucket(&self, bucket: &str) {
+        let _ = self
+            .text(Method::PUT, &format!("/{}", encode(bucket, false)), &[])
+            .await;
     }
 }

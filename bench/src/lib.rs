@@ -1,15 +1,19 @@
 //! `granary-bench` as a library: the pieces the binary and its tests share.
 //!
 //! - [`size`]: human sizes, rates and durations on the command line.
-//! - [`http`]: the keep-alive client, listing, stats and bucket requests.
+//! - [`http`]: the target (endpoint, client, signer), listing, bucket requests.
 //! - [`listing`]: the object set (ListObjectsV2 or generated names).
 //! - [`workload`]: epoch schedule, HTTP client, worker tasks.
 //! - [`report`]: the JSON report and the human summary.
 //! - [`stall`]: the data-stall analysis for a group of GPUs.
+//! - [`sigv4`]: SigV4 signing for S3 servers that refuse anonymous requests.
+//! - [`plot`]: the `--plot` SVG.
 
 pub mod http;
 pub mod listing;
+pub mod plot;
 pub mod report;
+pub mod sigv4;
 pub mod size;
 pub mod stall;
 pub mod workload;

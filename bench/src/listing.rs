@@ -4,6 +4,8 @@
 //! `<IsTruncated>` and `<NextContinuationToken>`, and stays independent of any one
 //! server's namespace or formatting.
 
+use crate::size::SizeRange;
+
 /// One object to read or write.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Object {
@@ -12,12 +14,19 @@ pub struct Object {
     pub size: u64,
 }
 
-/// The objects `P000000`, `P000001`, … of `size` bytes each.
-pub fn generated(prefix: &str, count: usize, size: u64) -> Vec<Object> {
+/// The objects `P000000`, `P000001`, …, each of a size drawn uniformly from
+/// `sizes` (seeded, so a PUT run and a later GET run agree on them).
+pub fn generated(prefix: &str, count: usize, sizes: SizeRange, seed: u64) -> Vec<Object> {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ 0x0B1E_C751_2E5D);
     (0..count)
         .map(|i| Object {
             key: format!("{prefix}{i:06}"),
-            size,
+            size: if sizes.min == sizes.max {
+                sizes.min
+            } else {
+                rng.gen_range(sizes.min..=sizes.max)
+            },
         })
         .collect()
 }
@@ -190,11 +199,17 @@ mod tests {
 
     #[test]
     fn generated_names() {
-        let g = generated("p/", 3, 10);
+        let fixed = SizeRange { min: 10, max: 10 };
+        let g = generated("p/", 3, fixed, 1);
         assert_eq!(g.len(), 3);
         assert_eq!(g[0].key, "p/000000");
         assert_eq!(g[2].key, "p/000002");
         assert!(g.iter().all(|o| o.size == 10));
+        let range = SizeRange { min: 100, max: 200 };
+        let a = generated("p/", 50, range, 7);
+        assert!(a.iter().all(|o| (100..=200).contains(&o.size)));
+        assert!(a.iter().any(|o| o.size != a[0].size), "sizes vary");
+        assert_eq!(a, generated("p/", 50, range, 7), "same seed, same sizes");
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! `granary-bench`: a load generator and data-stall analyser for Granary and any HTTP
-//! object server (nginx, S3-compatible stores reached with unsigned requests).
+//! object server (nginx, S3-compatible stores such as moto or MinIO, signed with SigV4).
 //!
 //! `run` drives a GET/PUT mix over an object set for a number of shuffled epochs or a
 //! duration and reports throughput, latency, cache outcomes per epoch, Granary's
@@ -10,11 +10,12 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
-use granary_bench::http::{ensure_bucket, http_client, list_objects, HttpClient};
+use granary_bench::http::Target;
 use granary_bench::listing::{generated, Object};
 use granary_bench::report::{fetch_stats, stats_delta, Report, RunConfig};
-use granary_bench::size::{parse_duration, parse_rate, parse_size};
-use granary_bench::workload::{self, Workload};
+use granary_bench::sigv4::Signer;
+use granary_bench::size::{parse_duration, parse_rate, parse_size, parse_size_range, SizeRange};
+use granary_bench::workload::{self, Mode, Workload};
 
 #[derive(Parser)]
 #[command(
@@ -41,18 +42,36 @@ enum Command {
 
 #[derive(Args)]
 struct Common {
-    /// Server to load, `http://host:port` (Granary, nginx, or S3 with unsigned requests).
+    /// Server to load, `http://host:port`: Granary, a plain HTTP server such as nginx
+    /// (paths `/BUCKET/KEY`), or an S3 server (with --access-key/--secret-key).
     #[arg(long, default_value = "http://127.0.0.1:7070")]
     endpoint: String,
+    /// Sign every request with SigV4 using this access key (with --secret-key).
+    #[arg(long, env = "AWS_ACCESS_KEY_ID", requires = "secret_key")]
+    access_key: Option<String>,
+    /// The secret key that signs requests.
+    #[arg(
+        long,
+        env = "AWS_SECRET_ACCESS_KEY",
+        hide_env_values = true,
+        requires = "access_key"
+    )]
+    secret_key: Option<String>,
+    /// Region in the SigV4 scope.
+    #[arg(long, env = "AWS_REGION", default_value = "us-east-1")]
+    region: String,
     /// Concurrent requests, each over its own keep-alive connection.
     #[arg(long, default_value_t = 8)]
     workers: usize,
-    /// Print a progress line on stderr every second.
+    /// Draw a progress line on stderr while running (only when it is a terminal).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     progress: bool,
-    /// Write every figure as JSON to this file.
+    /// Write every figure as JSON to this file (with the timeline and distributions).
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
+    /// Draw throughput over time and the latency distribution into this SVG file.
+    #[arg(long, value_name = "FILE.svg")]
+    plot: Option<PathBuf>,
     /// Number of GPUs in the consumer group of the stall analysis.
     #[arg(long, requires = "gpu_rate")]
     gpus: Option<u32>,
@@ -82,9 +101,10 @@ struct RunArgs {
     /// Use N generated keys `PREFIX{i:06}` instead of a listing.
     #[arg(long, value_name = "N")]
     objects: Option<usize>,
-    /// Size of each generated object (e.g. `100KiB`, `256MiB`); needed for PUTs and ranges.
-    #[arg(long, value_parser = parse_size, requires = "objects")]
-    object_size: Option<u64>,
+    /// Size of each generated object (`100KiB`), or a range sizes are drawn from
+    /// (`64KiB-1MiB`, seeded); needed for PUTs and ranges.
+    #[arg(long, value_parser = parse_size_range, requires = "objects")]
+    object_size: Option<SizeRange>,
     /// Percentage of requests that are PUTs of seeded random bytes (0..=100).
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=100))]
     pct_put: u8,
@@ -102,9 +122,13 @@ struct RunArgs {
     /// ETag when the ETag is a plain 32-hex MD5; mismatches count as `verify` errors.
     #[arg(long)]
     verify: bool,
-    /// Seed for the epoch orders, PUT bodies, ranges and the GET/PUT mix.
+    /// Seed for the epoch orders, PUT bodies, ranges, sizes and the GET/PUT mix.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Snapshot Granary's `/_granary/stats` at the end of every epoch, once its cache
+    /// fills have committed, for per-epoch backend and peer bytes.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    epoch_stats: bool,
 }
 
 #[derive(Args)]
@@ -138,29 +162,42 @@ fn main() -> anyhow::Result<()> {
     })
 }
 
+fn target(c: &Common) -> anyhow::Result<Target> {
+    let signer = match (&c.access_key, &c.secret_key) {
+        (Some(a), Some(s)) => Some(Signer::new(a, s, &c.region)),
+        _ => None,
+    };
+    Target::new(&c.endpoint, c.workers.max(1), signer)
+}
+
 async fn run(a: RunArgs) -> anyhow::Result<()> {
-    let endpoint = endpoint(&a.common.endpoint)?;
-    let client = http_client(1);
+    let target = target(&a.common)?;
     let objects: Vec<Object> = match a.objects {
         Some(n) => {
             if a.pct_put > 0 && a.object_size.is_none() {
                 bail!("--pct-put needs --object-size with --objects");
             }
-            generated(&a.prefix, n, a.object_size.unwrap_or(0))
+            let sizes = a.object_size.unwrap_or(SizeRange { min: 0, max: 0 });
+            generated(&a.prefix, n, sizes, a.seed)
         }
         None => {
-            let list = list_objects(&client, &endpoint, &a.bucket, &a.prefix).await?;
+            let list = target.list_objects(&a.bucket, &a.prefix).await?;
             if list.is_empty() {
-                bail!("no objects under {endpoint}/{}/{}", a.bucket, a.prefix);
+                bail!(
+                    "no objects under {}/{}/{}",
+                    target.endpoint,
+                    a.bucket,
+                    a.prefix
+                );
             }
             list
         }
     };
     if a.pct_put > 0 {
-        ensure_bucket(&client, &endpoint, &a.bucket).await;
+        target.ensure_bucket(&a.bucket).await;
     }
     let config = RunConfig {
-        endpoint: endpoint.clone(),
+        endpoint: target.endpoint.clone(),
         bucket: a.bucket.clone(),
         prefix: a.prefix.clone(),
         objects: objects.len(),
@@ -176,7 +213,7 @@ async fn run(a: RunArgs) -> anyhow::Result<()> {
         seed: a.seed,
     };
     let wl = Workload {
-        endpoint,
+        target,
         bucket: a.bucket,
         objects,
         pct_put: a.pct_put,
@@ -187,19 +224,20 @@ async fn run(a: RunArgs) -> anyhow::Result<()> {
         verify: a.verify,
         seed: a.seed,
         progress: a.common.progress,
+        mode: Mode::Epochs,
+        epoch_stats: a.epoch_stats,
     };
-    measure(wl, config, &a.common, &client).await
+    measure(wl, config, &a.common).await
 }
 
 async fn get(a: GetArgs) -> anyhow::Result<()> {
-    let endpoint = endpoint(&a.common.endpoint)?;
+    let target = target(&a.common)?;
     let path = a.path.trim_start_matches('/');
     let Some((bucket, key)) = path.split_once('/') else {
         bail!("--path must be /bucket/key, got {:?}", a.path);
     };
-    let client = http_client(1);
     let config = RunConfig {
-        endpoint: endpoint.clone(),
+        endpoint: target.endpoint.clone(),
         bucket: bucket.into(),
         prefix: String::new(),
         objects: 1,
@@ -213,7 +251,7 @@ async fn get(a: GetArgs) -> anyhow::Result<()> {
         seed: 1,
     };
     let wl = Workload {
-        endpoint,
+        target,
         bucket: bucket.into(),
         objects: vec![Object {
             key: key.into(),
@@ -227,19 +265,17 @@ async fn get(a: GetArgs) -> anyhow::Result<()> {
         verify: false,
         seed: 1,
         progress: a.common.progress,
+        mode: Mode::Repeat,
+        epoch_stats: false,
     };
-    measure(wl, config, &a.common, &client).await
+    measure(wl, config, &a.common).await
 }
 
-async fn measure(
-    wl: Workload,
-    config: RunConfig,
-    common: &Common,
-    client: &HttpClient,
-) -> anyhow::Result<()> {
-    let before = fetch_stats(client, &wl.endpoint).await;
-    let m = workload::run(wl.clone()).await?;
-    let delta = match (&before, fetch_stats(client, &wl.endpoint).await) {
+async fn measure(wl: Workload, config: RunConfig, common: &Common) -> anyhow::Result<()> {
+    let target = wl.target.clone();
+    let before = fetch_stats(&target, true).await;
+    let m = workload::run(wl).await?;
+    let delta = match (&before, fetch_stats(&target, true).await) {
         (Some(b), Some(a)) => Some(stats_delta(b, &a)),
         _ => None,
     };
@@ -250,17 +286,12 @@ async fn measure(
         let json = serde_json::to_string_pretty(&report)?;
         std::fs::write(path, json + "\n").with_context(|| format!("writing {}", path.display()))?;
     }
+    if let Some(path) = &common.plot {
+        granary_bench::plot::write_svg(path, &report)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
     if report.requests > 0 && report.errors.total == report.requests {
         bail!("every request failed");
     }
     Ok(())
-}
-
-/// `http://host:port` without a trailing slash; HTTPS is not supported yet.
-fn endpoint(e: &str) -> anyhow::Result<String> {
-    let e = e.trim_end_matches('/');
-    if !e.starts_with("http://") {
-        bail!("--endpoint must be http://host:port (HTTPS is not supported), got {e:?}");
-    }
-    Ok(e.to_owned())
 }

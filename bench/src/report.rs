@@ -5,13 +5,14 @@ use std::collections::BTreeMap;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use crate::http::HttpClient;
+use crate::http::Target;
 use crate::size::fmt_bytes;
 use crate::stall::Stall;
-use crate::workload::{CacheCounts, Measured};
+use crate::workload::{CacheCounts, Measured, Sample};
 
-/// Granary's `/_granary/stats` counters the bench compares before and after a run.
-pub const STATS_FIELDS: [&str; 8] = [
+/// Granary's `/_granary/stats` counters the bench compares before and after a run (and
+/// each epoch).
+pub const STATS_FIELDS: [&str; 9] = [
     "bytes_from_backend",
     "bytes_from_peers",
     "bytes_served",
@@ -20,7 +21,11 @@ pub const STATS_FIELDS: [&str; 8] = [
     "misses",
     "peer_fills",
     "bypasses",
+    "used_bytes",
 ];
+
+/// A snapshot of [`STATS_FIELDS`].
+pub type ServerStats = BTreeMap<String, i64>;
 
 /// What the run was asked to do, echoed into the report.
 #[derive(Debug, Clone, Serialize)]
@@ -63,6 +68,37 @@ impl Percentiles {
     }
 }
 
+/// One point of a latency distribution.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Quantile {
+    /// 0..=100.
+    pub percentile: f64,
+    pub micros: u64,
+}
+
+/// The percentiles a distribution is reported at (and plotted over).
+pub const DISTRIBUTION: [f64; 16] = [
+    0.0, 10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0, 90.0, 95.0, 99.0, 99.5, 99.9, 99.99, 100.0,
+];
+
+/// A histogram at [`DISTRIBUTION`]'s percentiles; empty when it holds nothing.
+pub fn distribution(h: &Histogram<u64>) -> Vec<Quantile> {
+    if h.is_empty() {
+        return Vec::new();
+    }
+    DISTRIBUTION
+        .iter()
+        .map(|&p| Quantile {
+            percentile: p,
+            micros: if p >= 100.0 {
+                h.max()
+            } else {
+                h.value_at_quantile(p / 100.0)
+            },
+        })
+        .collect()
+}
+
 /// One epoch's figures.
 #[derive(Debug, Clone, Serialize)]
 pub struct EpochReport {
@@ -82,6 +118,9 @@ pub struct EpochReport {
     pub hit_ratio: Option<f64>,
     /// GPU stall for this epoch's read throughput (with `--gpus`).
     pub stall: Option<Stall>,
+    /// Granary's counters over this epoch (its fills committed); null without
+    /// `/_granary/stats` or for an epoch a duration run cut short.
+    pub server_stats_delta: Option<ServerStats>,
 }
 
 /// The GPU consumer group of the stall analysis.
@@ -124,6 +163,11 @@ pub struct Report {
     pub requests_per_s: f64,
     pub latency_us: Percentiles,
     pub ttfb_us: Percentiles,
+    /// Latency at [`DISTRIBUTION`]'s percentiles, microseconds.
+    pub latency_distribution: Vec<Quantile>,
+    pub ttfb_distribution: Vec<Quantile>,
+    /// Throughput every 250 ms.
+    pub timeline: Vec<Sample>,
     pub errors: Errors,
     pub verify: Option<Verify>,
     pub cache: CacheCounts,
@@ -174,6 +218,10 @@ impl Report {
                     cache: e.cache,
                     hit_ratio: e.cache.hit_ratio(),
                     stall: gpu.map(|(n, r)| Stall::new(rate(e.bytes_read), n, r)),
+                    server_stats_delta: match (m.epoch_stats.get(i), m.epoch_stats.get(i + 1)) {
+                        (Some(b), Some(a)) => Some(self::stats_delta(b, a)),
+                        _ => None,
+                    },
                 }
             })
             .collect();
@@ -191,6 +239,9 @@ impl Report {
             requests_per_s: requests as f64 / secs,
             latency_us: Percentiles::of(&m.latency),
             ttfb_us: Percentiles::of(&m.ttfb),
+            latency_distribution: distribution(&m.latency),
+            ttfb_distribution: distribution(&m.ttfb),
+            timeline: m.timeline.clone(),
             errors: Errors {
                 total: errors_total,
                 by_status: m.errors.clone(),
@@ -273,16 +324,26 @@ impl Report {
             );
         }
         let ratio = |r: Option<f64>| r.map_or("n/a".to_string(), |r| format!("{r:.3}"));
+        let per_epoch_stats = self.epochs.iter().any(|e| e.server_stats_delta.is_some());
         let _ = writeln!(
             s,
-            "  epoch  requests   MB/s      secs   hit/miss/peer/bypass   hit ratio{}",
+            "  epoch  requests   MB/s      secs   hit/miss/peer/bypass   hit ratio{}{}",
+            if per_epoch_stats { "   backend MB" } else { "" },
             if self.stall.is_some() { "   stall" } else { "" }
         );
         const SHOWN: usize = 20;
         for e in self.epochs.iter().take(SHOWN) {
+            let backend = match (&e.server_stats_delta, per_epoch_stats) {
+                (Some(d), _) => format!(
+                    "   {:>10.1}",
+                    d.get("bytes_from_backend").copied().unwrap_or(0) as f64 / 1e6
+                ),
+                (None, true) => format!("   {:>10}", "n/a"),
+                (None, false) => String::new(),
+            };
             let _ = writeln!(
                 s,
-                "  {:>5}  {:>8}  {:>8.1}  {:>7.2}   {:>20}   {:>9}{}",
+                "  {:>5}  {:>8}  {:>8.1}  {:>7.2}   {:>20}   {:>9}{backend}{}",
                 e.epoch,
                 e.requests,
                 e.throughput_mb_s,
@@ -319,20 +380,35 @@ impl Report {
     }
 }
 
-/// Granary's counters, or `None` when the endpoint has no `/_granary/stats`.
-pub async fn fetch_stats(client: &HttpClient, endpoint: &str) -> Option<BTreeMap<String, i64>> {
-    let (status, body) = crate::http::get_text(client, &format!("{endpoint}/_granary/stats"))
-        .await
-        .ok()?;
-    if !status.is_success() {
-        return None;
+/// Granary's counters, or `None` when the endpoint has no `/_granary/stats`. With
+/// `settle`, waits (up to 10 s) until no cache fill is in flight (`reserved_bytes` 0),
+/// so the snapshot includes the fills of the requests already answered.
+pub async fn fetch_stats(target: &Target, settle: bool) -> Option<ServerStats> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let (status, body) = target
+            .text(http::Method::GET, "/_granary/stats", &[])
+            .await
+            .ok()?;
+        if !status.is_success() {
+            return None;
+        }
+        let v: serde_json::Value = serde_json::from_str(&body).ok()?;
+        let busy = v
+            .get("reserved_bytes")
+            .and_then(|r| r.as_i64())
+            .unwrap_or(0)
+            > 0;
+        if settle && busy && std::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            continue;
+        }
+        let map: ServerStats = STATS_FIELDS
+            .iter()
+            .filter_map(|k| v.get(*k)?.as_i64().map(|n| (k.to_string(), n)))
+            .collect();
+        return (!map.is_empty()).then_some(map);
     }
-    let v: serde_json::Value = serde_json::from_str(&body).ok()?;
-    let map: BTreeMap<String, i64> = STATS_FIELDS
-        .iter()
-        .filter_map(|k| v.get(*k)?.as_i64().map(|n| (k.to_string(), n)))
-        .collect();
-    (!map.is_empty()).then_some(map)
 }
 
 /// after − before, field by field.

@@ -43,6 +43,30 @@ pub fn parse_size(s: &str) -> anyhow::Result<u64> {
     Ok(bytes.round() as u64)
 }
 
+/// A size or an inclusive range of sizes, `100KiB` or `64KiB-1MiB`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SizeRange {
+    pub min: u64,
+    pub max: u64,
+}
+
+/// Parses `SIZE` or `MIN-MAX` (e.g. `64KiB-1MiB`).
+pub fn parse_size_range(s: &str) -> anyhow::Result<SizeRange> {
+    match s.split_once('-') {
+        None => {
+            let n = parse_size(s)?;
+            Ok(SizeRange { min: n, max: n })
+        }
+        Some((a, b)) => {
+            let (min, max) = (parse_size(a)?, parse_size(b)?);
+            if min > max {
+                bail!("size range {s:?}: the first size is larger than the second");
+            }
+            Ok(SizeRange { min, max })
+        }
+    }
+}
+
 /// Parses a rate such as `600MB/s` or `1GiB/s` into bytes per second (`/s` optional).
 pub fn parse_rate(s: &str) -> anyhow::Result<f64> {
     let t = s.trim();
@@ -107,6 +131,26 @@ mod tests {
         assert!(parse_size("MiB").is_err());
         assert!(parse_size("12XB").is_err());
         assert!(parse_size("").is_err());
+    }
+
+    #[test]
+    fn size_ranges() {
+        assert_eq!(
+            parse_size_range("100KiB").unwrap(),
+            SizeRange {
+                min: 102_400,
+                max: 102_400
+            }
+        );
+        assert_eq!(
+            parse_size_range("64KiB-1MiB").unwrap(),
+            SizeRange {
+                min: 65_536,
+                max: 1 << 20
+            }
+        );
+        assert!(parse_size_range("2MiB-1MiB").is_err());
+        assert!(parse_size_range("1MiB-").is_err());
     }
 
     #[test]

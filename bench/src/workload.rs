@@ -5,6 +5,8 @@
 //! each epoch among the workers without stragglers. Epochs are sequential, as in a
 //! training loop: no request of epoch `e + 1` starts before every request of epoch `e`
 //! has been answered, so each epoch's cache outcomes see the fills of the one before.
+//! In [`Mode::Repeat`] (the `get` command) there are no barriers: every worker reads
+//! the object set round and round, all counted as one epoch.
 //! Bodies are read frame by frame and never buffered whole.
 
 use std::collections::BTreeMap;
@@ -15,15 +17,17 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use bytes::Bytes;
 use hdrhistogram::Histogram;
-use http::{header, Method, Request, StatusCode};
+use http::{header, Method, StatusCode};
 use http_body_util::{BodyExt, Full};
+use indicatif::{ProgressBar, ProgressStyle};
 use md5::{Digest, Md5};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, RngCore, SeedableRng};
 
-use crate::http::{http_client, HttpClient};
-use crate::listing::{encode, Object};
+use crate::http::Target;
+use crate::listing::Object;
+use crate::report::{fetch_stats, ServerStats};
 
 /// The order in which epoch `epoch` visits `n` objects: a permutation of `0..n` drawn
 /// from `seed` and the epoch number, so a run is repeatable and every epoch differs.
@@ -78,11 +82,20 @@ impl Schedule {
     }
 }
 
+/// How requests are grouped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Shuffled epochs, one after another (each waits for the last answer of the one
+    /// before), counted separately.
+    Epochs,
+    /// The object set read round and round by every worker at once, counted as one epoch.
+    Repeat,
+}
+
 /// What a run does; built by `main` from the flags.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Workload {
-    /// `http://host:port`, no trailing slash.
-    pub endpoint: String,
+    pub target: Target,
     pub bucket: String,
     pub objects: Vec<Object>,
     /// Percentage of requests that are PUTs, 0..=100.
@@ -94,8 +107,12 @@ pub struct Workload {
     pub range_size: Option<u64>,
     pub verify: bool,
     pub seed: u64,
-    /// Print a progress line on stderr every second.
+    /// Draw a progress line on stderr (when it is a terminal).
     pub progress: bool,
+    pub mode: Mode,
+    /// Snapshot the server's `/_granary/stats` at each epoch's end, after its cache fills
+    /// have committed, for per-epoch backend and peer bytes.
+    pub epoch_stats: bool,
 }
 
 /// `x-granary-cache` outcomes, counted over GETs that answered 2xx.
@@ -176,10 +193,29 @@ impl EpochCounts {
     }
 }
 
+/// Throughput over one interval of the run.
+#[derive(Debug, Clone, Copy, serde::Serialize, PartialEq)]
+pub struct Sample {
+    /// End of the interval, seconds from the start of the run.
+    pub t_s: f64,
+    /// Body bytes moved (read + written) in the interval, MB/s.
+    pub mb_s: f64,
+    /// Requests answered in the interval, per second.
+    pub req_s: f64,
+}
+
+/// How often the timeline is sampled.
+pub const SAMPLE_INTERVAL: Duration = Duration::from_millis(250);
+
 /// Everything measured in a run, merged over workers.
 pub struct Measured {
     pub elapsed: Duration,
     pub epochs: Vec<EpochCounts>,
+    /// The server's counters before the run (`[0]`) and at the end of each completed
+    /// epoch; empty when the target has no `/_granary/stats` or snapshots are off.
+    pub epoch_stats: Vec<ServerStats>,
+    /// Throughput every [`SAMPLE_INTERVAL`].
+    pub timeline: Vec<Sample>,
     /// Whole-request latency of successful requests, microseconds.
     pub latency: Histogram<u64>,
     /// Time to the first body byte (or to the headers for empty bodies), microseconds.
@@ -208,15 +244,22 @@ struct WorkerState {
 
 struct Shared {
     wl: Workload,
-    client: HttpClient,
     schedule: Schedule,
     /// Random bytes for PUT bodies: the largest object plus a window to slide over, so
     /// each key gets different contents without generating bytes per request.
     put_data: Bytes,
     stop: AtomicBool,
-    /// Requests answered (or failed), for the epoch barrier.
+    /// Requests answered (or failed); the one that completes an epoch releases the next.
     completed: AtomicU64,
+    /// Epochs whose every request has been answered (and whose stats are taken).
+    released: AtomicU64,
     epoch_done: tokio::sync::Notify,
+    snapshots: Mutex<Vec<ServerStats>>,
+    timeline: Mutex<Vec<Sample>>,
+    /// Whether epoch-end snapshots are taken (asked for, and the target has stats).
+    stats_on: bool,
+    /// Wakes the supervisor when the workers are done.
+    finished: tokio::sync::Notify,
     live_requests: AtomicU64,
     live_bytes: AtomicU64,
     live_errors: AtomicU64,
@@ -240,13 +283,24 @@ pub async fn run(wl: Workload) -> anyhow::Result<Measured> {
         (None, None) => Some(1),
         (e, _) => e,
     };
+    let mut snapshots = Vec::new();
+    let epoch_stats = wl.epoch_stats && wl.mode == Mode::Epochs;
+    if epoch_stats {
+        if let Some(s) = fetch_stats(&wl.target, true).await {
+            snapshots.push(s);
+        }
+    }
     let shared = Arc::new(Shared {
-        client: http_client(wl.workers),
         schedule: Schedule::new(wl.objects.len(), wl.seed, epochs),
         put_data,
         stop: AtomicBool::new(false),
         completed: AtomicU64::new(0),
+        released: AtomicU64::new(0),
         epoch_done: tokio::sync::Notify::new(),
+        snapshots: Mutex::new(snapshots.clone()),
+        timeline: Mutex::new(Vec::new()),
+        finished: tokio::sync::Notify::new(),
+        stats_on: !snapshots.is_empty(),
         live_requests: AtomicU64::new(0),
         live_bytes: AtomicU64::new(0),
         live_errors: AtomicU64::new(0),
@@ -260,11 +314,13 @@ pub async fn run(wl: Workload) -> anyhow::Result<Measured> {
     }
     let ticker = {
         let shared = shared.clone();
-        tokio::spawn(async move { supervise(shared, started).await })
+        tokio::spawn(async move { supervise(shared, started, epochs).await })
     };
     let mut m = Measured {
         elapsed: Duration::ZERO,
         epochs: Vec::new(),
+        epoch_stats: Vec::new(),
+        timeline: Vec::new(),
         latency: histogram(),
         ttfb: histogram(),
         errors: BTreeMap::new(),
@@ -289,10 +345,11 @@ pub async fn run(wl: Workload) -> anyhow::Result<Measured> {
     }
     m.elapsed = started.elapsed();
     shared.stop.store(true, Ordering::Relaxed);
-    ticker.abort();
-    if shared.wl.progress {
-        eprintln!();
-    }
+    shared.finished.notify_one();
+    let bar = ticker.await.context("the progress task panicked")?;
+    bar.finish_and_clear();
+    m.epoch_stats = std::mem::take(&mut *lock(&shared.snapshots));
+    m.timeline = std::mem::take(&mut *lock(&shared.timeline));
     // Epochs a duration run never reached leave no empty rows.
     while m.epochs.last().is_some_and(|e| e.requests == 0) {
         m.epochs.pop();
@@ -300,42 +357,93 @@ pub async fn run(wl: Workload) -> anyhow::Result<Measured> {
     Ok(m)
 }
 
-/// Stops a duration run at its deadline and prints the progress line.
-async fn supervise(shared: Arc<Shared>, started: Instant) {
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    tick.tick().await;
-    let (mut last_bytes, mut last_t) = (0u64, started);
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The progress line: a bar over the requests of an epoch run or the seconds of a
+/// duration run, hidden when `--progress false` or stderr is not a terminal.
+fn progress_bar(wl: &Workload, epochs: Option<u64>) -> ProgressBar {
+    if !wl.progress {
+        return ProgressBar::hidden();
+    }
+    let (len, unit) = match (wl.mode, epochs, wl.duration) {
+        (Mode::Epochs, Some(e), _) => (Some(e * wl.objects.len() as u64), "req"),
+        (_, _, Some(d)) => (Some(d.as_secs().max(1)), "s"),
+        _ => (None, ""),
+    };
+    let bar = match len {
+        Some(n) => ProgressBar::new(n),
+        None => ProgressBar::new_spinner(),
+    };
+    let template = format!("[{{elapsed_precise}}] {{bar:30}} {{pos}}/{{len}} {unit}  {{msg}}");
+    if let Ok(style) = ProgressStyle::with_template(if len.is_some() {
+        &template
+    } else {
+        "[{elapsed_precise}] {spinner} {msg}"
+    }) {
+        bar.set_style(style);
+    }
+    bar
+}
+
+/// Samples the timeline, drives the progress line and stops a duration run at its
+/// deadline; returns the progress bar when the run is over.
+async fn supervise(shared: Arc<Shared>, started: Instant, epochs: Option<u64>) -> ProgressBar {
+    let bar = progress_bar(&shared.wl, epochs);
+    let mut tick = tokio::time::interval_at(
+        tokio::time::Instant::from_std(started) + SAMPLE_INTERVAL,
+        SAMPLE_INTERVAL,
+    );
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let (mut last_t, mut last_bytes, mut last_reqs) = (0.0f64, 0u64, 0u64);
+    // A one-second window for the "now" figure on the progress line.
+    let mut window: std::collections::VecDeque<(f64, u64)> = Default::default();
     loop {
-        let sleep = match shared.wl.duration {
-            Some(d) => {
-                let left = d.saturating_sub(started.elapsed());
-                if left.is_zero() {
-                    shared.stop.store(true, Ordering::Relaxed);
-                    shared.epoch_done.notify_waiters();
-                    return;
-                }
-                left.min(Duration::from_secs(1))
-            }
-            None => Duration::from_secs(1),
+        let over = tokio::select! {
+            _ = tick.tick() => false,
+            _ = shared.finished.notified() => true,
         };
-        if sleep < Duration::from_secs(1) {
-            tokio::time::sleep(sleep).await;
-            continue;
+        let t = started.elapsed().as_secs_f64();
+        let bytes = shared.live_bytes.load(Ordering::Relaxed);
+        let reqs = shared.live_requests.load(Ordering::Relaxed);
+        let dt = t - last_t;
+        if dt > 1e-3 {
+            lock(&shared.timeline).push(Sample {
+                t_s: t,
+                mb_s: (bytes - last_bytes) as f64 / dt / 1e6,
+                req_s: (reqs - last_reqs) as f64 / dt,
+            });
+            (last_t, last_bytes, last_reqs) = (t, bytes, reqs);
         }
-        tick.tick().await;
-        if shared.wl.progress {
-            let bytes = shared.live_bytes.load(Ordering::Relaxed);
-            let now = Instant::now();
-            let dt = now.duration_since(last_t).as_secs_f64().max(1e-9);
-            eprint!(
-                "\r[{:>5.0}s] {} requests  {:.1} MB/s now  {} errors   ",
-                started.elapsed().as_secs_f64(),
-                shared.live_requests.load(Ordering::Relaxed),
-                (bytes - last_bytes) as f64 / dt / 1e6,
-                shared.live_errors.load(Ordering::Relaxed),
-            );
-            (last_bytes, last_t) = (bytes, now);
+        if over || shared.stop.load(Ordering::Relaxed) {
+            return bar;
         }
+        if let Some(d) = shared.wl.duration {
+            if started.elapsed() >= d {
+                shared.stop.store(true, Ordering::Relaxed);
+                shared.epoch_done.notify_waiters();
+            }
+        }
+        window.push_back((t, bytes));
+        while window.len() > 5 {
+            window.pop_front();
+        }
+        let (t0, b0) = window.front().copied().unwrap_or((0.0, 0));
+        let now = if t > t0 {
+            (bytes - b0) as f64 / (t - t0) / 1e6
+        } else {
+            0.0
+        };
+        match (shared.wl.mode, epochs, shared.wl.duration) {
+            (Mode::Epochs, Some(_), _) => bar.set_position(reqs),
+            (_, _, Some(_)) => bar.set_position(t as u64),
+            _ => bar.tick(),
+        }
+        bar.set_message(format!(
+            "{reqs} requests  {now:.1} MB/s now  {} errors",
+            shared.live_errors.load(Ordering::Relaxed)
+        ));
     }
 }
 
@@ -358,16 +466,19 @@ async fn worker(shared: Arc<Shared>, id: u64) -> WorkerState {
         let Some((epoch, idx)) = shared.schedule.next() else {
             break;
         };
+        let epochs_mode = shared.wl.mode == Mode::Epochs;
+        let epoch = if epochs_mode { epoch } else { 0 };
         // Wait until every request of the previous epochs has been answered.
-        let before = epoch as u64 * shared.wl.objects.len() as u64;
-        loop {
-            let notified = shared.epoch_done.notified();
-            if shared.completed.load(Ordering::Acquire) >= before
-                || shared.stop.load(Ordering::Relaxed)
-            {
-                break;
+        if epochs_mode {
+            loop {
+                let notified = shared.epoch_done.notified();
+                if shared.released.load(Ordering::Acquire) >= epoch as u64
+                    || shared.stop.load(Ordering::Relaxed)
+                {
+                    break;
+                }
+                notified.await;
             }
-            notified.await;
         }
         if shared.stop.load(Ordering::Relaxed) {
             break;
@@ -377,7 +488,16 @@ async fn worker(shared: Arc<Shared>, id: u64) -> WorkerState {
         let result = one_request(&shared, idx, is_put, &mut rng, start).await;
         let end = Instant::now();
         let done = shared.completed.fetch_add(1, Ordering::AcqRel) + 1;
-        if done % shared.wl.objects.len() as u64 == 0 {
+        let n = shared.wl.objects.len() as u64;
+        if epochs_mode && done % n == 0 {
+            // This request completed epoch `done / n - 1`: take the server's counters once
+            // its fills have committed, then let the next epoch start.
+            if shared.stats_on && !shared.stop.load(Ordering::Relaxed) {
+                if let Some(s) = fetch_stats(&shared.wl.target, true).await {
+                    lock(&shared.snapshots).push(s);
+                }
+            }
+            shared.released.store(done / n, Ordering::Release);
             shared.epoch_done.notify_waiters();
         }
         if st.epochs.len() <= epoch {
@@ -445,21 +565,15 @@ async fn one_request(
 ) -> Result<Done, String> {
     let wl = &shared.wl;
     let obj = &wl.objects[idx];
-    let uri = format!(
-        "{}/{}/{}",
-        wl.endpoint,
-        encode(&wl.bucket, false),
-        encode(&obj.key, true)
-    );
-    let mut req = Request::builder().uri(uri);
+    let path = Target::object_path(&wl.bucket, &obj.key);
+    let method = if is_put { Method::PUT } else { Method::GET };
+    let mut req = wl.target.builder(method, &path, &[]);
     let mut body = Bytes::new();
     let mut ranged = false;
     if is_put {
         let off = (idx * 61) % PUT_WINDOW;
         body = shared.put_data.slice(off..off + obj.size as usize);
-        req = req.method(Method::PUT);
     } else {
-        req = req.method(Method::GET);
         if let Some(r) = wl.range_size.filter(|&r| r > 0 && obj.size > 0) {
             let len = r.min(obj.size);
             let first = rng.gen_range(0..=obj.size - len);
@@ -475,7 +589,8 @@ async fn one_request(
     let req = req
         .body(Full::new(body))
         .map_err(|_| "request".to_string())?;
-    let resp = shared
+    let resp = wl
+        .target
         .client
         .request(req)
         .await

@@ -111,18 +111,15 @@ fn wait_committed(server: &Server, n: u64) {
 fn bench(server: &Server, args: &[&str]) -> Value {
     let json = tempfile::NamedTempFile::new().unwrap();
     let out = Command::new(BENCH)
-        .args([
-            "run",
-            "--endpoint",
-            &server.endpoint,
-            "--bucket",
-            "smoke",
-            "--prefix",
-            "s/",
-        ])
+        .args(["run", "--endpoint", &server.endpoint, "--bucket", "smoke"])
         .args(["--workers", "4", "--progress", "false", "--json"])
         .arg(json.path())
         .args(args)
+        .args(if args.contains(&"--prefix") {
+            &[][..]
+        } else {
+            &["--prefix", "s/"][..]
+        })
         .output()
         .unwrap();
     assert!(
@@ -162,23 +159,58 @@ fn put_then_two_epochs_of_gets() {
     assert_eq!(put["errors"]["total"], 0);
     assert_eq!(put["verify"]["checked"], N);
     assert_eq!(put["verify"]["mismatched"], 0);
+    // The PUTs were cached on the way; their entries commit just after each answer.
+    wait_committed(&server, N);
 
-    // The object set now comes from the listing. Cold: every epoch labels each read.
-    let cold = bench(&server, &["--epochs", "2", "--verify"]);
+    // Objects laid straight into the backend directory are cold. Epoch 1 misses every
+    // one of them; the epoch-end snapshot waits for the fills to commit, so epoch 2 hits
+    // every one, and the per-epoch backend bytes say so.
+    let cold_dir = server._dir.path().join("origin/smoke/c");
+    std::fs::create_dir_all(&cold_dir).unwrap();
+    for i in 0..N {
+        std::fs::write(
+            cold_dir.join(format!("{i:03}")),
+            vec![i as u8; SIZE as usize],
+        )
+        .unwrap();
+    }
+    let plot = tempfile::Builder::new().suffix(".svg").tempfile().unwrap();
+    let cold = bench(
+        &server,
+        &[
+            "--prefix",
+            "c/",
+            "--epochs",
+            "2",
+            "--plot",
+            plot.path().to_str().unwrap(),
+        ],
+    );
     assert_eq!(cold["config"]["objects"], N);
     assert_eq!(cold["requests"], N * 2);
-    assert_eq!(cold["verify"]["checked"], N * 2);
-    for e in cold["epochs"].as_array().unwrap() {
-        let c = &e["cache"];
-        let labelled: u64 = ["hit", "miss", "peer", "bypass"]
-            .iter()
-            .map(|k| c[*k].as_u64().unwrap())
-            .sum();
-        assert_eq!(labelled, N, "{e}");
-    }
-    // A fill commits just after its response ends; wait for all of them, then every
-    // read of both epochs is a hit.
-    wait_committed(&server, N);
+    assert_eq!(cold["bytes_read"], N * 2 * SIZE);
+    let epochs = cold["epochs"].as_array().unwrap();
+    assert_eq!(epochs[0]["cache"]["miss"], N, "{}", epochs[0]);
+    assert_eq!(epochs[1]["cache"]["hit"], N, "{}", epochs[1]);
+    let (d1, d2) = (
+        &epochs[0]["server_stats_delta"],
+        &epochs[1]["server_stats_delta"],
+    );
+    assert_eq!(d1["bytes_from_backend"], N * SIZE, "{d1}");
+    assert_eq!(d1["used_bytes"], N * SIZE, "{d1}");
+    assert_eq!(d2["bytes_from_backend"], 0, "{d2}");
+    assert_eq!(d2["hits"], N, "{d2}");
+    let svg = std::fs::read_to_string(plot.path()).unwrap();
+    assert!(
+        svg.starts_with("<svg") && svg.contains("MB/s"),
+        "{svg:.200}"
+    );
+    assert!(!cold["timeline"].as_array().unwrap().is_empty());
+    let dist = cold["latency_distribution"].as_array().unwrap();
+    assert_eq!(dist.len(), 16);
+    assert!(dist
+        .windows(2)
+        .all(|w| w[0]["micros"].as_u64() <= w[1]["micros"].as_u64()));
 
     let get = bench(
         &server,

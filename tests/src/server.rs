@@ -406,6 +406,14 @@ pub fn granary_bin() -> PathBuf {
     workspace.join("target").join("release").join("granary")
 }
 
+/// `$GRANARY_BENCH_BIN`, else `granary-bench` beside [`granary_bin`].
+pub fn bench_bin() -> PathBuf {
+    if let Some(bin) = std::env::var_os("GRANARY_BENCH_BIN") {
+        return PathBuf::from(bin);
+    }
+    granary_bin().with_file_name("granary-bench")
+}
+
 fn wait_healthy(child: &mut Child, addr: SocketAddr) -> Result<()> {
     let deadline = Instant::now() + START_TIMEOUT;
     loop {
