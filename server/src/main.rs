@@ -126,7 +126,23 @@ impl ServeArgs {
     }
 }
 
+/// Keeps glibc from returning freed memory to the kernel block by block. The hot paths
+/// allocate a 1 MiB buffer per cache block and free it once the socket has taken it; with
+/// glibc's defaults each such buffer is a fresh `mmap` (or a trimmed heap top), so every
+/// block paid page faults and kernel zeroing, a quarter of the CPU of a warm GET.
+fn tune_allocator() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: mallopt only changes allocator parameters; called before any thread starts.
+        unsafe {
+            libc::mallopt(libc::M_MMAP_THRESHOLD, 16 << 20);
+            libc::mallopt(libc::M_TRIM_THRESHOLD, 128 << 20);
+        }
+    }
+}
+
 fn main() -> anyhow::Result<()> {
+    tune_allocator();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()

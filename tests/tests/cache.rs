@@ -536,3 +536,64 @@ fn small_hot_objects_follow_writes_and_deletes() -> Result<()> {
     assert_eq!(get(&server, key)?.0, 404);
     Ok(())
 }
+
+/// Cold reads over S3 open the object with one GET and decide on its answer: an admitted
+/// read fills; a full cache serves a Range as exactly those bytes (a second, pinned GET);
+/// conditionals and missing keys answer as S3 does.
+#[test]
+fn cold_reads_over_s3_whole_ranged_and_conditional() -> Result<()> {
+    let origin = Origin::s3();
+    // Room for the first object only.
+    let server = origin.start(&["--cache-capacity", "100KiB"]);
+    let objects = origin.lay_out(&server, 2, 64 * 1024);
+    let data = |i: u64| Pattern::new(1000 + i).bytes(0, 64 * 1024);
+
+    let (status, source, md5, _) = get(&server, "shard-0000.tar")?;
+    assert_eq!((status, source.as_str()), (200, "miss"));
+    assert_eq!(md5, objects["shard-0000.tar"]);
+    settle(&server);
+    assert_eq!(stat(&server, "objects"), 1);
+
+    // Not admitted: a Range is served from the backend as exactly its bytes.
+    let path = format!("/{BUCKET}/shard-0001.tar");
+    let req = request_bytes(
+        "GET",
+        &path,
+        server.addr(),
+        &[("range", "bytes=1000-1999")],
+        b"",
+    );
+    let resp = raw_request_blocking(server.addr(), &req)?;
+    assert_eq!(resp.status, 206);
+    assert_eq!(resp.header("x-granary-cache"), Some("bypass"));
+    assert_eq!(resp.body, data(1)[1000..2000]);
+    assert_eq!(resp.header("content-range"), Some("bytes 1000-1999/65536"));
+
+    // A conditional GET of a cold object is decided on the object's ETag.
+    let etag = format!("\"{}\"", objects["shard-0001.tar"]);
+    let req = request_bytes(
+        "GET",
+        &path,
+        server.addr(),
+        &[("if-none-match", &etag)],
+        b"",
+    );
+    let resp = raw_request_blocking(server.addr(), &req)?;
+    assert_eq!(resp.status, 304);
+    assert!(resp.body.is_empty());
+    let req = request_bytes(
+        "GET",
+        &path,
+        server.addr(),
+        &[("if-match", "\"0123456789abcdef0123456789abcdef\"")],
+        b"",
+    );
+    raw_request_blocking(server.addr(), &req)?.assert_s3_error(412, &["PreconditionFailed"]);
+
+    let (status, _, _, _) = get(&server, "shard-0009.tar")?;
+    assert_eq!(status, 404);
+    let (status, source, md5, _) = get(&server, "shard-0001.tar")?;
+    assert_eq!((status, source.as_str()), (200, "bypass"));
+    assert_eq!(md5, objects["shard-0001.tar"]);
+    Ok(())
+}

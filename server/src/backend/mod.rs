@@ -212,6 +212,17 @@ pub trait Backend: Send + Sync + 'static {
         key: &str,
         range: &RangeFn<'_>,
     ) -> Result<(GetObject, Option<ByteRange>)>;
+    /// [`Backend::get_object`] for a caller that expects to read the whole object (a
+    /// cache fill): a backend may open the object in one request and consult `range` on
+    /// the metadata that request answers with, instead of asking for the metadata first.
+    async fn get_object_whole_likely(
+        &self,
+        bucket: &str,
+        key: &str,
+        range: &RangeFn<'_>,
+    ) -> Result<(GetObject, Option<ByteRange>)> {
+        self.get_object(bucket, key, range).await
+    }
     async fn put_object(
         &self,
         bucket: &str,

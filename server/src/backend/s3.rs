@@ -422,6 +422,92 @@ impl Backend for S3Backend {
         )))
     }
 
+    /// One GET of the whole object; its answer's metadata is what the closure decides on.
+    /// When the closure wants only part of it (a range the cache will not fill), that
+    /// part is fetched pinned to the same version, as in [`Backend::get_object`].
+    async fn get_object_whole_likely(
+        &self,
+        bucket: &str,
+        key: &str,
+        range: &RangeFn<'_>,
+    ) -> Result<(GetObject, Option<ByteRange>)> {
+        check_key(key)?;
+        known_bucket(bucket)?;
+        let out = match self
+            .client
+            .get_object()
+            .bucket(bucket)
+            .key(key)
+            .send()
+            .await
+        {
+            Ok(out) => out,
+            Err(e) => {
+                return Err(match self.map_err(e, Target::Object(bucket, key)) {
+                    BackendError::NoSuchKey(_) => self.missing(bucket, key).await,
+                    other => other,
+                })
+            }
+        };
+        let meta = ObjectMeta {
+            size: size(out.content_length()),
+            etag: unquote(out.e_tag()),
+            last_modified: time(out.last_modified()),
+            headers: stored_headers(
+                [
+                    ("content-type", out.content_type()),
+                    ("cache-control", out.cache_control()),
+                    ("content-disposition", out.content_disposition()),
+                    ("content-encoding", out.content_encoding()),
+                    ("content-language", out.content_language()),
+                    ("expires", out.expires_string()),
+                ],
+                out.metadata(),
+            ),
+        };
+        let resolved = range(&meta).map_err(BackendError::Client)?;
+        match resolved {
+            Some(r) if !(r.start == 0 && r.end == meta.size) => {
+                // Only part of it is wanted: drop this answer (closing its connection) and
+                // read that part of the same version.
+                drop(out);
+                if r.len() == 0 {
+                    let body: ByteStream = Box::pin(futures::stream::empty());
+                    return Ok((GetObject { meta, body }, resolved));
+                }
+                let got = self
+                    .client
+                    .get_object()
+                    .bucket(bucket)
+                    .key(key)
+                    .if_match(format!("\"{}\"", meta.etag))
+                    .range(format!("bytes={}-{}", r.start, r.end - 1))
+                    .send()
+                    .await;
+                match got {
+                    Ok(part) => {
+                        let got = size(part.content_length());
+                        if got != r.len() {
+                            return Err(BackendError::Unavailable(format!(
+                                "the S3 backend at {} answered {got} bytes for a read of {}",
+                                self.location(),
+                                r.len()
+                            )));
+                        }
+                        let body = download(part.body, got, self.location().to_owned());
+                        Ok((GetObject { meta, body }, resolved))
+                    }
+                    // Replaced since: the general path starts over with the new version.
+                    Err(_) => self.get_object(bucket, key, range).await,
+                }
+            }
+            _ => {
+                let body = download(out.body, meta.size, self.location().to_owned());
+                Ok((GetObject { meta, body }, resolved))
+            }
+        }
+    }
+
     async fn put_object(
         &self,
         bucket: &str,

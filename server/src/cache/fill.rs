@@ -45,6 +45,9 @@ pub struct FillState {
     pub phase: Phase,
     pub meta: Option<ObjectMeta>,
     pub written: u64,
+    /// The last piece written, at its offset: a follower caught up with the writer takes
+    /// it from memory instead of reading back what was just written.
+    pub tail: Option<(u64, Bytes)>,
 }
 
 /// One object being filled.
@@ -62,6 +65,7 @@ impl Fill {
             phase: Phase::Starting,
             meta: None,
             written: 0,
+            tail: None,
         });
         Arc::new(Fill {
             state: tx,
@@ -85,6 +89,7 @@ impl Fill {
             phase: Phase::Abandoned,
             meta: None,
             written: 0,
+            tail: None,
         })
     }
 }
@@ -114,8 +119,12 @@ pub async fn write_body(
         while let Some(chunk) = rx.blocking_recv() {
             file.write_all(&chunk)?;
             sums.update(&chunk);
+            let at = written;
             written += chunk.len() as u64;
-            writer_fill.state.send_modify(|s| s.written = written);
+            writer_fill.state.send_modify(|s| {
+                s.written = written;
+                s.tail = Some((at, chunk));
+            });
         }
         if written != size {
             return Err(io::Error::new(
@@ -165,30 +174,59 @@ pub fn follow(fill: Arc<Fill>, engine: Arc<dyn ReadEngine>, start: u64, end: u64
         let mut rx = fill.state.subscribe();
         let mut pos = start;
         while pos < end {
-            let st = rx
-                .wait_for(|s| s.written > pos || s.phase != Phase::Filling)
-                .await
-                .map(|s| s.clone())
-                .map_err(|_| io::Error::other("the fill ended without a verdict"))?;
-            if let Phase::Failed(why) = &st.phase {
+            let (failed, written, in_memory) = next_step(&mut rx, pos, end).await?;
+            if let Some(why) = failed {
                 Err(io::Error::other(format!("cache fill failed: {why}")))?;
             }
-            if st.written <= pos {
+            if written <= pos {
                 // Done or abandoned with fewer bytes than promised.
                 Err(io::Error::new(io::ErrorKind::UnexpectedEof, "cache fill ended short"))?;
+            }
+            if let Some(chunk) = in_memory {
+                pos += chunk.len() as u64;
+                yield chunk;
+                continue;
             }
             let file = fill
                 .file
                 .get()
                 .cloned()
                 .ok_or_else(|| io::Error::other("fill has no file"))?;
-            let n = (st.written.min(end) - pos).min(FOLLOW_CHUNK);
+            let n = (written.min(end) - pos).min(FOLLOW_CHUNK);
             let chunk = engine.read_at(file, pos, n as usize).await?;
             pos += n;
             yield chunk;
         }
     };
     Box::pin(stream)
+}
+
+/// Waits until the writer is past `pos` or has ended; returns the failure if any, how
+/// many bytes are on disk, and the bytes at `pos` when the writer's last piece holds them.
+async fn next_step(
+    rx: &mut watch::Receiver<FillState>,
+    pos: u64,
+    end: u64,
+) -> io::Result<(Option<String>, u64, Option<Bytes>)> {
+    let st = rx
+        .wait_for(|s| s.written > pos || s.phase != Phase::Filling)
+        .await
+        .map_err(|_| io::Error::other("the fill ended without a verdict"))?;
+    let failed = match &st.phase {
+        Phase::Failed(why) => Some(why.clone()),
+        _ => None,
+    };
+    Ok((failed, st.written, tail_slice(&st, pos, end)))
+}
+
+/// The bytes from `pos` (up to `end`) when the writer's last piece holds them.
+fn tail_slice(st: &FillState, pos: u64, end: u64) -> Option<Bytes> {
+    let (at, piece) = st.tail.as_ref()?;
+    let piece_end = at + piece.len() as u64;
+    if *at > pos || pos >= piece_end {
+        return None;
+    }
+    Some(piece.slice((pos - at) as usize..(end.min(piece_end) - at) as usize))
 }
 
 /// Whether a fill should be left alone by a reader starting at `start`: far ahead of

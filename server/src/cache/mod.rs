@@ -297,7 +297,7 @@ impl Cache {
                 Some((meta.clone(), client, admitted));
             Ok(if admitted { None } else { client })
         };
-        let got = backend.get_object(bucket, key, &decide).await;
+        let got = backend.get_object_whole_likely(bucket, key, &decide).await;
         let decided = decision.lock().unwrap_or_else(|p| p.into_inner()).take();
         let abandon = |cache: &Cache| {
             cache.lock_fills().remove(&ikey);
@@ -523,9 +523,21 @@ impl Cache {
                 let file = Arc::new(File::open(&entry.path)?);
                 let first = start / store::BLOCK;
                 let last = (end - 1) / store::BLOCK;
-                for b in first..=last {
+                let read = |b: u64| {
                     let block_len = (size - b * store::BLOCK).min(store::BLOCK) as usize;
-                    let block = self.engine.read_at(file.clone(), b * store::BLOCK, block_len).await?;
+                    self.engine.read_at(file.clone(), b * store::BLOCK, block_len)
+                };
+                // One block read ahead: the next read runs while this block is checked
+                // and sent, so a single stream keeps the disk and the socket both busy.
+                let mut ahead = Some(read(first));
+                for b in first..=last {
+                    let block = match ahead.take() {
+                        Some(r) => r.await?,
+                        None => read(b).await?,
+                    };
+                    if b < last {
+                        ahead = Some(read(b + 1));
+                    }
                     if verify && crc32c::crc32c(&block) != entry.crcs[b as usize] {
                         tracing::error!(key = %ikey, block = b, "cache entry failed its checksum; dropping it");
                         self.drop_entry(&ikey, &entry);

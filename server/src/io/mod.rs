@@ -16,7 +16,9 @@ use futures::future::BoxFuture;
 /// Reads byte ranges of open files.
 pub trait ReadEngine: Send + Sync + 'static {
     fn name(&self) -> &'static str;
-    /// Reads exactly `len` bytes at `offset` (an error if the file is shorter).
+    /// Reads exactly `len` bytes at `offset` (an error if the file is shorter). The read
+    /// starts when this is called, not when the future is first polled, so callers can
+    /// read ahead; it must be called within the Tokio runtime.
     fn read_at(
         &self,
         file: Arc<File>,
@@ -39,15 +41,13 @@ impl ReadEngine for StdEngine {
         offset: u64,
         len: usize,
     ) -> BoxFuture<'static, io::Result<Bytes>> {
-        Box::pin(async move {
-            tokio::task::spawn_blocking(move || {
-                let mut buf = BytesMut::zeroed(len);
-                file.read_exact_at(&mut buf, offset)?;
-                Ok(buf.freeze())
-            })
-            .await
-            .map_err(io::Error::other)?
-        })
+        // Started now, not when first polled, so a caller can read ahead.
+        let read = tokio::task::spawn_blocking(move || {
+            let mut buf = BytesMut::zeroed(len);
+            file.read_exact_at(&mut buf, offset)?;
+            Ok(buf.freeze())
+        });
+        Box::pin(async move { read.await.map_err(io::Error::other)? })
     }
 }
 

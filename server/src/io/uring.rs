@@ -78,11 +78,17 @@ fn push(ring: &mut IoUring, id: u64, f: &mut InFlight) -> io::Result<()> {
     let remaining = f.req.len - f.done;
     let sqe = opcode::Read::new(
         types::Fd(f.req.file.as_raw_fd()),
-        // SAFETY: the pointer is into the heap allocation of `f.buf`, which stays in the
-        // in-flight map (moving the `BytesMut` handle does not move its allocation) and is
-        // neither touched nor freed until this read's completion is reaped; it has
-        // `remaining` bytes of room after `done`.
-        unsafe { f.buf.as_mut_ptr().add(f.done) },
+        // SAFETY: the pointer is into the heap allocation of `f.buf` (its spare capacity,
+        // `len` bytes reserved), which stays in the in-flight map (moving the `BytesMut`
+        // handle does not move its allocation) and is neither touched nor freed until this
+        // read's completion is reaped; it has `remaining` bytes of room after `done`.
+        unsafe {
+            f.buf
+                .spare_capacity_mut()
+                .as_mut_ptr()
+                .cast::<u8>()
+                .add(f.done)
+        },
         remaining as u32,
     )
     .offset(f.req.offset + f.done as u64)
@@ -115,7 +121,8 @@ fn drive(mut ring: IoUring, rx: mpsc::Receiver<Request>) {
             let id = next_id;
             next_id += 1;
             let mut f = InFlight {
-                buf: BytesMut::zeroed(req.len),
+                // Not zeroed: the kernel writes every byte before the length is set.
+                buf: BytesMut::with_capacity(req.len),
                 req,
                 done: 0,
             };
@@ -162,6 +169,9 @@ fn drive(mut ring: IoUring, rx: mpsc::Receiver<Request>) {
             } else {
                 f.done += res as usize;
                 if f.done == f.req.len {
+                    // SAFETY: the completed reads wrote all `len` bytes of the capacity
+                    // reserved at creation, in order and without gaps.
+                    unsafe { f.buf.set_len(f.req.len) };
                     let _ = f.req.reply.send(Ok(f.buf.freeze()));
                 } else if let Err(e) = push(&mut ring, id, &mut f) {
                     let _ = f.req.reply.send(Err(e));

@@ -1,0 +1,313 @@
+#!/usr/bin/env bash
+# Granary side by side with the physical ceiling here, every figure taken by granary-bench
+# in one run, pairs interleaved (A/B/A/B) so drift hits both sides alike:
+#   P1  warm GET of one 256 MiB object, 1 and 8 streams: Granary / nginx (page cache)
+#   P2  warm GET of 100 KiB objects, 32 connections, req/s: Granary / nginx
+#       + the bench's own ceiling: granary-bench / wrk, both against nginx, same URL
+#   P3  cold GET through Granary (S3 backend) / direct GET from the same S3 server (moto)
+#   P4  shuffled epochs over D = 2 x C: never-evict against LRU, hit ratio and backend bytes
+#   P6  peak RSS of the node while serving 8 x 1 GiB streams (cold, then warm)
+#
+# Usage: bench/compare.sh [--quick] [--rounds N] [--duration 5s] [--out DIR]
+# Installs what it lacks (nginx and wrk from Debian with apt-get, moto from PyPI into
+# tests/.venv), builds the release binaries, lays the same files out for every server,
+# and prints the table; OUT (default target/compare) keeps results.md, results.json and
+# every run's JSON report and SVG plot.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+
+rounds=2
+dur=5s
+out="$root/target/compare"
+quick=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) quick=1; rounds=1; dur=2s ;;
+    --rounds) rounds=$2; shift ;;
+    --duration) dur=$2; shift ;;
+    --out) out=$2; shift ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    *) echo "unknown argument: $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+# Sizes of each part (the quick mode only checks that the script works end to end).
+if [ "$quick" = 1 ]; then
+  big=64MiB; small_n=200; p3_n=4; p3_size=4MiB; p4_n=40; p6_size=64MiB
+else
+  big=256MiB; small_n=1000; p3_n=16; p3_size=16MiB; p4_n=200; p6_size=1GiB
+fi
+
+log() { printf '\n== %s\n' "$*" >&2; }
+
+# --- what the run needs -------------------------------------------------------------
+need_apt=()
+command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need_apt+=(nginx-light)
+command -v wrk >/dev/null 2>&1 || need_apt+=(wrk)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  log "installing ${need_apt[*]} (apt-get)"
+  sudo_=""; [ "$(id -u)" = 0 ] || sudo_=sudo
+  $sudo_ apt-get update -qq
+  $sudo_ apt-get install -y -qq "${need_apt[@]}" >/dev/null ||
+    $sudo_ apt-get install -y -qq nginx wrk >/dev/null
+fi
+nginx_bin=$(command -v nginx || echo /usr/sbin/nginx)
+
+venv="$root/tests/.venv"
+if [ ! -x "$venv/bin/moto_server" ]; then
+  log "installing moto into $venv"
+  [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check 'moto[server]'
+fi
+
+log "building granary and granary-bench (release)"
+cargo build --release -q -p granary-server -p granary-bench
+granary="$root/target/release/granary"
+bench="$root/target/release/granary-bench"
+
+mkdir -p "$out"
+rm -f "$out"/*.json "$out"/*.svg "$out"/*.log "$out"/results.md
+work=$(mktemp -d /tmp/granary-compare.XXXXXX)
+chmod 755 "$work"  # nginx workers run as another user
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  [ -f "$work/nginx.pid" ] && kill "$(cat "$work/nginx.pid")" 2>/dev/null || true
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_http() { # URL
+  for _ in $(seq 200); do
+    curl -s -o /dev/null "$1" && return 0
+    sleep 0.05
+  done
+  echo "nothing answered at $1" >&2; return 1
+}
+# Starts granary with extra flags; sets $g_pid and $g_url.
+start_granary() { # NAME FLAGS...
+  local name=$1; shift
+  local port; port=$(free_port)
+  "$granary" serve --listen "127.0.0.1:$port" --data-dir "$work/$name" "$@" \
+    >"$out/$name.log" 2>&1 &
+  g_pid=$!; pids+=("$g_pid")
+  g_url="http://127.0.0.1:$port"
+  wait_http "$g_url/_granary/health"
+}
+stop_granary() { kill "$g_pid"; wait "$g_pid" 2>/dev/null || true; }
+b() { # granary-bench ARGS, quiet unless it fails
+  local o
+  if ! o=$("$bench" "$@" --progress false 2>&1); then
+    printf 'granary-bench %s failed:\n%s\n' "$*" "$o" >&2
+    return 1
+  fi
+}
+
+# --- the same files for every server ----------------------------------------------
+log "laying out the data in $work/origin"
+mkdir -p "$work/origin/bench/small" "$work/origin/bench/p4" "$work/origin/bench/p6"
+python3 - "$work/origin/bench" "$big" "$small_n" "$p4_n" "$p6_size" <<'EOF'
+import os, sys
+root, big, small_n, p4_n, p6 = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+def size(s):
+    for u, m in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if s.endswith(u):
+            return int(s[: -len(u)]) * m
+    return int(s)
+def write(path, n):
+    with open(path, "wb") as f:
+        left = n
+        while left:
+            k = min(left, 8 << 20)
+            f.write(os.urandom(k))
+            left -= k
+write(f"{root}/big.bin", size(big))
+for i in range(small_n):
+    write(f"{root}/small/{i:06}", 100 << 10)
+for i in range(p4_n):
+    write(f"{root}/p4/{i:06}", 1 << 20)
+# Eight keys, one inode: the streams are distinct objects to Granary, and generating
+# them costs one file.
+write(f"{root}/p6/000000", size(p6))
+for i in range(1, 8):
+    os.link(f"{root}/p6/000000", f"{root}/p6/{i:06}")
+EOF
+
+machine="$(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), kernel $(uname -r)"
+
+# --- nginx: the page-cache ceiling --------------------------------------------------
+nginx_port=$(free_port)
+cat >"$work/nginx.conf" <<EOF
+worker_processes 2;
+pid $work/nginx.pid;
+error_log $work/nginx.err;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  sendfile on;
+  tcp_nopush on;
+  keepalive_requests 1000000;
+  server { listen 127.0.0.1:$nginx_port; root $work/origin; }
+}
+EOF
+"$nginx_bin" -c "$work/nginx.conf"
+nginx_url="http://127.0.0.1:$nginx_port"
+wait_http "$nginx_url/bench/big.bin"
+
+# --- Granary over the same directory, warmed ---------------------------------------
+start_granary g-fs --backend "fs:$work/origin"
+fs_pid=$g_pid; fs_url=$g_url
+log "warming Granary's cache and the page cache"
+b run --endpoint "$fs_url" --bucket bench --prefix big.bin --epochs 1 --workers 1
+b run --endpoint "$fs_url" --bucket bench --prefix small/ --epochs 1 --workers 8
+b run --endpoint "$nginx_url" --bucket bench --prefix small/ --objects "$small_n" --object-size 100KiB --epochs 1 --workers 8
+b get --endpoint "$nginx_url" --path /bench/big.bin --duration 1s --workers 1
+b get --endpoint "$fs_url" --path /bench/big.bin --duration 1s --workers 1
+
+# --- P1, P2 and the bench's ceiling, interleaved -----------------------------------
+for r in $(seq "$rounds"); do
+  log "round $r/$rounds: P1 (256 MiB object), P2 (100 KiB objects), bench ceiling"
+  for streams in 1 8; do
+    for side in nginx granary; do
+      url=$nginx_url; [ $side = granary ] && url=$fs_url
+      b get --endpoint "$url" --path /bench/big.bin --workers "$streams" --duration "$dur" \
+        --json "$out/p1-$streams-$side-$r.json"
+    done
+  done
+  for side in nginx granary; do
+    url=$nginx_url; [ $side = granary ] && url=$fs_url
+    b run --endpoint "$url" --bucket bench --prefix small/ --objects "$small_n" \
+      --object-size 100KiB --workers 32 --duration "$dur" --epoch-stats false \
+      --json "$out/p2-$side-$r.json" --plot "$out/p2-$side-$r.svg"
+  done
+  wrk -t2 -c32 -d"$dur" "$nginx_url/bench/small/000000" >"$out/wrk-nginx-$r.log"
+  b get --endpoint "$nginx_url" --path /bench/small/000000 --workers 32 --duration "$dur" \
+    --json "$out/ceiling-bench-$r.json"
+  wrk -t2 -c32 -d"$dur" "$fs_url/bench/small/000000" >"$out/wrk-granary-$r.log"
+done
+stop_granary
+
+# --- P3: cold reads through Granary against the S3 server itself --------------------
+log "P3: moto, $p3_n x $p3_size objects"
+moto_port=$(free_port)
+"$venv/bin/moto_server" -H 127.0.0.1 -p "$moto_port" >"$out/moto.log" 2>&1 &
+pids+=($!)
+moto_url="http://127.0.0.1:$moto_port"
+wait_http "$moto_url/"
+export AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing AWS_REGION=us-east-1 \
+  AWS_DEFAULT_REGION=us-east-1 AWS_EC2_METADATA_DISABLED=true
+b run --endpoint "$moto_url" --bucket cold --objects "$p3_n" --object-size "$p3_size" \
+  --pct-put 100 --epochs 1 --workers 4
+for r in $(seq "$rounds"); do
+  b run --endpoint "$moto_url" --bucket cold --epochs 1 --workers 4 \
+    --json "$out/p3-direct-$r.json"
+  start_granary "g-s3-$r" --backend s3 --s3-endpoint "$moto_url"
+  AWS_ACCESS_KEY_ID= AWS_SECRET_ACCESS_KEY= \
+    b run --endpoint "$g_url" --bucket cold --epochs 1 --workers 4 \
+    --json "$out/p3-granary-$r.json"
+  stop_granary
+  rm -rf "$work/g-s3-$r"
+done
+unset AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY
+
+# --- P4: never-evict against LRU, D = 2 x C ----------------------------------------
+log "P4: $p4_n x 1 MiB objects, cache of half of them, 3 shuffled epochs"
+for policy in never-evict lru; do
+  start_granary "g-$policy" --backend "fs:$work/origin" --cache-policy "$policy" \
+    --cache-capacity "$((p4_n / 2))MiB"
+  b run --endpoint "$g_url" --bucket bench --prefix p4/ --epochs 3 --workers 8 --seed 7 \
+    --json "$out/p4-$policy.json"
+  stop_granary
+done
+
+# --- P6: memory while serving 8 x 1 GiB streams ------------------------------------
+log "P6: 8 x $p6_size streams, cold then warm"
+start_granary g-p6 --backend "fs:$work/origin"
+rss_start=$(awk '/VmRSS/ {print $2}' "/proc/$g_pid/status")
+b run --endpoint "$g_url" --bucket bench --prefix p6/ --epochs 2 --workers 8 \
+  --json "$out/p6.json" --plot "$out/p6.svg"
+awk '/VmHWM|VmRSS/ {print $1, $2}' "/proc/$g_pid/status" >"$out/p6-rss.txt"
+echo "VmRSS_start: $rss_start" >>"$out/p6-rss.txt"
+stop_granary
+kill "$(cat "$work/nginx.pid")" 2>/dev/null || true
+
+# --- the table ------------------------------------------------------------------------
+python3 - "$out" "$rounds" "$machine" "$dur" "$quick" <<'EOF' | tee "$out/results.md"
+import json, re, statistics, sys
+out, rounds, machine, dur, quick = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5] == "1"
+R = range(1, rounds + 1)
+def j(name):
+    with open(f"{out}/{name}.json") as f:
+        return json.load(f)
+med = statistics.median
+rows, res = [], {"machine": machine, "rounds": rounds, "duration": dur, "quick": quick}
+
+def pair(key, label, a, b, field, unit, fmt="{:.0f}"):
+    va = [j(a.format(r=r))[field] for r in R]
+    vb = [j(b.format(r=r))[field] for r in R]
+    ratios = [x / y if y else float("nan") for x, y in zip(va, vb)]
+    res[key] = {"granary": va, "reference": vb, "ratios": ratios, "ratio": med(ratios)}
+    rows.append((label, " / ".join(fmt.format(x) for x in va) + f" {unit}",
+                 " / ".join(fmt.format(x) for x in vb) + f" {unit}",
+                 f"**{med(ratios):.2f}**"))
+
+pair("p1_1", "P1 warm GET 256 MiB, 1 stream (MB/s)", "p1-1-granary-{r}", "p1-1-nginx-{r}", "read_throughput_mb_s", "MB/s")
+pair("p1_8", "P1 warm GET 256 MiB, 8 streams (MB/s)", "p1-8-granary-{r}", "p1-8-nginx-{r}", "read_throughput_mb_s", "MB/s")
+pair("p2", "P2 warm GET 100 KiB, 32 conns (req/s)", "p2-granary-{r}", "p2-nginx-{r}", "requests_per_s", "req/s")
+pair("p3_mb", "P3 cold GET via S3 backend (MB/s)", "p3-granary-{r}", "p3-direct-{r}", "read_throughput_mb_s", "MB/s")
+ttfb_g = [j(f"p3-granary-{r}")["ttfb_us"]["p50"] / 1e3 for r in R]
+ttfb_d = [j(f"p3-direct-{r}")["ttfb_us"]["p50"] / 1e3 for r in R]
+res["p3_ttfb_ms"] = {"granary": ttfb_g, "reference": ttfb_d, "ratio": med(ttfb_g) / med(ttfb_d)}
+rows.append(("P3 cold GET, first byte p50 (ms)", " / ".join(f"{x:.1f}" for x in ttfb_g) + " ms",
+             " / ".join(f"{x:.1f}" for x in ttfb_d) + " ms", f"{med(ttfb_g) / med(ttfb_d):.2f} (lower is better)"))
+
+def wrk_rps(path):
+    m = re.search(r"Requests/sec:\s+([\d.]+)", open(path).read())
+    return float(m.group(1)) if m else float("nan")
+bench_rps = [j(f"ceiling-bench-{r}")["requests_per_s"] for r in R]
+wrk_n = [wrk_rps(f"{out}/wrk-nginx-{r}.log") for r in R]
+wrk_g = [wrk_rps(f"{out}/wrk-granary-{r}.log") for r in R]
+ceil = [x / y for x, y in zip(bench_rps, wrk_n)]
+res["bench_ceiling"] = {"bench_rps": bench_rps, "wrk_rps": wrk_n, "ratio": med(ceil), "wrk_granary_rps": wrk_g}
+rows.append(("bench ceiling: granary-bench / wrk vs nginx, 100 KiB, 32 conns (req/s)",
+             " / ".join(f"{x:.0f}" for x in bench_rps), " / ".join(f"{x:.0f}" for x in wrk_n),
+             f"**{med(ceil):.2f}**"))
+rows.append(("(wrk against Granary, same object, req/s)", " / ".join(f"{x:.0f}" for x in wrk_g),
+             "", f"{med(wrk_g) / med(wrk_n):.2f} of wrk vs nginx"))
+
+print(f"# granary-bench comparison\n\nMachine: {machine}. Rounds: {rounds} (A/B interleaved), {dur} per run.\n")
+print("| figure | Granary (each round) | reference (each round) | ratio (median) |")
+print("|---|---|---|---|")
+for r in rows:
+    print("| " + " | ".join(r) + " |")
+
+print("\nP4: shuffled epochs over D = 2 x C (same seed for both policies)\n")
+print("| policy | epoch | hit ratio | backend MB | MB/s |")
+print("|---|---|---|---|---|")
+res["p4"] = {}
+for policy in ("never-evict", "lru"):
+    rep = j(f"p4-{policy}")
+    res["p4"][policy] = []
+    for e in rep["epochs"]:
+        d = e.get("server_stats_delta") or {}
+        be = d.get("bytes_from_backend", 0) / 1e6
+        res["p4"][policy].append({"epoch": e["epoch"], "hit_ratio": e["hit_ratio"], "backend_mb": be})
+        print(f"| {policy} | {e['epoch']} | {e['hit_ratio']:.3f} | {be:.1f} | {e['throughput_mb_s']:.0f} |")
+
+rss = dict(l.split(":")[0:2] for l in open(f"{out}/p6-rss.txt").read().split("\n") if ":" in l)
+rss = {k.strip(): int(v.split()[0]) for k, v in rss.items()}
+p6 = j("p6")
+res["p6"] = {"vmhwm_kib": rss.get("VmHWM"), "rss_start_kib": rss.get("VmRSS_start"),
+             "bytes_read": p6["bytes_read"],
+             "epochs_mb_s": [e["throughput_mb_s"] for e in p6["epochs"]]}
+print(f"\nP6: 8 streams of distinct objects, {p6['bytes_read'] / 2**30:.1f} GiB served "
+      f"(epoch 1 cold at {p6['epochs'][0]['throughput_mb_s']:.0f} MB/s, epoch 2 warm at "
+      f"{p6['epochs'][-1]['throughput_mb_s']:.0f} MB/s): peak RSS (VmHWM) "
+      f"**{rss.get('VmHWM', 0) / 1024:.0f} MiB**, {rss.get('VmRSS_start', 0) / 1024:.0f} MiB at start.")
+with open(f"{out}/results.json", "w") as f:
+    json.dump(res, f, indent=2)
+EOF
