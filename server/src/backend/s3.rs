@@ -471,7 +471,7 @@ impl Backend for S3Backend {
                 // Only part of it is wanted: drop this answer (closing its connection) and
                 // read that part of the same version.
                 drop(out);
-                if r.len() == 0 {
+                if r.is_empty() {
                     let body: ByteStream = Box::pin(futures::stream::empty());
                     return Ok((GetObject { meta, body }, resolved));
                 }
