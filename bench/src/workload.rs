@@ -244,6 +244,9 @@ struct WorkerState {
 
 struct Shared {
     wl: Workload,
+    /// Each object's `/bucket/key`, encoded, and its full URI.
+    paths: Vec<String>,
+    uris: Vec<http::Uri>,
     schedule: Schedule,
     /// Random bytes for PUT bodies: the largest object plus a window to slide over, so
     /// each key gets different contents without generating bytes per request.
@@ -290,7 +293,19 @@ pub async fn run(wl: Workload) -> anyhow::Result<Measured> {
             snapshots.push(s);
         }
     }
+    let paths: Vec<String> = wl
+        .objects
+        .iter()
+        .map(|o| Target::object_path(&wl.bucket, &o.key))
+        .collect();
+    let uris = paths
+        .iter()
+        .map(|p| format!("{}{p}", wl.target.endpoint).parse::<http::Uri>())
+        .collect::<Result<Vec<_>, _>>()
+        .context("an object's URI")?;
     let shared = Arc::new(Shared {
+        paths,
+        uris,
         schedule: Schedule::new(wl.objects.len(), wl.seed, epochs),
         put_data,
         stop: AtomicBool::new(false),
@@ -522,7 +537,7 @@ async fn worker(shared: Arc<Shared>, id: u64) -> WorkerState {
                     e.bytes_written += done.bytes;
                 } else {
                     e.bytes_read += done.bytes;
-                    e.cache.count(done.cache.as_deref());
+                    e.cache.count(done.cache.as_ref().map(|v| v.as_bytes()));
                 }
                 shared.live_bytes.fetch_add(done.bytes, Ordering::Relaxed);
                 match done.verified {
@@ -550,7 +565,7 @@ async fn worker(shared: Arc<Shared>, id: u64) -> WorkerState {
 struct Done {
     bytes: u64,
     ttfb: Duration,
-    cache: Option<Vec<u8>>,
+    cache: Option<http::HeaderValue>,
     /// `Some(matched)` when the MD5 was compared with the ETag.
     verified: Option<bool>,
 }
@@ -565,9 +580,14 @@ async fn one_request(
 ) -> Result<Done, String> {
     let wl = &shared.wl;
     let obj = &wl.objects[idx];
-    let path = Target::object_path(&wl.bucket, &obj.key);
     let method = if is_put { Method::PUT } else { Method::GET };
-    let mut req = wl.target.builder(method, &path, &[]);
+    let mut req = match &wl.target.signer {
+        Some(_) => wl.target.builder(method, &shared.paths[idx], &[]),
+        // Unsigned: the URI parsed once per object, cloned per request.
+        None => http::Request::builder()
+            .method(method)
+            .uri(shared.uris[idx].clone()),
+    };
     let mut body = Bytes::new();
     let mut ranged = false;
     if is_put {
@@ -596,13 +616,11 @@ async fn one_request(
         .await
         .map_err(|_| "io".to_string())?;
     let status = resp.status();
-    let cache = resp
-        .headers()
-        .get("x-granary-cache")
-        .map(|v| v.as_bytes().to_vec());
-    let etag = resp
-        .headers()
-        .get(header::ETAG)
+    let cache = resp.headers().get("x-granary-cache").cloned();
+    let etag = wl
+        .verify
+        .then(|| resp.headers().get(header::ETAG))
+        .flatten()
         .and_then(|v| v.to_str().ok())
         .map(|s| s.trim().trim_matches('"').to_ascii_lowercase());
     let mut body = resp.into_body();

@@ -136,7 +136,7 @@ fn tune_allocator() {
         // SAFETY: mallopt only changes allocator parameters; called before any thread starts.
         unsafe {
             libc::mallopt(libc::M_MMAP_THRESHOLD, 16 << 20);
-            libc::mallopt(libc::M_TRIM_THRESHOLD, 128 << 20);
+            libc::mallopt(libc::M_TRIM_THRESHOLD, 32 << 20);
         }
     }
 }
