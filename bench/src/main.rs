@@ -274,7 +274,7 @@ async fn get(a: GetArgs) -> anyhow::Result<()> {
 async fn measure(wl: Workload, config: RunConfig, common: &Common) -> anyhow::Result<()> {
     let target = wl.target.clone();
     let before = fetch_stats(&target, true).await;
-    let m = workload::run(wl).await?;
+    let m = workload::run(wl, before.clone()).await?;
     let delta = match (&before, fetch_stats(&target, true).await) {
         (Some(b), Some(a)) => Some(stats_delta(b, &a)),
         _ => None,

@@ -198,11 +198,7 @@ impl Report {
             .iter()
             .enumerate()
             .map(|(i, e)| {
-                cache.hit += e.cache.hit;
-                cache.miss += e.cache.miss;
-                cache.peer += e.cache.peer;
-                cache.bypass += e.cache.bypass;
-                cache.none += e.cache.none;
+                cache.add(&e.cache);
                 let el = e.elapsed();
                 let rate = |b: u64| if el > 0.0 { b as f64 / el } else { 0.0 };
                 EpochReport {

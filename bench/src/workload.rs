@@ -127,7 +127,7 @@ pub struct CacheCounts {
 }
 
 impl CacheCounts {
-    fn add(&mut self, o: &CacheCounts) {
+    pub fn add(&mut self, o: &CacheCounts) {
         self.hit += o.hit;
         self.miss += o.miss;
         self.peer += o.peer;
@@ -270,8 +270,9 @@ struct Shared {
 
 const PUT_WINDOW: usize = 4096;
 
-/// Runs the workload to the end of its epochs or its duration.
-pub async fn run(wl: Workload) -> anyhow::Result<Measured> {
+/// Runs the workload to the end of its epochs or its duration. `before` is the server's
+/// counters taken just before (settled), the first of the epoch-end snapshots.
+pub async fn run(wl: Workload, before: Option<ServerStats>) -> anyhow::Result<Measured> {
     anyhow::ensure!(!wl.objects.is_empty(), "the object set is empty");
     let put_data = if wl.pct_put > 0 {
         let max = wl.objects.iter().map(|o| o.size).max().unwrap_or(0) as usize;
@@ -286,13 +287,10 @@ pub async fn run(wl: Workload) -> anyhow::Result<Measured> {
         (None, None) => Some(1),
         (e, _) => e,
     };
-    let mut snapshots = Vec::new();
-    let epoch_stats = wl.epoch_stats && wl.mode == Mode::Epochs;
-    if epoch_stats {
-        if let Some(s) = fetch_stats(&wl.target, true).await {
-            snapshots.push(s);
-        }
-    }
+    let snapshots: Vec<ServerStats> = before
+        .filter(|_| wl.epoch_stats && wl.mode == Mode::Epochs)
+        .into_iter()
+        .collect();
     let paths: Vec<String> = wl
         .objects
         .iter()
@@ -312,10 +310,10 @@ pub async fn run(wl: Workload) -> anyhow::Result<Measured> {
         completed: AtomicU64::new(0),
         released: AtomicU64::new(0),
         epoch_done: tokio::sync::Notify::new(),
-        snapshots: Mutex::new(snapshots.clone()),
+        stats_on: !snapshots.is_empty(),
+        snapshots: Mutex::new(snapshots),
         timeline: Mutex::new(Vec::new()),
         finished: tokio::sync::Notify::new(),
-        stats_on: !snapshots.is_empty(),
         live_requests: AtomicU64::new(0),
         live_bytes: AtomicU64::new(0),
         live_errors: AtomicU64::new(0),

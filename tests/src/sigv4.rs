@@ -14,24 +14,11 @@ pub fn unix_now() -> u64 {
 
 /// `YYYYMMDDTHHMMSSZ` (SigV4's `x-amz-date`) for a Unix time.
 pub fn amz_date(unix: u64) -> String {
-    let days = (unix / 86_400) as i64;
-    let secs = unix % 86_400;
-    // Days to civil date (H. Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}{month:02}{day:02}T{:02}{:02}{:02}Z",
-        secs / 3600,
-        (secs / 60) % 60,
-        secs % 60
-    )
+    let format = time::macros::format_description!("[year][month][day]T[hour][minute][second]Z");
+    time::OffsetDateTime::from_unix_timestamp(unix as i64)
+        .ok()
+        .and_then(|t| t.format(format).ok())
+        .expect("a Unix time before the year 10000")
 }
 
 /// Hex SHA-256 of `data`.

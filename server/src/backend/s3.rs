@@ -159,6 +159,49 @@ impl S3Backend {
         }
     }
 
+    /// GETs `resolved` (all of it when `None`) of the version `meta` names, pinned with
+    /// `If-Match`; `None` when that version is gone (replaced or deleted meanwhile).
+    async fn get_version(
+        &self,
+        bucket: &str,
+        key: &str,
+        meta: ObjectMeta,
+        resolved: Option<ByteRange>,
+    ) -> Result<Option<(GetObject, Option<ByteRange>)>> {
+        let (start, len) = resolved.map_or((0, meta.size), |r| (r.start, r.len()));
+        if len == 0 {
+            let body: ByteStream = Box::pin(futures::stream::empty());
+            return Ok(Some((GetObject { meta, body }, resolved)));
+        }
+        let mut req = self
+            .client
+            .get_object()
+            .bucket(bucket)
+            .key(key)
+            .if_match(format!("\"{}\"", meta.etag));
+        if resolved.is_some() {
+            req = req.range(format!("bytes={}-{}", start, start + len - 1));
+        }
+        match req.send().await {
+            Ok(out) => {
+                let got = size(out.content_length());
+                if got != len {
+                    return Err(BackendError::Unavailable(format!(
+                        "the S3 backend at {} answered {got} bytes for a read of {len}",
+                        self.location()
+                    )));
+                }
+                let body = download(out.body, len, self.location().to_owned());
+                Ok(Some((GetObject { meta, body }, resolved)))
+            }
+            Err(e) => match self.map_err(e, Target::Object(bucket, key)) {
+                BackendError::Client(s) if s.code == S3Code::PreconditionFailed => Ok(None),
+                BackendError::NoSuchKey(_) => Ok(None),
+                other => Err(other),
+            },
+        }
+    }
+
     /// A bodiless 404 of a HEAD: the key is missing, or its bucket is.
     async fn missing(&self, bucket: &str, key: &str) -> BackendError {
         match self.head_bucket(bucket).await {
@@ -195,6 +238,30 @@ impl S3Backend {
 }
 
 /// An ETag as S3 sends it (quoted), as `ObjectMeta` keeps it (bare).
+/// An object's metadata from a HeadObject or GetObject answer (two SDK types with the
+/// same accessors).
+macro_rules! object_meta {
+    ($out:expr) => {{
+        let out = &$out;
+        ObjectMeta {
+            size: size(out.content_length()),
+            etag: unquote(out.e_tag()),
+            last_modified: time(out.last_modified()),
+            headers: stored_headers(
+                [
+                    ("content-type", out.content_type()),
+                    ("cache-control", out.cache_control()),
+                    ("content-disposition", out.content_disposition()),
+                    ("content-encoding", out.content_encoding()),
+                    ("content-language", out.content_language()),
+                    ("expires", out.expires_string()),
+                ],
+                out.metadata(),
+            ),
+        }
+    }};
+}
+
 fn unquote(etag: Option<&str>) -> String {
     etag.unwrap_or("").trim().trim_matches('"').to_owned()
 }
@@ -351,23 +418,7 @@ impl Backend for S3Backend {
                 })
             }
         };
-        let headers = stored_headers(
-            [
-                ("content-type", out.content_type()),
-                ("cache-control", out.cache_control()),
-                ("content-disposition", out.content_disposition()),
-                ("content-encoding", out.content_encoding()),
-                ("content-language", out.content_language()),
-                ("expires", out.expires_string()),
-            ],
-            out.metadata(),
-        );
-        Ok(ObjectMeta {
-            size: size(out.content_length()),
-            etag: unquote(out.e_tag()),
-            last_modified: time(out.last_modified()),
-            headers,
-        })
+        Ok(object_meta!(out))
     }
 
     /// HEAD for the metadata the closure decides on, then a GET of just the bytes it
@@ -382,38 +433,8 @@ impl Backend for S3Backend {
         for _ in 0..GET_ATTEMPTS {
             let meta = self.head_object(bucket, key).await?;
             let resolved = range(&meta).map_err(BackendError::Client)?;
-            let (start, len) = resolved.map_or((0, meta.size), |r| (r.start, r.len()));
-            if len == 0 {
-                let body: ByteStream = Box::pin(futures::stream::empty());
-                return Ok((GetObject { meta, body }, resolved));
-            }
-            let mut req = self
-                .client
-                .get_object()
-                .bucket(bucket)
-                .key(key)
-                .if_match(format!("\"{}\"", meta.etag));
-            if resolved.is_some() {
-                req = req.range(format!("bytes={}-{}", start, start + len - 1));
-            }
-            match req.send().await {
-                Ok(out) => {
-                    let got = size(out.content_length());
-                    if got != len {
-                        return Err(BackendError::Unavailable(format!(
-                            "the S3 backend at {} answered {got} bytes for a read of {len}",
-                            self.location()
-                        )));
-                    }
-                    let body = download(out.body, len, self.location().to_owned());
-                    return Ok((GetObject { meta, body }, resolved));
-                }
-                Err(e) => match self.map_err(e, Target::Object(bucket, key)) {
-                    // Replaced or deleted since the HEAD: start over with the new version.
-                    BackendError::Client(s) if s.code == S3Code::PreconditionFailed => continue,
-                    BackendError::NoSuchKey(_) => continue,
-                    other => return Err(other),
-                },
+            if let Some(got) = self.get_version(bucket, key, meta, resolved).await? {
+                return Ok(got);
             }
         }
         Err(BackendError::Unavailable(format!(
@@ -449,56 +470,17 @@ impl Backend for S3Backend {
                 })
             }
         };
-        let meta = ObjectMeta {
-            size: size(out.content_length()),
-            etag: unquote(out.e_tag()),
-            last_modified: time(out.last_modified()),
-            headers: stored_headers(
-                [
-                    ("content-type", out.content_type()),
-                    ("cache-control", out.cache_control()),
-                    ("content-disposition", out.content_disposition()),
-                    ("content-encoding", out.content_encoding()),
-                    ("content-language", out.content_language()),
-                    ("expires", out.expires_string()),
-                ],
-                out.metadata(),
-            ),
-        };
+        let meta = object_meta!(out);
         let resolved = range(&meta).map_err(BackendError::Client)?;
         match resolved {
             Some(r) if !(r.start == 0 && r.end == meta.size) => {
                 // Only part of it is wanted: drop this answer (closing its connection) and
-                // read that part of the same version.
+                // read that part of the same version; if it was replaced meanwhile, the
+                // general path starts over with the new one.
                 drop(out);
-                if r.is_empty() {
-                    let body: ByteStream = Box::pin(futures::stream::empty());
-                    return Ok((GetObject { meta, body }, resolved));
-                }
-                let got = self
-                    .client
-                    .get_object()
-                    .bucket(bucket)
-                    .key(key)
-                    .if_match(format!("\"{}\"", meta.etag))
-                    .range(format!("bytes={}-{}", r.start, r.end - 1))
-                    .send()
-                    .await;
-                match got {
-                    Ok(part) => {
-                        let got = size(part.content_length());
-                        if got != r.len() {
-                            return Err(BackendError::Unavailable(format!(
-                                "the S3 backend at {} answered {got} bytes for a read of {}",
-                                self.location(),
-                                r.len()
-                            )));
-                        }
-                        let body = download(part.body, got, self.location().to_owned());
-                        Ok((GetObject { meta, body }, resolved))
-                    }
-                    // Replaced since: the general path starts over with the new version.
-                    Err(_) => self.get_object(bucket, key, range).await,
+                match self.get_version(bucket, key, meta, resolved).await? {
+                    Some(got) => Ok(got),
+                    None => self.get_object(bucket, key, range).await,
                 }
             }
             _ => {
