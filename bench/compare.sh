@@ -6,6 +6,7 @@
 #       + the bench's own ceiling: granary-bench / wrk, both against nginx, same URL
 #   P3  cold GET through Granary (S3 backend) / direct GET from the same S3 server (moto)
 #   P4  shuffled epochs over D = 2 x C: never-evict against LRU, hit ratio and backend bytes
+#   P5  3 nodes of D/3 each (one cache of D) against 1 node of D/3: backend bytes per epoch
 #   P6  peak RSS of the node while serving 8 x 1 GiB streams (cold, then warm)
 #
 # Usage: bench/compare.sh [--quick] [--rounds N] [--duration 5s] [--out DIR]
@@ -35,9 +36,9 @@ done
 
 # Sizes of each part (the quick mode only checks that the script works end to end).
 if [ "$quick" = 1 ]; then
-  big=64MiB; small_n=200; p3_n=4; p3_size=4MiB; p4_n=40; p6_size=64MiB
+  big=64MiB; small_n=200; p3_n=4; p3_size=4MiB; p4_n=40; p5_n=42; p6_size=64MiB
 else
-  big=256MiB; small_n=1000; p3_n=16; p3_size=16MiB; p4_n=200; p6_size=1GiB
+  big=256MiB; small_n=1000; p3_n=16; p3_size=16MiB; p4_n=200; p5_n=210; p6_size=1GiB
 fi
 
 log() { printf '\n== %s\n' "$*" >&2; }
@@ -109,10 +110,12 @@ b() { # granary-bench ARGS, quiet unless it fails
 
 # --- the same files for every server ----------------------------------------------
 log "laying out the data in $work/origin"
-mkdir -p "$work/origin/bench/small" "$work/origin/bench/p4" "$work/origin/bench/p6"
-python3 - "$work/origin/bench" "$big" "$small_n" "$p4_n" "$p6_size" <<'EOF'
+mkdir -p "$work/origin/bench/small" "$work/origin/bench/p4" "$work/origin/bench/p5" \
+  "$work/origin/bench/p6"
+python3 - "$work/origin/bench" "$big" "$small_n" "$p4_n" "$p6_size" "$p5_n" <<'EOF'
 import os, sys
 root, big, small_n, p4_n, p6 = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+p5_n = int(sys.argv[6])
 def size(s):
     for u, m in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if s.endswith(u):
@@ -130,6 +133,8 @@ for i in range(small_n):
     write(f"{root}/small/{i:06}", 100 << 10)
 for i in range(p4_n):
     write(f"{root}/p4/{i:06}", 1 << 20)
+for i in range(p5_n):
+    write(f"{root}/p5/shard-{i:06}.tar", 1 << 20)
 # Eight keys, one inode: the streams are distinct objects to Granary, and generating
 # them costs one file.
 write(f"{root}/p6/000000", size(p6))
@@ -224,6 +229,37 @@ for policy in never-evict lru; do
   stop_granary
 done
 
+# --- P5: a cluster of 3 nodes of D/3 each ------------------------------------------
+log "P5: $p5_n x 1 MiB objects; 3 nodes of D/3 each against 1 node of D/3; 3 epochs"
+p5_cap="$((p5_n / 3))MiB"
+ports=($(free_port) $(free_port) $(free_port))
+peers=()
+for i in 0 1 2; do peers+=(--peer "n$i=http://127.0.0.1:${ports[$i]}"); done
+p5_pids=()
+for i in 0 1 2; do
+  "$granary" serve --listen "127.0.0.1:${ports[$i]}" --data-dir "$work/p5-n$i" \
+    --backend "fs:$work/origin" --cache-capacity "$p5_cap" --node-id "n$i" "${peers[@]}" \
+    >"$out/p5-n$i.log" 2>&1 &
+  p5_pids+=($!); pids+=($!)
+done
+for i in 0 1 2; do wait_http "http://127.0.0.1:${ports[$i]}/_granary/health"; done
+for _ in $(seq 100); do  # every node sees the other two
+  up=0
+  for i in 0 1 2; do
+    up=$((up + $(curl -s "http://127.0.0.1:${ports[$i]}/_granary/cluster" | grep -o '"state":"up"' | wc -l)))
+  done
+  [ "$up" = 9 ] && break
+  sleep 0.1
+done
+b run --endpoint "http://127.0.0.1:${ports[0]}" --bucket bench --prefix p5/ --epochs 3 \
+  --workers 8 --seed 7 --json "$out/p5-cluster.json"
+for i in 0 1 2; do curl -s "http://127.0.0.1:${ports[$i]}/_granary/stats" >"$out/p5-n$i-stats.json"; done
+for p in "${p5_pids[@]}"; do kill "$p"; wait "$p" 2>/dev/null || true; done
+start_granary g-p5-single --backend "fs:$work/origin" --cache-capacity "$p5_cap"
+b run --endpoint "$g_url" --bucket bench --prefix p5/ --epochs 3 --workers 8 --seed 7 \
+  --json "$out/p5-single.json"
+stop_granary
+
 # --- P6: memory while serving 8 x 1 GiB streams ------------------------------------
 log "P6: 8 x $p6_size streams, cold then warm"
 start_granary g-p6 --backend "fs:$work/origin"
@@ -297,6 +333,31 @@ for policy in ("never-evict", "lru"):
         be = d.get("bytes_from_backend", 0) / 1e6
         res["p4"][policy].append({"epoch": e["epoch"], "hit_ratio": e["hit_ratio"], "backend_mb": be})
         print(f"| {policy} | {e['epoch']} | {e['hit_ratio']:.3f} | {be:.1f} | {e['throughput_mb_s']:.0f} |")
+
+print("\nP5: 3 nodes of D/3 each (one cache of D) against 1 node of D/3, 3 shuffled epochs\n")
+print("| setup | epoch | hits | from peers | backend MB | peer MB | MB/s |")
+print("|---|---|---|---|---|---|---|")
+res["p5"] = {}
+for setup in ("cluster", "single"):
+    rep = j(f"p5-{setup}")
+    res["p5"][setup] = []
+    for e in rep["epochs"]:
+        d = e.get("server_stats_delta") or {}
+        be = d.get("bytes_from_backend", 0) / 1e6
+        pe = d.get("bytes_from_peers", 0) / 1e6
+        c = e.get("cache") or {}
+        n = sum(c.get(k, 0) for k in ("hit", "miss", "peer", "bypass")) or 1
+        res["p5"][setup].append({"epoch": e["epoch"], "hit": c.get("hit", 0) / n,
+                                 "peer": c.get("peer", 0) / n, "backend_mb": be, "peer_mb": pe})
+        print(f"| {'3 nodes' if setup == 'cluster' else '1 node'} | {e['epoch']} | "
+              f"{c.get('hit', 0) / n:.3f} | {c.get('peer', 0) / n:.3f} | {be:.1f} | {pe:.1f} | "
+              f"{e['throughput_mb_s']:.0f} |")
+objs = []
+for i in range(3):
+    with open(f"{out}/p5-n{i}-stats.json") as f:
+        objs.append(json.load(f)["objects"])
+res["p5"]["objects_per_node"] = objs
+print(f"\nObjects cached per node: {objs}")
 
 rss = dict(l.split(":")[0:2] for l in open(f"{out}/p6-rss.txt").read().split("\n") if ":" in l)
 rss = {k.strip(): int(v.split()[0]) for k, v in rss.items()}

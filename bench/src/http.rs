@@ -110,6 +110,23 @@ impl Target {
         Ok((status, String::from_utf8_lossy(&body).into_owned()))
     }
 
+    /// An unsigned GET of a native JSON route on another node (`url` is the node's base).
+    pub async fn json_at(&self, url: &str, path: &str) -> anyhow::Result<serde_json::Value> {
+        let req = Request::get(format!("{}{path}", url.trim_end_matches('/')))
+            .body(Full::new(Bytes::new()))?;
+        let resp = self
+            .client
+            .request(req)
+            .await
+            .with_context(|| format!("GET {url}{path}"))?;
+        let status = resp.status();
+        let body = resp.into_body().collect().await?.to_bytes();
+        if !status.is_success() {
+            anyhow::bail!("GET {url}{path}: {status}");
+        }
+        Ok(serde_json::from_slice(&body)?)
+    }
+
     /// Lists `bucket` under `prefix` with ListObjectsV2, following continuation tokens.
     pub async fn list_objects(&self, bucket: &str, prefix: &str) -> anyhow::Result<Vec<Object>> {
         let path = format!("/{}", encode(bucket, false));

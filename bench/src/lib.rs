@@ -8,11 +8,13 @@
 //! - [`stall`]: the data-stall analysis for a group of GPUs.
 //! - [`sigv4`]: SigV4 signing for S3 servers that refuse anonymous requests.
 //! - [`plot`]: the `--plot` SVG.
+//! - [`ringsim`]: `granary-bench ring`, key placement over simulated clusters.
 
 pub mod http;
 pub mod listing;
 pub mod plot;
 pub mod report;
+pub mod ringsim;
 pub mod sigv4;
 pub mod size;
 pub mod stall;

@@ -38,6 +38,33 @@ enum Command {
     Run(RunArgs),
     /// GET one object over and over and report MB/s, req/s and latency.
     Get(GetArgs),
+    /// Simulate key placement over 10 to 1000 nodes with the node's own ring: load
+    /// spread and the keys moved by a join and by a leave (no server needed).
+    Ring(RingArgs),
+}
+
+#[derive(Args)]
+struct RingArgs {
+    /// Cluster sizes to simulate.
+    #[arg(long, value_delimiter = ',', default_value = "10,100,1000")]
+    nodes: Vec<usize>,
+    /// Keys placed per simulation (`10M`, `100k`).
+    #[arg(long, default_value = "10M", value_parser = parse_size)]
+    keys: u64,
+    /// Node weights: uniform, mixed (1, 2 and 4 TiB disks in turn); both by default.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "uniform,mixed"
+    )]
+    weights: Vec<granary_bench::ringsim::Weights>,
+    /// Threads to place keys on [default: all cores].
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Print the rows as JSON instead of a table.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -148,6 +175,7 @@ fn main() -> anyhow::Result<()> {
     let threads = match &cli.command {
         Command::Run(a) => a.common.threads,
         Command::Get(a) => a.common.threads,
+        Command::Ring(a) => return ring(a),
     };
     let mut rt = tokio::runtime::Builder::new_multi_thread();
     if let Some(t) = threads {
@@ -158,8 +186,43 @@ fn main() -> anyhow::Result<()> {
         match cli.command {
             Command::Run(a) => run(a).await,
             Command::Get(a) => get(a).await,
+            Command::Ring(_) => unreachable!("handled before the runtime starts"),
         }
     })
+}
+
+fn ring(a: &RingArgs) -> anyhow::Result<()> {
+    use granary_bench::ringsim;
+    let threads = a.threads.unwrap_or_else(|| {
+        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+    });
+    if a.keys == 0 {
+        anyhow::bail!("--keys must be at least 1");
+    }
+    let mut rows = Vec::new();
+    for &n in &a.nodes {
+        if n < 2 {
+            anyhow::bail!("--nodes {n}: a join and a leave need at least 2 nodes");
+        }
+        for &w in &a.weights {
+            let row = ringsim::simulate(n, w, a.keys, threads);
+            if !a.json {
+                eprintln!(
+                    "{n} nodes, {w:?}: spread {:.3}, join moved {:.3}%, leave moved {:.3}%",
+                    row.spread_max,
+                    row.join_moved * 100.0,
+                    row.leave_moved * 100.0
+                );
+            }
+            rows.push(row);
+        }
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+    } else {
+        print!("{}", ringsim::table(&rows));
+    }
+    Ok(())
 }
 
 fn target(c: &Common) -> anyhow::Result<Target> {

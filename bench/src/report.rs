@@ -380,16 +380,51 @@ impl Report {
 /// `settle`, waits (up to 10 s) until no cache fill is in flight (`reserved_bytes` 0),
 /// so the snapshot includes the fills of the requests already answered.
 pub async fn fetch_stats(target: &Target, settle: bool) -> Option<ServerStats> {
+    // A cluster: the counters of every member that is up, summed, so backend and peer
+    // bytes are the cluster's whatever node the requests landed on.
+    let members: Vec<String> = match target.json_at(&target.endpoint, "/_granary/cluster").await {
+        Ok(v) => v["members"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter(|m| m["state"] == "up")
+                    .filter_map(|m| m["url"].as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default(),
+        Err(_) => Vec::new(),
+    };
+    if members.len() > 1 {
+        let mut sum = ServerStats::new();
+        for url in &members {
+            let one = node_stats(target, Some(url), settle).await?;
+            for (k, v) in one {
+                *sum.entry(k).or_insert(0) += v;
+            }
+        }
+        return Some(sum);
+    }
+    node_stats(target, None, settle).await
+}
+
+/// One node's counters (`url`, or the target's endpoint), after its fills commit when
+/// `settle`.
+async fn node_stats(target: &Target, url: Option<&str>, settle: bool) -> Option<ServerStats> {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
-        let (status, body) = target
-            .text(http::Method::GET, "/_granary/stats", &[])
-            .await
-            .ok()?;
-        if !status.is_success() {
-            return None;
-        }
-        let v: serde_json::Value = serde_json::from_str(&body).ok()?;
+        let v: serde_json::Value = match url {
+            Some(u) => target.json_at(u, "/_granary/stats").await.ok()?,
+            None => {
+                let (status, body) = target
+                    .text(http::Method::GET, "/_granary/stats", &[])
+                    .await
+                    .ok()?;
+                if !status.is_success() {
+                    return None;
+                }
+                serde_json::from_str(&body).ok()?
+            }
+        };
         let busy = v
             .get("reserved_bytes")
             .and_then(|r| r.as_i64())

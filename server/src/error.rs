@@ -222,7 +222,7 @@ impl From<BackendError> for S3Error {
             B::BadDigest(_) => S3Code::BadDigest,
             B::Client(err) => return err.clone(),
             B::Io(_) => S3Code::InternalError,
-            B::Unavailable(_) => S3Code::ServiceUnavailable,
+            B::Unavailable(_) | B::NotAdmitted(_) => S3Code::ServiceUnavailable,
         };
         if matches!(code, S3Code::InternalError | S3Code::ServiceUnavailable) {
             tracing::error!(error = %e, "backend failure");

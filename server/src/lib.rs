@@ -6,6 +6,7 @@
 pub mod api;
 pub mod backend;
 pub mod cache;
+pub mod cluster;
 pub mod config;
 pub mod error;
 pub mod io;
@@ -42,12 +43,6 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     if config.tls_cert.is_some() {
         anyhow::bail!("this build of granary serves plain HTTP only; TLS is a later release");
     }
-    if !config.peer.is_empty() {
-        tracing::warn!(
-            peers = config.peer.len(),
-            "this build runs a single node: cluster membership (--peer, --route) is ignored"
-        );
-    }
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("cannot create the data dir {}", config.data_dir.display()))?;
     let backend = open_backend(&config).await?;
@@ -75,9 +70,25 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         stats.clone(),
     )
     .with_context(|| format!("cannot open the cache at {}", cache_dir.display()))?;
+    let cluster = Arc::new(cluster::Cluster::new(
+        &config,
+        &config.node_id(),
+        capacity,
+        stats.clone(),
+    )?);
+    let cache = Arc::new(cache);
+    if !cluster.is_single() {
+        cache.set_peers(cluster.clone());
+        tracing::info!(
+            members = cluster.members().len(),
+            route = ?config.route,
+            "cluster member"
+        );
+    }
+    cluster::membership::spawn(cluster.clone());
     let listen = config.listen;
     let unix = config.listen_unix.clone();
-    let state = Arc::new(api::AppState::new(config, backend, Arc::new(cache), stats));
+    let state = Arc::new(api::AppState::new(config, backend, cache, stats, cluster));
     let app = api::router(state.clone());
 
     let listener = tokio::net::TcpListener::bind(listen)

@@ -62,6 +62,14 @@ pub struct Stats {
     pub bytes_received: AtomicU64,
     pub bytes_from_backend: AtomicU64,
     pub bytes_from_peers: AtomicU64,
+    /// Bytes of committed copies sent to peers filling from this node.
+    pub bytes_to_peers: AtomicU64,
+    /// Peer-fill requests answered from this node's cache.
+    pub peer_serves: AtomicU64,
+    /// Client requests forwarded to the key's owner.
+    pub proxied: AtomicU64,
+    /// Client requests answered `307` to the key's owner.
+    pub redirects: AtomicU64,
 }
 
 /// A point-in-time copy of the counters.
@@ -77,6 +85,10 @@ pub struct Snapshot {
     pub bytes_received: u64,
     pub bytes_from_backend: u64,
     pub bytes_from_peers: u64,
+    pub bytes_to_peers: u64,
+    pub peer_serves: u64,
+    pub proxied: u64,
+    pub redirects: u64,
 }
 
 impl Stats {
@@ -93,6 +105,10 @@ impl Stats {
             bytes_received: r(&self.bytes_received),
             bytes_from_backend: r(&self.bytes_from_backend),
             bytes_from_peers: r(&self.bytes_from_peers),
+            bytes_to_peers: r(&self.bytes_to_peers),
+            peer_serves: r(&self.peer_serves),
+            proxied: r(&self.proxied),
+            redirects: r(&self.redirects),
         }
     }
 }

@@ -16,6 +16,8 @@ use tracing::{field::Empty, Instrument, Span};
 
 use crate::backend::Backend;
 use crate::cache::Cache;
+use crate::cluster::route::{self, Routed};
+use crate::cluster::Cluster;
 use crate::config::Config;
 use crate::error::{S3Code, S3Error};
 use crate::stats::Stats;
@@ -32,6 +34,7 @@ pub struct AppState {
     pub cache: Arc<Cache>,
     pub creds: Option<Credentials>,
     pub stats: Arc<Stats>,
+    pub cluster: Arc<Cluster>,
 }
 
 impl AppState {
@@ -40,6 +43,7 @@ impl AppState {
         backend: Arc<dyn Backend>,
         cache: Arc<Cache>,
         stats: Arc<Stats>,
+        cluster: Arc<Cluster>,
     ) -> AppState {
         let creds = match (&config.access_key, &config.secret_key) {
             (Some(a), Some(s)) => Some(Credentials {
@@ -54,8 +58,14 @@ impl AppState {
             backend,
             cache,
             stats,
+            cluster,
             config,
         }
+    }
+
+    /// Objects were written or deleted through this node: peers drop their copies.
+    pub fn changed(&self, objects: Vec<(String, String)>) {
+        self.cluster.invalidate_elsewhere(objects);
     }
 }
 
@@ -101,6 +111,10 @@ async fn entry(State(state): State<Arc<AppState>>, req: Request) -> Response {
         if req.uri().path().starts_with("/_granary/") || req.uri().path() == "/_granary" {
             native::handle(&state, req).await
         } else {
+            let req = match route::route(&state, req).await {
+                Routed::Local(req) => req,
+                Routed::Answered(resp) => return resp,
+            };
             match s3::handle(&state, req).await {
                 Ok(r) => r,
                 Err(e) => e.into_response(),

@@ -8,7 +8,7 @@ use axum::response::{IntoResponse, Response};
 use http::{header, HeaderValue, Method, StatusCode};
 use serde_json::json;
 
-use super::AppState;
+use super::{s3, AppState};
 use crate::error::{S3Code, S3Error};
 
 pub async fn handle(state: &AppState, req: Request) -> Response {
@@ -16,10 +16,35 @@ pub async fn handle(state: &AppState, req: Request) -> Response {
     tracing::Span::current().record("op", path);
     let get = req.method() == Method::GET || req.method() == Method::HEAD;
     match (path, get) {
-        ("/_granary/health", true) => json_response(json!({
-            "status": "ok",
-            "node_id": state.node_id,
-        })),
+        ("/_granary/health", true) => {
+            let u = state.cache.usage();
+            json_response(json!({
+                "status": "ok",
+                "node_id": state.node_id,
+                "capacity_bytes": u.capacity,
+                "free_bytes": u.capacity.saturating_sub(u.used + u.reserved),
+                "admitting": !state.cache.refusing(),
+            }))
+        }
+        ("/_granary/cluster", true) => {
+            let q = s3::auth::query_pairs(req.uri().query().unwrap_or(""));
+            let arg = |n: &str| q.iter().find(|(k, _)| k == n).map(|(_, v)| v.as_str());
+            match (arg("bucket"), arg("key")) {
+                (Some(b), Some(k)) => json_response(state.cluster.view(Some((b, k)))),
+                (None, None) => json_response(state.cluster.view(None)),
+                _ => S3Error::new(
+                    S3Code::InvalidArgument,
+                    "give both bucket= and key= to ask for an owner",
+                )
+                .into_response(),
+            }
+        }
+        ("/_granary/invalidate", false) if req.method() == Method::POST => {
+            match invalidate(state, req).await {
+                Ok(r) => r,
+                Err(e) => e.into_response(),
+            }
+        }
         ("/_granary/stats", true) => json_response(stats_json(state)),
         ("/_granary/metrics", true) => {
             let mut resp = Response::new(Body::from(metrics_text(state)));
@@ -29,14 +54,46 @@ pub async fn handle(state: &AppState, req: Request) -> Response {
             );
             resp
         }
-        ("/_granary/health" | "/_granary/stats" | "/_granary/metrics", false) => {
-            S3Error::new(S3Code::MethodNotAllowed, "use GET").into_response()
-        }
+        (
+            "/_granary/health" | "/_granary/stats" | "/_granary/metrics" | "/_granary/cluster",
+            false,
+        ) => S3Error::new(S3Code::MethodNotAllowed, "use GET").into_response(),
         _ => S3Error::new(S3Code::NotFound, format!("no native route {path}"))
             .with_resource(path.to_owned())
             .into_response(),
     }
 }
+
+/// `POST /_granary/invalidate` (from a peer): drops this node's copies of the objects
+/// listed, `[{"bucket":…,"key":…}]`, written or deleted through another node.
+async fn invalidate(state: &AppState, req: Request) -> Result<Response, S3Error> {
+    let (parts, body) = req.into_parts();
+    if let Some(creds) = &state.creds {
+        let value = parts
+            .headers
+            .get(s3::auth::PEER_AUTH)
+            .and_then(|v| v.to_str().ok())
+            .ok_or_else(|| S3Error::new(S3Code::AccessDenied, "only peers may invalidate"))?;
+        s3::auth::check_peer_auth(creds, &parts, value)?;
+    }
+    let body = axum::body::to_bytes(body, MAX_INVALIDATE_BODY)
+        .await
+        .map_err(|_| S3Error::new(S3Code::EntityTooLarge, "the list is too large"))?;
+    #[derive(serde::Deserialize)]
+    struct Item {
+        bucket: String,
+        key: String,
+    }
+    let items: Vec<Item> = serde_json::from_slice(&body)
+        .map_err(|e| S3Error::new(S3Code::MalformedXML, format!("bad JSON: {e}")))?;
+    for it in &items {
+        state.cache.invalidate(&it.bucket, &it.key);
+    }
+    Ok(json_response(json!({"invalidated": items.len()})))
+}
+
+/// 1,000 keys of 1 KiB and their buckets, with room to spare.
+const MAX_INVALIDATE_BODY: usize = 4 << 20;
 
 fn json_response(v: serde_json::Value) -> Response {
     let mut resp = (StatusCode::OK, v.to_string()).into_response();
@@ -66,6 +123,10 @@ fn stats_json(state: &AppState) -> serde_json::Value {
         "bytes_received": s.bytes_received,
         "bytes_from_backend": s.bytes_from_backend,
         "bytes_from_peers": s.bytes_from_peers,
+        "bytes_to_peers": s.bytes_to_peers,
+        "peer_serves": s.peer_serves,
+        "proxied": s.proxied,
+        "redirects": s.redirects,
         "requests": s.requests,
         "errors": s.errors,
     })
@@ -121,6 +182,21 @@ fn metrics_text(state: &AppState) -> String {
             "peer_bytes_total",
             "bytes read from peers",
             s.bytes_from_peers,
+        ),
+        (
+            "peer_bytes_sent_total",
+            "bytes of cached objects sent to peers filling from this node",
+            s.bytes_to_peers,
+        ),
+        (
+            "proxied_total",
+            "requests forwarded to the key's owner",
+            s.proxied,
+        ),
+        (
+            "redirects_total",
+            "requests answered 307 to the key's owner",
+            s.redirects,
         ),
     ];
     for (name, help, v) in counters {

@@ -57,6 +57,10 @@ pub enum BackendError {
     /// after the client library's retries: the store's side; a later retry may help.
     #[error("backend unavailable: {0}")]
     Unavailable(String),
+    /// The cache could not admit the object and the caller asked to be told rather than
+    /// be served through (it leaves the object to another node).
+    #[error("the object ({0} bytes) was not admitted to this node's cache")]
+    NotAdmitted(u64),
 }
 
 impl BackendError {

@@ -57,6 +57,8 @@ pub struct Fill {
     pub file: std::sync::OnceLock<Arc<File>>,
     /// Set when the object was overwritten or deleted while filling: do not commit.
     pub stale: AtomicBool,
+    /// Set when the bytes come from a peer rather than the backend.
+    pub from_peer: AtomicBool,
 }
 
 impl Fill {
@@ -71,6 +73,7 @@ impl Fill {
             state: tx,
             file: std::sync::OnceLock::new(),
             stale: AtomicBool::new(false),
+            from_peer: AtomicBool::new(false),
         })
     }
 
@@ -239,4 +242,27 @@ pub fn far_ahead(st: &FillState, start: u64) -> bool {
 /// Ordering helper for the stale flag.
 pub fn is_stale(fill: &Fill) -> bool {
     fill.stale.load(Ordering::Acquire)
+}
+
+/// The bytes `start..end` of a stream that begins at offset 0.
+pub fn slice(body: ByteStream, start: u64, end: u64) -> ByteStream {
+    let stream = async_stream::try_stream! {
+        let mut body = body;
+        let mut at = 0u64;
+        while at < end {
+            let Some(chunk) = futures::StreamExt::next(&mut body).await else {
+                Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the body ended early"))?;
+                break;
+            };
+            let chunk = chunk?;
+            let len = chunk.len() as u64;
+            let lo = start.saturating_sub(at).min(len);
+            let hi = end.saturating_sub(at).min(len);
+            if lo < hi {
+                yield chunk.slice(lo as usize..hi as usize);
+            }
+            at += len;
+        }
+    };
+    Box::pin(stream)
 }

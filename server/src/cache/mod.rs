@@ -19,7 +19,9 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use futures::StreamExt;
 
-use crate::backend::{Backend, BackendError, ByteRange, ByteStream, ObjectMeta, RangeFn};
+use crate::backend::{
+    Backend, BackendError, ByteRange, ByteStream, GetObject, ObjectMeta, RangeFn,
+};
 use crate::config::CachePolicy;
 use crate::error::S3Error;
 use crate::io::ReadEngine;
@@ -49,6 +51,20 @@ impl Source {
     }
 }
 
+/// Other nodes that may hold a committed copy of an object (the cluster).
+#[async_trait::async_trait]
+pub trait Peers: Send + Sync {
+    /// A peer's committed copy: its metadata and the whole body.
+    async fn peer_copy(&self, bucket: &str, key: &str) -> Option<(ObjectMeta, ByteStream)>;
+}
+
+#[async_trait::async_trait]
+impl Peers for crate::cluster::Cluster {
+    async fn peer_copy(&self, bucket: &str, key: &str) -> Option<(ObjectMeta, ByteStream)> {
+        crate::cluster::Cluster::peer_copy(self, bucket, key).await
+    }
+}
+
 /// An object read: metadata, the bytes of the resolved range, and their source.
 pub struct Read {
     pub meta: ObjectMeta,
@@ -71,6 +87,11 @@ pub struct Cache {
     hot: moka::sync::Cache<String, (Arc<Entry>, Bytes)>,
     /// Writes through this node in progress, per key (locked only under the fills lock).
     writes: Mutex<write::Writes>,
+    /// Where a miss looks before the backend.
+    peers: std::sync::OnceLock<Arc<dyn Peers>>,
+    /// Set when never-evict refuses an object for want of room; cleared when an entry
+    /// is removed.
+    refusing: AtomicBool,
 }
 
 /// Entries up to this size are kept in memory once read whole.
@@ -135,7 +156,14 @@ impl Cache {
                 .weigher(|_, (_, b): &(Arc<Entry>, Bytes)| b.len().try_into().unwrap_or(u32::MAX))
                 .build(),
             writes: Mutex::new(write::Writes::default()),
+            peers: std::sync::OnceLock::new(),
+            refusing: AtomicBool::new(false),
         })
+    }
+
+    /// Lets misses fill from peers that hold the object before the backend.
+    pub fn set_peers(&self, peers: Arc<dyn Peers>) {
+        let _ = self.peers.set(peers);
     }
 
     pub fn policy(&self) -> CachePolicy {
@@ -181,32 +209,40 @@ impl Cache {
         key: &str,
         range: &RangeFn<'_>,
     ) -> Result<Read, BackendError> {
+        self.read(backend, bucket, key, range, false).await
+    }
+
+    /// [`Cache::get`], but a miss this node cannot admit (and no peer holds) fails
+    /// with [`BackendError::NotAdmitted`] (with the object's size, when known) before any byte is read from the backend, so
+    /// that the caller can leave the object to a node with room.
+    pub async fn get_or_spill(
+        self: &Arc<Self>,
+        backend: &Arc<dyn Backend>,
+        bucket: &str,
+        key: &str,
+        range: &RangeFn<'_>,
+    ) -> Result<Read, BackendError> {
+        self.read(backend, bucket, key, range, true).await
+    }
+
+    /// True once a never-evict cache has refused an object for want of room (until an
+    /// entry is removed).
+    pub fn refusing(&self) -> bool {
+        self.refusing.load(Ordering::Acquire)
+    }
+
+    async fn read(
+        self: &Arc<Self>,
+        backend: &Arc<dyn Backend>,
+        bucket: &str,
+        key: &str,
+        range: &RangeFn<'_>,
+        spill: bool,
+    ) -> Result<Read, BackendError> {
         let ikey = index::key_of(bucket, key);
-        // Bound first: the index lock is not held while the read is set up.
-        let cached = self.lock_index().get(&ikey);
-        if let Some(entry) = cached {
-            let resolved = range(&entry.meta).map_err(BackendError::Client)?;
+        if let Some(read) = self.committed(&ikey, range)? {
             self.stats.hits.fetch_add(1, Ordering::Relaxed);
-            let hot = self
-                .hot
-                .get(&ikey)
-                .filter(|(e, _)| Arc::ptr_eq(e, &entry))
-                .map(|(_, b)| b);
-            let body = match hot {
-                Some(bytes) => {
-                    let (a, b) =
-                        resolved.map_or((0, bytes.len()), |r| (r.start as usize, r.end as usize));
-                    let piece = bytes.slice(a..b);
-                    Box::pin(futures::stream::once(async move { Ok(piece) })) as ByteStream
-                }
-                None => self.clone().hit_stream(ikey, entry.clone(), resolved),
-            };
-            return Ok(Read {
-                meta: entry.meta.clone(),
-                range: resolved,
-                body,
-                source: Source::Hit,
-            });
+            return Ok(read);
         }
         // Join a fill in progress, or lead a new one.
         let (fill, leader) = {
@@ -227,7 +263,7 @@ impl Cache {
             }
         };
         if leader {
-            return self.lead(backend, bucket, key, ikey, fill, range).await;
+            return self.lead(backend, bucket, key, fill, range, spill).await;
         }
         let st = fill.started().await;
         if st.phase == Phase::Filling || st.phase == Phase::Done {
@@ -235,18 +271,88 @@ impl Cache {
             let resolved = range(&meta).map_err(BackendError::Client)?;
             let start = resolved.map_or(0, |r| r.start);
             if !fill::far_ahead(&st, start) {
-                self.stats.misses.fetch_add(1, Ordering::Relaxed);
+                let source = if fill.from_peer.load(Ordering::Acquire) {
+                    self.stats.peer_fills.fetch_add(1, Ordering::Relaxed);
+                    Source::Peer
+                } else {
+                    self.stats.misses.fetch_add(1, Ordering::Relaxed);
+                    Source::Miss
+                };
                 let end = resolved.map_or(meta.size, |r| r.end);
                 return Ok(Read {
                     meta,
                     range: resolved,
                     body: fill::follow(fill, self.engine.clone(), start, end),
-                    source: Source::Miss,
+                    source,
                 });
             }
         }
         // The fill is of no use to this reader: read the backend directly.
         self.bypass(backend, bucket, key, range).await
+    }
+
+    /// Reads an object only if this node holds a committed copy (a peer filling from
+    /// this node): `None` otherwise, never a fill.
+    pub fn get_committed(
+        self: &Arc<Self>,
+        bucket: &str,
+        key: &str,
+        range: &RangeFn<'_>,
+    ) -> Result<Option<Read>, BackendError> {
+        self.committed(&index::key_of(bucket, key), range)
+    }
+
+    fn committed(
+        self: &Arc<Self>,
+        ikey: &str,
+        range: &RangeFn<'_>,
+    ) -> Result<Option<Read>, BackendError> {
+        // Bound first: the index lock is not held while the read is set up.
+        let cached = self.lock_index().get(ikey);
+        let Some(entry) = cached else {
+            return Ok(None);
+        };
+        let resolved = range(&entry.meta).map_err(BackendError::Client)?;
+        let hot = self
+            .hot
+            .get(ikey)
+            .filter(|(e, _)| Arc::ptr_eq(e, &entry))
+            .map(|(_, b)| b);
+        let body = match hot {
+            Some(bytes) => {
+                let (a, b) =
+                    resolved.map_or((0, bytes.len()), |r| (r.start as usize, r.end as usize));
+                let piece = bytes.slice(a..b);
+                Box::pin(futures::stream::once(async move { Ok(piece) })) as ByteStream
+            }
+            None => self
+                .clone()
+                .hit_stream(ikey.to_owned(), entry.clone(), resolved),
+        };
+        Ok(Some(Read {
+            meta: entry.meta.clone(),
+            range: resolved,
+            body,
+            source: Source::Hit,
+        }))
+    }
+
+    /// A peer's copy of the object, if one holds the version the backend has now (a
+    /// peer may hold a version written before it last heard of a change).
+    async fn peer_copy(
+        &self,
+        backend: &Arc<dyn Backend>,
+        bucket: &str,
+        key: &str,
+    ) -> Option<GetObject> {
+        let peers = self.peers.get()?;
+        let (meta, body) = peers.peer_copy(bucket, key).await?;
+        match backend.head_object(bucket, key).await {
+            Ok(now) if now.etag == meta.etag && now.size == meta.size => {
+                Some(GetObject { meta: now, body })
+            }
+            _ => None,
+        }
     }
 
     async fn bypass(
@@ -283,31 +389,65 @@ impl Cache {
         backend: &Arc<dyn Backend>,
         bucket: &str,
         key: &str,
-        ikey: String,
         fill: Arc<Fill>,
         range: &RangeFn<'_>,
+        spill: bool,
     ) -> Result<Read, BackendError> {
+        let ikey = index::key_of(bucket, key);
         // Decide admission inside the backend call, once the size is known: admitted
-        // fetches the whole object, not admitted fetches only the client's range.
+        // fetches the whole object, not admitted fetches only the client's range. With
+        // `spill`, an object this node cannot admit is left to another node (the caller
+        // forwards the request there): the decision stops the backend read.
         let decision: Mutex<Option<(ObjectMeta, Option<ByteRange>, bool)>> = Mutex::new(None);
-        let decide = |meta: &ObjectMeta| -> Result<Option<ByteRange>, S3Error> {
+        let decide_with = |meta: &ObjectMeta, spill: bool| -> Result<Option<ByteRange>, S3Error> {
             let client = range(meta)?;
             let admitted = self.reserve(meta.size);
             *decision.lock().unwrap_or_else(|p| p.into_inner()) =
                 Some((meta.clone(), client, admitted));
+            if !admitted && spill {
+                return Err(S3Error::new(
+                    crate::error::S3Code::ServiceUnavailable,
+                    "not admitted here; left to another node",
+                ));
+            }
             Ok(if admitted { None } else { client })
         };
-        let got = backend.get_object_whole_likely(bucket, key, &decide).await;
-        let decided = decision.lock().unwrap_or_else(|p| p.into_inner()).take();
         let abandon = |cache: &Cache| {
             cache.lock_fills().remove(&ikey);
             fill.set_phase(Phase::Abandoned);
         };
+        // A peer's copy first: the previous owner after a membership change, or the node
+        // an object this one could not admit was left to.
+        let mut origin = Source::Miss;
+        let got = match self.peer_copy(backend, bucket, key).await {
+            Some(obj) => {
+                origin = Source::Peer;
+                decide_with(&obj.meta, false)
+                    .map(|_| (obj, None))
+                    .map_err(BackendError::Client)
+            }
+            None if spill && self.refusing.load(Ordering::Acquire) => {
+                abandon(self);
+                // The size is not known yet: any node with room may take it.
+                return Err(BackendError::NotAdmitted(0));
+            }
+            None => {
+                backend
+                    .get_object_whole_likely(bucket, key, &|m| decide_with(m, spill))
+                    .await
+            }
+        };
+        let decided = decision.lock().unwrap_or_else(|p| p.into_inner()).take();
         let (obj, _) = match got {
             Ok(v) => v,
             Err(e) => {
-                if let Some((meta, _, true)) = &decided {
-                    self.lock_index().release(meta.size);
+                match &decided {
+                    Some((meta, _, true)) => self.lock_index().release(meta.size),
+                    Some((meta, _, false)) if spill && origin == Source::Miss => {
+                        abandon(self);
+                        return Err(BackendError::NotAdmitted(meta.size));
+                    }
+                    _ => {}
                 }
                 abandon(self);
                 return Err(e);
@@ -316,6 +456,26 @@ impl Cache {
         let (meta, client, admitted) = decided.expect("get_object consulted the range");
         if !admitted {
             abandon(self);
+            if origin == Source::Peer {
+                // The peer sends the whole object; this reader gets its range of it.
+                self.stats.peer_fills.fetch_add(1, Ordering::Relaxed);
+                let (start, end) = client.map_or((0, meta.size), |r| (r.start, r.end));
+                let stats = self.stats.clone();
+                let body = fill::slice(obj.body, start, end).map(move |item| {
+                    if let Ok(b) = &item {
+                        stats
+                            .bytes_from_peers
+                            .fetch_add(b.len() as u64, Ordering::Relaxed);
+                    }
+                    item
+                });
+                return Ok(Read {
+                    meta,
+                    range: client,
+                    body: Box::pin(body),
+                    source: Source::Peer,
+                });
+            }
             self.stats.bypasses.fetch_add(1, Ordering::Relaxed);
             return Ok(Read {
                 meta: obj.meta,
@@ -343,7 +503,12 @@ impl Cache {
             s.meta = Some(meta.clone());
             s.phase = Phase::Filling;
         });
-        self.stats.misses.fetch_add(1, Ordering::Relaxed);
+        if origin == Source::Peer {
+            self.stats.peer_fills.fetch_add(1, Ordering::Relaxed);
+            fill.from_peer.store(true, Ordering::Release);
+        } else {
+            self.stats.misses.fetch_add(1, Ordering::Relaxed);
+        }
         let commit = fill::Commit {
             bucket: bucket.to_owned(),
             key: key.to_owned(),
@@ -355,7 +520,12 @@ impl Cache {
         let stats = self.stats.clone();
         tokio::spawn(async move {
             let on_bytes = move |n: u64| {
-                stats.bytes_from_backend.fetch_add(n, Ordering::Relaxed);
+                let counter = if origin == Source::Peer {
+                    &stats.bytes_from_peers
+                } else {
+                    &stats.bytes_from_backend
+                };
+                counter.fetch_add(n, Ordering::Relaxed);
             };
             let result = fill::write_body(
                 task_fill.clone(),
@@ -395,7 +565,7 @@ impl Cache {
             meta,
             range: client,
             body: fill::follow(fill, self.engine.clone(), start, end),
-            source: Source::Miss,
+            source: origin,
         })
     }
 
@@ -474,7 +644,12 @@ impl Cache {
                 }
                 true
             }
-            None => false,
+            None => {
+                if self.policy == CachePolicy::NeverEvict {
+                    self.refusing.store(true, Ordering::Release);
+                }
+                false
+            }
         }
     }
 
@@ -484,6 +659,7 @@ impl Cache {
         self.hot.invalidate(key);
         if let Some(e) = self.lock_index().remove(key, Some(entry)) {
             let _ = fs::remove_file(&e.path);
+            self.refusing.store(false, Ordering::Release);
         }
     }
 
@@ -502,6 +678,7 @@ impl Cache {
         self.hot.invalidate(&ikey);
         if let Some(e) = self.lock_index().remove(&ikey, None) {
             let _ = fs::remove_file(&e.path);
+            self.refusing.store(false, Ordering::Release);
         }
         drop(fills);
     }

@@ -115,7 +115,7 @@ pub fn io_to_s3(e: std::io::Error) -> S3Error {
 }
 
 /// Splits a raw path into its bucket and decoded key.
-fn split_path(raw: &str) -> Result<(String, Option<String>), S3Error> {
+pub(crate) fn split_path(raw: &str) -> Result<(String, Option<String>), S3Error> {
     let rest = raw.strip_prefix('/').unwrap_or(raw);
     let (bucket, key) = match rest.split_once('/') {
         Some((b, k)) => (b, (!k.is_empty()).then_some(k)),

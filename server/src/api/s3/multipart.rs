@@ -135,6 +135,7 @@ pub async fn complete(state: &AppState, mut r: Req) -> Result<Response, S3Error>
         .complete_multipart(&r.bucket, r.key(), &id, &parts)
         .await?;
     state.cache.invalidate(&r.bucket, r.key());
+    state.changed(vec![(r.bucket.clone(), r.key().to_owned())]);
     let mut doc = Doc::new("CompleteMultipartUploadResult");
     doc.elem("Location", &format!("/{}/{}", r.bucket, r.key()))
         .elem("Bucket", &r.bucket)

@@ -13,8 +13,9 @@ use super::range::RangeSpec;
 use super::xml::{self, Doc};
 use super::{empty, quoted, xml_response, Req};
 use crate::api::AppState;
-use crate::backend::{check_key, ByteRange, ObjectMeta, PutOptions};
+use crate::backend::{check_key, BackendError, ByteRange, ObjectMeta, PutOptions};
 use crate::cache::Source;
+use crate::cluster::peer::{PEER_FILL, SPILL};
 use crate::error::{S3Code, S3Error};
 
 /// Request headers stored with an object and sent back on reads.
@@ -163,7 +164,26 @@ pub async fn get(state: &AppState, r: Req, head: bool) -> Result<Response, S3Err
         check_conditions(headers, meta)?;
         range.map(|s| s.resolve(meta.size)).transpose()
     };
-    let (meta, body, resolved, source) = if head {
+    let (meta, body, resolved, source) = if r.parts.headers.contains_key(PEER_FILL) && !head {
+        // A peer filling from this node: the committed copy or nothing.
+        let read = state
+            .cache
+            .get_committed(&r.bucket, &key, &resolve)?
+            .ok_or_else(|| {
+                S3Error::new(S3Code::NoSuchKey, "this node holds no copy of the object")
+            })?;
+        state.stats.peer_serves.fetch_add(1, Ordering::Relaxed);
+        let stats = state.stats.clone();
+        let body = futures::StreamExt::map(read.body, move |item| {
+            if let Ok(b) = &item {
+                stats
+                    .bytes_to_peers
+                    .fetch_add(b.len() as u64, Ordering::Relaxed);
+            }
+            item
+        });
+        (read.meta, Body::from_stream(body), read.range, read.source)
+    } else if head {
         let (meta, source) = state
             .cache
             .head(state.backend.as_ref(), &r.bucket, &key)
@@ -171,10 +191,35 @@ pub async fn get(state: &AppState, r: Req, head: bool) -> Result<Response, S3Err
         let resolved = resolve(&meta)?;
         (meta, Body::empty(), resolved, source)
     } else {
-        let read = state
-            .cache
-            .get(&state.backend, &r.bucket, &key, &resolve)
-            .await?;
+        // Another node with room takes what this one cannot admit; the request carries
+        // the ids of the nodes that refused it, so it never comes back.
+        let tried_header = r.header(SPILL).unwrap_or("").to_owned();
+        let tried: Vec<&str> = tried_header.split(',').filter(|s| !s.is_empty()).collect();
+        let spill = state.cluster.can_spill(&tried);
+        let got = if spill {
+            state
+                .cache
+                .get_or_spill(&state.backend, &r.bucket, &key, &resolve)
+                .await
+        } else {
+            state
+                .cache
+                .get(&state.backend, &r.bucket, &key, &resolve)
+                .await
+        };
+        let read = match got {
+            Err(BackendError::NotAdmitted(size)) => {
+                let spilled = spill_to_peer(state, &r.parts, &r.bucket, &key, size, &tried);
+                if let Some(resp) = spilled.await {
+                    return Ok(resp);
+                }
+                state
+                    .cache
+                    .get(&state.backend, &r.bucket, &key, &resolve)
+                    .await?
+            }
+            other => other?,
+        };
         (
             read.meta,
             Body::from_stream(read.body),
@@ -205,6 +250,38 @@ pub async fn get(state: &AppState, r: Req, head: bool) -> Result<Response, S3Err
     Ok(resp)
 }
 
+/// Forwards a read this node could not admit to the best-ranked member that still
+/// admits; `None` when there is none or it does not answer.
+async fn spill_to_peer(
+    state: &AppState,
+    parts: &http::request::Parts,
+    bucket: &str,
+    key: &str,
+    size: u64,
+    tried: &[&str],
+) -> Option<Response> {
+    let c = &state.cluster;
+    let i = c.spill_target(bucket, key, size, tried)?;
+    let mut headers = parts.headers.clone();
+    let mut refused: Vec<&str> = tried.to_vec();
+    refused.push(&state.node_id);
+    headers.insert(SPILL, HeaderValue::from_str(&refused.join(",")).ok()?);
+    let target = parts
+        .uri
+        .path_and_query()
+        .map_or_else(|| parts.uri.path().to_owned(), |pq| pq.as_str().to_owned());
+    match c
+        .forward(i, &parts.method, &target, &headers, Body::empty())
+        .await
+    {
+        Ok(resp) => Some(resp),
+        Err(why) => {
+            c.mark_down(i, &why);
+            None
+        }
+    }
+}
+
 /// PutObject.
 pub async fn put(state: &AppState, mut r: Req) -> Result<Response, S3Error> {
     check_key(r.key())?;
@@ -225,6 +302,7 @@ pub async fn put(state: &AppState, mut r: Req) -> Result<Response, S3Error> {
         .stats
         .bytes_received
         .fetch_add(meta.size, Ordering::Relaxed);
+    state.changed(vec![(r.bucket.clone(), r.key().to_owned())]);
     let mut resp = empty(StatusCode::OK);
     resp.headers_mut().insert(header::ETAG, quoted(&meta.etag));
     if let Some((name, value)) = checksum_echo {
@@ -316,6 +394,7 @@ pub async fn copy(state: &AppState, r: Req) -> Result<Response, S3Error> {
         .cache
         .put_through(&state.backend, &r.bucket, r.key(), src.body, opts)
         .await?;
+    state.changed(vec![(r.bucket.clone(), r.key().to_owned())]);
     let mut doc = Doc::new("CopyObjectResult");
     doc.time("LastModified", meta.last_modified)
         .elem("ETag", &format!("\"{}\"", meta.etag));
@@ -326,6 +405,7 @@ pub async fn copy(state: &AppState, r: Req) -> Result<Response, S3Error> {
 pub async fn delete(state: &AppState, r: Req) -> Result<Response, S3Error> {
     state.backend.delete_object(&r.bucket, r.key()).await?;
     state.cache.invalidate(&r.bucket, r.key());
+    state.changed(vec![(r.bucket.clone(), r.key().to_owned())]);
     Ok(empty(StatusCode::NO_CONTENT))
 }
 
@@ -341,10 +421,12 @@ pub async fn delete_objects(state: &AppState, mut r: Req) -> Result<Response, S3
         ));
     }
     let mut doc = Doc::new("DeleteResult");
+    let mut changed = Vec::new();
     for obj in &req.objects {
         match state.backend.delete_object(&r.bucket, &obj.key).await {
             Ok(()) => {
                 state.cache.invalidate(&r.bucket, &obj.key);
+                changed.push((r.bucket.clone(), obj.key.clone()));
                 if !req.quiet {
                     doc.open("Deleted").elem("Key", &obj.key).close("Deleted");
                 }
@@ -359,6 +441,7 @@ pub async fn delete_objects(state: &AppState, mut r: Req) -> Result<Response, S3
             }
         }
     }
+    state.changed(changed);
     Ok(xml_response(doc.finish("DeleteResult")))
 }
 

@@ -1,0 +1,299 @@
+//! HTTP between members: forwarding a client's request to the key's owner, asking peers
+//! for a committed copy of an object (a peer fill), and telling peers to drop copies of
+//! an object written or deleted through this node.
+//!
+//! Requests a node makes itself carry `x-granary-hop` (so the receiver serves them
+//! locally instead of routing them again) and, when credentials are set,
+//! `x-granary-peer-auth` (an HMAC under the shared secret key). Forwarded client requests
+//! keep the client's `Host` and signature, which the owner checks as if it had been asked
+//! directly.
+
+use std::time::{Duration, SystemTime};
+
+use axum::body::Body;
+use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
+use http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, Response};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
+
+use super::Cluster;
+use crate::api::s3::auth;
+use crate::backend::{ByteStream, ObjectMeta};
+
+/// Marks a request made by a member: serve it here, do not route it again.
+pub const HOP: &str = "x-granary-hop";
+/// Asks for this node's committed copy only: `404` rather than a fill.
+pub const PEER_FILL: &str = "x-granary-peer-fill";
+/// A request the key's owner could not admit, left to this node: serve and admit it
+/// here, do not leave it to another.
+pub const SPILL: &str = "x-granary-spill";
+
+pub type HttpClient = Client<HttpConnector, Body>;
+
+/// How long a peer fill waits for a peer's answer before going to the backend.
+const PEER_FILL_TIMEOUT: Duration = Duration::from_secs(2);
+/// Peers asked for a copy on a miss: the next in the key's ranking, who held the key
+/// before a membership change or while this node was down.
+const PEER_FILL_CANDIDATES: usize = 2;
+
+pub fn http_client() -> HttpClient {
+    let mut conn = HttpConnector::new();
+    conn.set_connect_timeout(Some(Duration::from_secs(1)));
+    conn.set_nodelay(true);
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(30))
+        .build(conn)
+}
+
+/// Unreserved characters stay, `/` too: a key's path as S3 clients encode it.
+const PATH: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~')
+    .remove(b'/');
+
+/// `/bucket/key`, encoded.
+pub fn object_path(bucket: &str, key: &str) -> String {
+    format!(
+        "/{}/{}",
+        utf8_percent_encode(bucket, PATH),
+        utf8_percent_encode(key, PATH)
+    )
+}
+
+/// Headers that describe one connection, not the message: never forwarded.
+fn hop_by_hop(name: &HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "proxy-authenticate"
+            | "proxy-authorization"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+    )
+}
+
+/// Headers of stored objects that a peer's answer carries and a fill keeps.
+fn stored_header(name: &str) -> bool {
+    matches!(
+        name,
+        "content-type"
+            | "content-encoding"
+            | "content-disposition"
+            | "content-language"
+            | "cache-control"
+            | "expires"
+    ) || name.starts_with("x-amz-meta-")
+}
+
+impl Cluster {
+    /// A request to member `i` made by this node.
+    fn own_request(&self, i: usize, method: Method, target: &str, body: Body) -> Request<Body> {
+        let mut req = Request::new(body);
+        *req.method_mut() = method.clone();
+        *req.uri_mut() = format!("{}{}", self.members[i].url, target)
+            .parse()
+            .unwrap_or_default();
+        let me = &self.members[self.me].id;
+        let h = req.headers_mut();
+        if let Ok(v) = HeaderValue::from_str(me) {
+            h.insert(HOP, v);
+        }
+        if let Some(creds) = &self.creds {
+            let value = auth::peer_auth_value(creds, me, &method, target);
+            if let Ok(v) = HeaderValue::from_str(&value) {
+                h.insert(auth::PEER_AUTH, v);
+            }
+        }
+        req
+    }
+
+    /// Sends a client's request on to member `i` and streams its answer back. An error
+    /// means no answer came (the member is likely gone); the body may be spent.
+    pub async fn forward(
+        &self,
+        i: usize,
+        method: &Method,
+        target: &str,
+        headers: &HeaderMap,
+        body: Body,
+    ) -> Result<Response<Body>, String> {
+        let mut req = Request::new(body);
+        *req.method_mut() = method.clone();
+        *req.uri_mut() = format!("{}{}", self.members[i].url, target)
+            .parse()
+            .map_err(|e| format!("bad forward URI: {e}"))?;
+        let h = req.headers_mut();
+        for (k, v) in headers {
+            if !hop_by_hop(k) {
+                h.append(k.clone(), v.clone());
+            }
+        }
+        if let Ok(v) = HeaderValue::from_str(&self.members[self.me].id) {
+            h.insert(HOP, v);
+        }
+        let resp = self.http.request(req).await.map_err(|e| {
+            let mut msg = e.to_string();
+            let mut src = std::error::Error::source(&e);
+            while let Some(s) = src {
+                msg = format!("{msg}: {s}");
+                src = s.source();
+            }
+            msg
+        })?;
+        self.stats
+            .proxied
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (mut parts, incoming) = resp.into_parts();
+        let drop: Vec<HeaderName> = parts
+            .headers
+            .keys()
+            .filter(|k| hop_by_hop(k))
+            .cloned()
+            .collect();
+        for k in drop {
+            parts.headers.remove(k);
+        }
+        Ok(Response::from_parts(parts, Body::new(incoming)))
+    }
+
+    /// A committed copy of the object from a peer that holds one, its metadata as the
+    /// peer sends it. Asks the next members in the key's ranking; `None` when none has
+    /// it or none answers in time.
+    pub async fn peer_copy(&self, bucket: &str, key: &str) -> Option<(ObjectMeta, ByteStream)> {
+        if self.is_single() {
+            return None;
+        }
+        let target = object_path(bucket, key);
+        let asks = self
+            .others_ranked(bucket, key)
+            .into_iter()
+            .take(PEER_FILL_CANDIDATES)
+            .map(|i| {
+                let mut req = self.own_request(i, Method::GET, &target, Body::empty());
+                req.headers_mut()
+                    .insert(PEER_FILL, HeaderValue::from_static("1"));
+                let ask = self.http.request(req);
+                Box::pin(async move {
+                    match tokio::time::timeout(PEER_FILL_TIMEOUT, ask).await {
+                        Ok(Ok(resp)) if resp.status() == http::StatusCode::OK => Ok(resp),
+                        _ => Err(()),
+                    }
+                })
+            })
+            .collect::<Vec<_>>();
+        if asks.is_empty() {
+            return None;
+        }
+        let (resp, _rest) = futures::future::select_ok(asks).await.ok()?;
+        let meta = meta_of(resp.headers())?;
+        let body = http_body_util::BodyExt::into_data_stream(resp.into_body())
+            .map_err(std::io::Error::other)
+            .boxed();
+        Some((meta, body))
+    }
+
+    /// Tells the other up members to drop their copies of these objects (written or
+    /// deleted through this node). In the background; a member that misses it (down)
+    /// is covered by the backend check every peer fill makes.
+    pub fn invalidate_elsewhere(self: &std::sync::Arc<Self>, objects: Vec<(String, String)>) {
+        if self.is_single() || objects.is_empty() {
+            return;
+        }
+        let list: Vec<_> = objects
+            .iter()
+            .map(|(b, k)| serde_json::json!({"bucket": b, "key": k}))
+            .collect();
+        let body = Bytes::from(serde_json::Value::Array(list).to_string());
+        for i in self.others_up().collect::<Vec<_>>() {
+            let mut req = self.own_request(
+                i,
+                Method::POST,
+                "/_granary/invalidate",
+                Body::from(body.clone()),
+            );
+            req.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            let send = self.http.request(req);
+            let id = self.members[i].id.clone();
+            tokio::spawn(async move {
+                match tokio::time::timeout(Duration::from_secs(5), send).await {
+                    Ok(Ok(r)) if r.status().is_success() => {}
+                    Ok(Ok(r)) => {
+                        tracing::warn!(node = %id, status = %r.status(), "peer refused an invalidation")
+                    }
+                    _ => tracing::warn!(node = %id, "peer did not take an invalidation"),
+                }
+            });
+        }
+    }
+}
+
+/// An object's metadata from the headers of a `200` answer.
+pub fn meta_of(h: &HeaderMap) -> Option<ObjectMeta> {
+    let text = |n: &str| h.get(n).and_then(|v| v.to_str().ok());
+    let size = text("content-length")?.parse().ok()?;
+    let etag = text("etag")?.trim_matches('"').to_owned();
+    let last_modified = text("last-modified")
+        .and_then(|v| httpdate::parse_http_date(v).ok())
+        .unwrap_or(SystemTime::UNIX_EPOCH);
+    let mut headers: Vec<(String, String)> = h
+        .iter()
+        .filter(|(k, _)| stored_header(k.as_str()))
+        .filter_map(|(k, v)| Some((k.as_str().to_owned(), v.to_str().ok()?.to_owned())))
+        .collect();
+    headers.sort();
+    Some(ObjectMeta {
+        size,
+        etag,
+        last_modified,
+        headers,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_are_encoded_like_s3_clients_do() {
+        assert_eq!(object_path("b", "a b/c+d~"), "/b/a%20b/c%2Bd~");
+        assert_eq!(object_path("b", "ü/%"), "/b/%C3%BC/%25");
+    }
+
+    #[test]
+    fn metadata_comes_from_an_answer() {
+        let mut h = HeaderMap::new();
+        h.insert("content-length", "12".parse().unwrap());
+        h.insert("etag", "\"abc\"".parse().unwrap());
+        h.insert(
+            "last-modified",
+            "Sun, 06 Nov 1994 08:49:37 GMT".parse().unwrap(),
+        );
+        h.insert("content-type", "application/x-tar".parse().unwrap());
+        h.insert("x-amz-meta-shard", "7".parse().unwrap());
+        h.insert("x-granary-cache", "hit".parse().unwrap());
+        let m = meta_of(&h).unwrap();
+        assert_eq!(m.size, 12);
+        assert_eq!(m.etag, "abc");
+        assert_eq!(
+            m.headers,
+            vec![
+                ("content-type".to_owned(), "application/x-tar".to_owned()),
+                ("x-amz-meta-shard".to_owned(), "7".to_owned())
+            ]
+        );
+        h.remove("etag");
+        assert!(meta_of(&h).is_none());
+    }
+}

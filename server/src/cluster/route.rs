@@ -1,0 +1,105 @@
+//! Routing a client's request to the key's owner. Object requests (`/{bucket}/{key}`,
+//! reads, writes and multipart uploads alike) for a key owned by another member are
+//! proxied there, or with `--route redirect` answered `307` to it when the client can
+//! follow: an unsigned GET or HEAD (a signed request names the host it was signed for, so
+//! it is proxied). Bucket requests (listing, DeleteObjects) are served by any node.
+//!
+//! When the owner does not answer, a read is retried on the next owner (this node,
+//! perhaps) and the owner is marked down, so no read fails for a node that died; a
+//! write, whose body is spent, is answered `503` for the client to retry.
+
+use axum::body::Body;
+use axum::extract::Request;
+use axum::response::{IntoResponse, Response};
+use http::{header, HeaderValue, Method, StatusCode};
+
+use super::peer::HOP;
+use super::ring::key_hash;
+use crate::api::AppState;
+use crate::config::RouteMode;
+use crate::error::{S3Code, S3Error};
+
+/// What routing made of a request.
+pub enum Routed {
+    /// Serve it here.
+    Local(Request),
+    /// Answered by (or about) another member.
+    Answered(Response),
+}
+
+/// Whether the request carries a signature that names its host.
+fn signed(req: &http::request::Parts) -> bool {
+    let q = req.uri.query().unwrap_or("");
+    req.headers.contains_key(header::AUTHORIZATION)
+        || q.split('&').any(|kv| {
+            let k = kv.split('=').next().unwrap_or("");
+            k == "X-Amz-Signature" || k == "Signature"
+        })
+}
+
+pub async fn route(state: &AppState, req: Request) -> Routed {
+    let c = &state.cluster;
+    if c.is_single() || req.headers().contains_key(HOP) {
+        return Routed::Local(req);
+    }
+    let Ok((bucket, Some(key))) = crate::api::s3::split_path(req.uri().path()) else {
+        return Routed::Local(req);
+    };
+    let kh = key_hash(&bucket, &key);
+    let (parts, body) = req.into_parts();
+    let read = parts.method == Method::GET || parts.method == Method::HEAD;
+    let target = parts
+        .uri
+        .path_and_query()
+        .map_or_else(|| parts.uri.path().to_owned(), |pq| pq.as_str().to_owned());
+    let mut body = Some(body);
+    for _ in 0..c.members().len() {
+        let owner = c.owner_of_hash(kh);
+        if owner == c.me() {
+            break;
+        }
+        let m = c.member(owner);
+        if read && c.route == RouteMode::Redirect && !signed(&parts) {
+            state
+                .stats
+                .redirects
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let mut resp = Response::new(Body::empty());
+            *resp.status_mut() = StatusCode::TEMPORARY_REDIRECT;
+            let h = resp.headers_mut();
+            if let Ok(v) = HeaderValue::from_str(&format!("{}{}", m.url, target)) {
+                h.insert(header::LOCATION, v);
+            }
+            if let Ok(v) = HeaderValue::from_str(&m.id) {
+                h.insert("x-granary-node", v);
+            }
+            return Routed::Answered(resp);
+        }
+        let send = if read {
+            Body::empty()
+        } else {
+            body.take().unwrap_or_default()
+        };
+        match c
+            .forward(owner, &parts.method, &target, &parts.headers, send)
+            .await
+        {
+            Ok(resp) => return Routed::Answered(resp),
+            Err(why) => {
+                c.mark_down(owner, &why);
+                if !read {
+                    let id = m.id.clone();
+                    return Routed::Answered(
+                        S3Error::new(
+                            S3Code::ServiceUnavailable,
+                            format!("node {id}, the owner of this key, did not answer; retry"),
+                        )
+                        .with_resource(format!("/{bucket}/{key}"))
+                        .into_response(),
+                    );
+                }
+            }
+        }
+    }
+    Routed::Local(Request::from_parts(parts, body.take().unwrap_or_default()))
+}
