@@ -79,6 +79,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let cache = Arc::new(cache);
     if !cluster.is_single() {
         cache.set_peers(cluster.clone());
+        let c = cache.clone();
+        cluster.on_rejoin(move || c.revalidate_all());
         tracing::info!(
             members = cluster.members().len(),
             route = ?config.route,

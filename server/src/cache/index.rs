@@ -21,6 +21,10 @@ pub struct Entry {
     /// Whether every block was checked since the entry was loaded from disk; entries
     /// committed by this process start verified.
     pub verified: AtomicBool,
+    /// The cache's generation when the entry was last known to match the backend; an
+    /// entry older than the cache's current generation is checked against the backend
+    /// before it is served (see `Cache::revalidate_all`).
+    pub checked: std::sync::atomic::AtomicU64,
 }
 
 #[derive(Debug)]
@@ -180,6 +184,7 @@ mod tests {
             },
             crcs: Arc::from(Vec::new()),
             verified: AtomicBool::new(true),
+            checked: std::sync::atomic::AtomicU64::new(0),
         }
     }
 

@@ -92,6 +92,9 @@ pub struct Cache {
     /// Set when never-evict refuses an object for want of room; cleared when an entry
     /// is removed.
     refusing: AtomicBool,
+    /// Entries checked before this generation are checked against the backend before
+    /// they are served. 0 (nothing to check) on a single node.
+    generation: std::sync::atomic::AtomicU64,
 }
 
 /// Entries up to this size are kept in memory once read whole.
@@ -125,6 +128,9 @@ impl Cache {
                             meta: l.meta,
                             crcs: Arc::from(l.crcs),
                             verified: AtomicBool::new(false),
+                            // Loaded from disk: checked against the backend before its
+                            // first hit once the cache knows it is in a cluster.
+                            checked: std::sync::atomic::AtomicU64::new(0),
                         },
                     );
                 }
@@ -158,12 +164,55 @@ impl Cache {
             writes: Mutex::new(write::Writes::default()),
             peers: std::sync::OnceLock::new(),
             refusing: AtomicBool::new(false),
+            generation: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
-    /// Lets misses fill from peers that hold the object before the backend.
+    /// Lets misses fill from peers that hold the object before the backend. In a
+    /// cluster, writes may have happened through other nodes while this one was away, so
+    /// entries it restarted with are checked against the backend before their first hit.
     pub fn set_peers(&self, peers: Arc<dyn Peers>) {
         let _ = self.peers.set(peers);
+        self.revalidate_all();
+    }
+
+    /// Every entry is checked against the backend (one HEAD: same ETag and size) before
+    /// its next hit: for a node that was cut off from its cluster, which may have missed
+    /// the invalidations of writes made through other nodes meanwhile.
+    pub fn revalidate_all(&self) {
+        self.generation.fetch_add(1, Ordering::AcqRel);
+    }
+
+    fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// Checks an entry older than the cache's generation against the backend; drops it
+    /// when the backend holds another version (or none).
+    async fn still_current(
+        &self,
+        backend: &Arc<dyn Backend>,
+        bucket: &str,
+        key: &str,
+        ikey: &str,
+        entry: &Arc<Entry>,
+    ) -> Result<(), BackendError> {
+        let generation = self.generation();
+        if entry.checked.load(Ordering::Acquire) >= generation {
+            return Ok(());
+        }
+        match backend.head_object(bucket, key).await {
+            Ok(now) if now.etag == entry.meta.etag && now.size == entry.meta.size => {
+                entry.checked.store(generation, Ordering::Release);
+                Ok(())
+            }
+            Ok(_) | Err(BackendError::NoSuchKey(_)) => {
+                tracing::info!(key = %ikey, "a cached copy is no longer the backend's; dropping it");
+                self.drop_entry(ikey, entry);
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
     }
 
     pub fn policy(&self) -> CachePolicy {
@@ -240,6 +289,13 @@ impl Cache {
         spill: bool,
     ) -> Result<Read, BackendError> {
         let ikey = index::key_of(bucket, key);
+        if self.generation() > 0 {
+            let cached = self.lock_index().get(&ikey);
+            if let Some(entry) = cached {
+                self.still_current(backend, bucket, key, &ikey, &entry)
+                    .await?;
+            }
+        }
         if let Some(read) = self.committed(&ikey, range)? {
             self.stats.hits.fetch_add(1, Ordering::Relaxed);
             return Ok(read);
@@ -603,6 +659,7 @@ impl Cache {
                         meta,
                         crcs: Arc::from(crcs),
                         verified: AtomicBool::new(true),
+                        checked: std::sync::atomic::AtomicU64::new(self.generation()),
                     },
                     size,
                 );

@@ -161,6 +161,7 @@ impl Cache {
                         meta: meta.clone(),
                         crcs: Arc::from(crcs),
                         verified: AtomicBool::new(true),
+                        checked: std::sync::atomic::AtomicU64::new(self.generation()),
                     },
                     size,
                 );

@@ -24,6 +24,10 @@ pub fn spawn(cluster: Arc<Cluster>) {
         return;
     }
     tokio::spawn(async move {
+        // Whether every other member was down at the end of a round, after having been
+        // up: this node was cut off (or they all died) and may have missed writes.
+        let mut alone = false;
+        let mut heard_any = false;
         let mut tick = tokio::time::interval(PROBE_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -41,6 +45,12 @@ pub fn spawn(cluster: Arc<Cluster>) {
                 }
             });
             futures::future::join_all(probes).await;
+            let any_up = cluster.others_up().next().is_some();
+            if any_up && alone {
+                cluster.rejoined();
+            }
+            alone = heard_any && !any_up;
+            heard_any |= any_up;
         }
     });
 }

@@ -64,6 +64,9 @@ pub struct Cluster {
     pub(crate) creds: Option<Credentials>,
     pub(crate) http: peer::HttpClient,
     pub(crate) stats: Arc<Stats>,
+    /// Called when this node hears a member again after hearing none: it may have
+    /// missed invalidations meanwhile.
+    on_rejoin: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
 }
 
 impl Cluster {
@@ -127,9 +130,22 @@ impl Cluster {
             creds,
             http: peer::http_client(),
             stats,
+            on_rejoin: std::sync::OnceLock::new(),
         };
         cluster.rebuild_ring();
         Ok(cluster)
+    }
+
+    /// What to do when this node, cut off from every other member, hears one again.
+    pub fn on_rejoin(&self, f: impl Fn() + Send + Sync + 'static) {
+        let _ = self.on_rejoin.set(Box::new(f));
+    }
+
+    fn rejoined(&self) {
+        tracing::warn!("heard the cluster again after hearing no member; cached copies will be checked against the backend");
+        if let Some(f) = self.on_rejoin.get() {
+            f();
+        }
     }
 
     fn rebuild_ring(&self) {

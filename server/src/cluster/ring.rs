@@ -32,6 +32,8 @@ struct Group {
     weight: f64,
     /// Indices into `Ring::nodes`, ascending.
     members: Vec<usize>,
+    /// The members' seeds, side by side for the lookup loop.
+    seeds: Vec<u64>,
 }
 
 /// The placement of keys over a set of weighted nodes.
@@ -106,17 +108,21 @@ impl Ring {
                 n.weight = 1.0;
             }
         }
-        let seeds = nodes.iter().map(|n| xxh3_64(n.id.as_bytes())).collect();
+        let seeds: Vec<u64> = nodes.iter().map(|n| xxh3_64(n.id.as_bytes())).collect();
         let mut groups: Vec<Group> = Vec::new();
         for (i, n) in nodes.iter().enumerate() {
             if n.weight == 0.0 {
                 continue;
             }
             match groups.iter_mut().find(|g| g.weight == n.weight) {
-                Some(g) => g.members.push(i),
+                Some(g) => {
+                    g.members.push(i);
+                    g.seeds.push(seeds[i]);
+                }
                 None => groups.push(Group {
                     weight: n.weight,
                     members: vec![i],
+                    seeds: vec![seeds[i]],
                 }),
             }
         }
@@ -161,12 +167,9 @@ impl Ring {
         let mut best: Option<(f64, usize)> = None;
         for g in &self.groups {
             let mut top: Option<(u64, usize)> = None;
-            for &i in &g.members {
-                if !eligible(i) {
-                    continue;
-                }
-                let d = mix(kh ^ self.seeds[i]);
-                if top.is_none_or(|(t, _)| d > t) {
+            for (&i, &seed) in g.members.iter().zip(&g.seeds) {
+                let d = mix(kh ^ seed);
+                if top.is_none_or(|(t, _)| d > t) && eligible(i) {
                     top = Some((d, i));
                 }
             }
