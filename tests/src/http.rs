@@ -97,7 +97,8 @@ pub fn raw_request_blocking(addr: SocketAddr, request: &[u8]) -> Result<RawRespo
     raw_request_with_timeout(addr, request, RAW_IO_TIMEOUT)
 }
 
-pub(crate) fn raw_request_with_timeout(
+/// [`raw_request_blocking`] with another socket timeout (connect, each read and write).
+pub fn raw_request_with_timeout(
     addr: SocketAddr,
     request: &[u8],
     timeout: Duration,

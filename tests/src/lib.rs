@@ -18,8 +18,13 @@ mod sigv4;
 mod xml;
 
 pub use data::{bucket_name, etag_of, md5_hex, multipart_etag, random_bytes, Pattern};
-pub use http::{raw_request, raw_request_blocking, read_response_head, request_bytes, RawResponse};
+pub use http::{
+    raw_request, raw_request_blocking, raw_request_with_timeout, read_response_head, request_bytes,
+    RawResponse,
+};
 pub use sdk::{expect_sdk_error, sdk_error, HasStatus};
-pub use server::{bench_bin, granary_bin, list_files, Moto, Server, ServerOpts, ACCESS, SECRET};
+pub use server::{
+    bench_bin, granary_bin, list_files, reserve_ports, Moto, Server, ServerOpts, ACCESS, SECRET,
+};
 pub use sigv4::{amz_date, sha256_hex, signed_chunks_len, unix_now, SignedRequest};
 pub use xml::{assert_s3_error_body, check_xml, xml_tag, xml_tags};

@@ -33,6 +33,10 @@ pub struct ServerOpts {
     pub extra_args: Vec<String>,
     /// Environment variables for the server process (e.g. AWS credentials for `--backend s3`).
     pub env: Vec<(String, String)>,
+    /// Listen on this address (e.g. from [`reserve_ports`]) instead of a free port chosen
+    /// at start; restarts keep it. Needed where the address must be known before the
+    /// server starts (a cluster's `--peer` list).
+    pub listen: Option<SocketAddr>,
 }
 
 impl ServerOpts {
@@ -74,6 +78,12 @@ impl ServerOpts {
     /// Adds `granary serve` flags.
     pub fn args(mut self, args: &[&str]) -> Self {
         self.extra_args.extend(args.iter().map(|a| a.to_string()));
+        self
+    }
+
+    /// Listens on `addr` (see [`ServerOpts::listen`]).
+    pub fn listen(mut self, addr: SocketAddr) -> Self {
+        self.listen = Some(addr);
         self
     }
 }
@@ -176,10 +186,15 @@ impl Server {
         let log_path = root.path().join("server.log");
 
         // The port comes from binding :0 and letting go of it, so another process may take
-        // it before the server binds; a server that dies at start-up is retried on a new port.
+        // it before the server binds; a server that dies at start-up is retried on a new port
+        // (a fixed `listen` address is tried once: the caller chose it).
         let mut last_err = anyhow!("server did not start");
-        for _attempt in 0..3 {
-            let addr = free_port()?;
+        let attempts = if opts.listen.is_some() { 1 } else { 3 };
+        for _attempt in 0..attempts {
+            let addr = match opts.listen {
+                Some(addr) => addr,
+                None => free_port()?,
+            };
             let mut child = spawn_granary(&opts, addr, &data_dir, &log_path)?;
             match wait_healthy(&mut child, addr) {
                 Ok(()) => {
@@ -208,10 +223,28 @@ impl Server {
     }
 
     /// Kills the server with SIGKILL (as a crash would) and starts it again on the same
-    /// data dir, on a new port. The old log is kept as `server.log.N`.
+    /// data dir, on a new port (the same one with [`ServerOpts::listen`]). The old log is
+    /// kept as `server.log.N`.
     pub fn kill_and_restart(&mut self) -> Result<()> {
+        self.restart(false)
+    }
+
+    /// Kills the server with SIGKILL, as a crash would, and waits for it to exit; the
+    /// data dir stays. [`Server::restart`] starts it again.
+    pub fn kill(&mut self) -> Result<()> {
         self.child.kill()?;
         self.child.wait()?;
+        Ok(())
+    }
+
+    /// Starts the server again (killing it first with SIGKILL if it still runs): on the
+    /// same data dir, or on an empty one with `wipe_data` (a node that lost its disk), on
+    /// a new port, or the same one with [`ServerOpts::listen`]. The old log is kept as
+    /// `server.log.N`.
+    pub fn restart(&mut self, wipe_data: bool) -> Result<()> {
+        if self.child.try_wait()?.is_none() {
+            self.kill()?;
+        }
         let mut n = 1;
         while self.log_path.with_extension(format!("log.{n}")).exists() {
             n += 1;
@@ -220,12 +253,105 @@ impl Server {
             &self.log_path,
             self.log_path.with_extension(format!("log.{n}")),
         )?;
-        let addr = free_port()?;
+        if wipe_data {
+            std::fs::remove_dir_all(&self.data_dir)?;
+            std::fs::create_dir_all(&self.data_dir)?;
+        }
+        let addr = match self.opts.listen {
+            Some(addr) => addr,
+            None => free_port()?,
+        };
         let mut child = spawn_granary(&self.opts, addr, &self.data_dir, &self.log_path)?;
-        wait_healthy(&mut child, addr)?;
+        if let Err(err) = wait_healthy(&mut child, addr) {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(err.context(format!("server log:\n{}", self.log())));
+        }
         self.child = child;
         self.addr = addr;
         Ok(())
+    }
+
+    /// Starts a cluster: one node per id, each with `opts` plus `--node-id ID` and the
+    /// same `--peer ID=URL` list (every node, itself included), on loopback ports chosen
+    /// before any starts. A node that cannot start (its port taken meanwhile) makes the
+    /// whole cluster start again on new ports. Returns the nodes in the order of `ids`,
+    /// healthy but not necessarily seeing one another yet: see [`Server::wait_cluster_up`].
+    pub fn start_cluster(ids: &[&str], opts: &ServerOpts) -> Result<Vec<Server>> {
+        let mut last_err = anyhow!("cluster did not start");
+        for _attempt in 0..3 {
+            let addrs = reserve_ports(ids.len())?;
+            let peers: Vec<String> = ids
+                .iter()
+                .zip(&addrs)
+                .flat_map(|(id, addr)| ["--peer".to_owned(), format!("{id}=http://{addr}")])
+                .collect();
+            let mut nodes = Vec::new();
+            for (id, addr) in ids.iter().zip(&addrs) {
+                let mut node_opts = opts.clone().listen(*addr).args(&["--node-id", id]);
+                node_opts.extra_args.extend(peers.iter().cloned());
+                match Server::start(node_opts) {
+                    Ok(node) => nodes.push(node),
+                    Err(err) => {
+                        last_err = err.context(format!("starting node {id} on {addr}"));
+                        break;
+                    }
+                }
+            }
+            if nodes.len() == ids.len() {
+                return Ok(nodes);
+            }
+        }
+        Err(last_err)
+    }
+
+    /// Waits until every node's `GET /_granary/cluster` shows all its members `up`.
+    pub fn wait_cluster_up(nodes: &[&Server], timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let mut pending = Vec::new();
+            for node in nodes {
+                let view = node.cluster_view(None);
+                let all_up = view.as_ref().is_ok_and(|v| {
+                    v["members"]
+                        .as_array()
+                        .is_some_and(|ms| ms.iter().all(|m| m["state"] == "up"))
+                });
+                if !all_up {
+                    pending.push(format!("{}: {view:?}", node.addr));
+                }
+            }
+            if pending.is_empty() {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "members not all up within {timeout:?}:\n{}",
+                    pending.join("\n")
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// `GET /_granary/cluster`, parsed; with `Some((bucket, key))` it names the key's owner.
+    pub fn cluster_view(&self, key: Option<(&str, &str)>) -> Result<serde_json::Value> {
+        let path = match key {
+            Some((bucket, key)) => {
+                let enc = |s: &str| {
+                    percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC)
+                        .to_string()
+                };
+                format!("/_granary/cluster?bucket={}&key={}", enc(bucket), enc(key))
+            }
+            None => "/_granary/cluster".to_owned(),
+        };
+        let req = request_bytes("GET", &path, self.addr, &[], b"");
+        let resp = raw_request_with_timeout(self.addr, &req, Duration::from_secs(5))?;
+        if resp.status != 200 {
+            bail!("{path} answered {}: {}", resp.status, resp.text());
+        }
+        Ok(serde_json::from_slice(&resp.body)?)
     }
 
     /// `GET /_granary/stats`, parsed.
@@ -436,6 +562,43 @@ fn wait_healthy(child: &mut Child, addr: SocketAddr) -> Result<()> {
 fn free_port() -> Result<SocketAddr> {
     let listener = TcpListener::bind("127.0.0.1:0")?;
     Ok(listener.local_addr()?)
+}
+
+/// `n` distinct loopback addresses free now, for servers whose addresses must be known
+/// before they start (a cluster's peer list). They are drawn at random below the kernel's
+/// ephemeral range, where no outgoing connection (and no `:0` bind of a parallel test)
+/// takes them meanwhile; each is checked by binding it.
+pub fn reserve_ports(n: usize) -> Result<Vec<SocketAddr>> {
+    use rand::Rng;
+    let ephemeral_low: u16 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32768);
+    if ephemeral_low < 12000 {
+        // No room below the ephemeral range: fall back to ports the kernel hands out.
+        let held: Vec<TcpListener> = (0..n)
+            .map(|_| TcpListener::bind("127.0.0.1:0"))
+            .collect::<std::io::Result<_>>()?;
+        return held
+            .iter()
+            .map(|l| Ok(l.local_addr()?))
+            .collect::<Result<_>>();
+    }
+    let mut rng = rand::thread_rng();
+    let mut held = Vec::new();
+    for _ in 0..1000 {
+        if held.len() == n {
+            break;
+        }
+        let port = rng.gen_range(10000..ephemeral_low);
+        if let Ok(l) = TcpListener::bind(("127.0.0.1", port)) {
+            held.push(l);
+        }
+    }
+    if held.len() < n {
+        bail!("could not find {n} free loopback ports");
+    }
+    held.iter().map(|l| Ok(l.local_addr()?)).collect()
 }
 
 /// Every file (not directory) under `dir`, recursively, skipping the subtree `skip`.

@@ -23,6 +23,11 @@ use crate::error::{S3Code, S3Error};
 use crate::stats::Stats;
 use s3::auth::Credentials;
 
+/// Marks an error status that is a normal answer (a peer asking for a copy this node
+/// does not hold): not counted in `errors`.
+#[derive(Debug, Clone, Copy)]
+pub struct NotAnError;
+
 /// Request headers beyond this many bytes in total are refused with `431`.
 pub const MAX_HEADER_BYTES: usize = 16 * 1024;
 
@@ -131,7 +136,9 @@ fn finish(state: &Arc<AppState>, span: Span, started: Instant, resp: Response) -
     let status = resp.status();
     span.record("status", status.as_u16());
     state.stats.requests.fetch_add(1, Ordering::Relaxed);
-    if status.is_client_error() || status.is_server_error() {
+    if (status.is_client_error() || status.is_server_error())
+        && resp.extensions().get::<NotAnError>().is_none()
+    {
         state.stats.errors.fetch_add(1, Ordering::Relaxed);
     }
     let (mut parts, body) = resp.into_parts();

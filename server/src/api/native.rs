@@ -45,6 +45,16 @@ pub async fn handle(state: &AppState, req: Request) -> Response {
                 Err(e) => e.into_response(),
             }
         }
+        ("/_granary/revalidate", false) if req.method() == Method::POST => {
+            let (parts, _) = req.into_parts();
+            match peer_only(state, &parts) {
+                Ok(()) => {
+                    state.cache.revalidate_all();
+                    json_response(json!({"revalidate": true}))
+                }
+                Err(e) => e.into_response(),
+            }
+        }
         ("/_granary/stats", true) => json_response(stats_json(state)),
         ("/_granary/metrics", true) => {
             let mut resp = Response::new(Body::from(metrics_text(state)));
@@ -68,14 +78,7 @@ pub async fn handle(state: &AppState, req: Request) -> Response {
 /// listed, `[{"bucket":…,"key":…}]`, written or deleted through another node.
 async fn invalidate(state: &AppState, req: Request) -> Result<Response, S3Error> {
     let (parts, body) = req.into_parts();
-    if let Some(creds) = &state.creds {
-        let value = parts
-            .headers
-            .get(s3::auth::PEER_AUTH)
-            .and_then(|v| v.to_str().ok())
-            .ok_or_else(|| S3Error::new(S3Code::AccessDenied, "only peers may invalidate"))?;
-        s3::auth::check_peer_auth(creds, &parts, value)?;
-    }
+    peer_only(state, &parts)?;
     let body = axum::body::to_bytes(body, MAX_INVALIDATE_BODY)
         .await
         .map_err(|_| S3Error::new(S3Code::EntityTooLarge, "the list is too large"))?;
@@ -90,6 +93,21 @@ async fn invalidate(state: &AppState, req: Request) -> Result<Response, S3Error>
         state.cache.invalidate(&it.bucket, &it.key);
     }
     Ok(json_response(json!({"invalidated": items.len()})))
+}
+
+/// With credentials set, only a member (`x-granary-peer-auth`) may call this route.
+fn peer_only(state: &AppState, parts: &http::request::Parts) -> Result<(), S3Error> {
+    if let Some(creds) = &state.creds {
+        let value = parts
+            .headers
+            .get(s3::auth::PEER_AUTH)
+            .and_then(|v| v.to_str().ok())
+            .ok_or_else(|| {
+                S3Error::new(S3Code::AccessDenied, "only cluster members may ask this")
+            })?;
+        s3::auth::check_peer_auth(creds, parts, value)?;
+    }
+    Ok(())
 }
 
 /// 1,000 keys of 1 KiB and their buckets, with room to spare.

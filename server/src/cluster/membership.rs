@@ -38,7 +38,13 @@ pub fn spawn(cluster: Arc<Cluster>) {
             let probes = others.into_iter().map(|i| {
                 let c = cluster.clone();
                 async move {
-                    match probe(&c, i).await {
+                    let heard = match probe(&c, i).await {
+                        // Back after being down: it missed this node's invalidations, so
+                        // it checks its copies against the backend before it is routed to.
+                        Ok(h) if c.returning(i) => c.tell_revalidate(i).await.map(|()| h),
+                        other => other,
+                    };
+                    match heard {
                         Ok(h) => c.heard(i, h.capacity, h.full, h.free),
                         Err(why) => c.unheard(i, &why),
                     }

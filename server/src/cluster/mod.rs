@@ -39,6 +39,8 @@ pub struct Member {
     full: AtomicBool,
     /// Bytes the member's cache could still admit, as last heard.
     free: AtomicU64,
+    /// Heard at least once: a later return from down is a return, not a first meeting.
+    met: AtomicBool,
 }
 
 impl Member {
@@ -113,6 +115,7 @@ impl Cluster {
                 weight: AtomicU64::new(if i == me { capacity } else { 0 }),
                 full: AtomicBool::new(false),
                 free: AtomicU64::new(0),
+                met: AtomicBool::new(i == me),
             })
             .collect();
         let creds = match (&config.access_key, &config.secret_key) {
@@ -261,12 +264,20 @@ impl Cluster {
         m.fails.store(0, Ordering::Relaxed);
         m.full.store(full, Ordering::Relaxed);
         m.free.store(free, Ordering::Relaxed);
+        m.met.store(true, Ordering::Relaxed);
         if m.weight.swap(weight, Ordering::Relaxed) != weight {
             self.rebuild_ring();
         }
         if !m.up.swap(true, Ordering::AcqRel) {
             tracing::info!(node = %m.id, weight, "cluster member up");
         }
+    }
+
+    /// Whether member `i` is down after having been up: while it was down, this node
+    /// sent it no invalidations.
+    fn returning(&self, i: usize) -> bool {
+        let m = &self.members[i];
+        m.met.load(Ordering::Relaxed) && !m.is_up()
     }
 
     /// Records a failed probe; the second in a row marks the member down.

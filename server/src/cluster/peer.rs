@@ -33,6 +33,10 @@ pub const SPILL: &str = "x-granary-spill";
 
 pub type HttpClient = Client<HttpConnector, Body>;
 
+/// How long a forwarded read waits for the owner's response headers before the owner
+/// counts as gone (a hung process still accepts connections).
+pub const FORWARD_READ_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// How long a peer fill waits for a peer's answer before going to the backend.
 const PEER_FILL_TIMEOUT: Duration = Duration::from_secs(2);
 /// Peers asked for a copy on a miss: the next in the key's ranking, who held the key
@@ -140,7 +144,17 @@ impl Cluster {
         if let Ok(v) = HeaderValue::from_str(&self.members[self.me].id) {
             h.insert(HOP, v);
         }
-        let resp = self.http.request(req).await.map_err(|e| {
+        let read = method == Method::GET || method == Method::HEAD;
+        let send = self.http.request(req);
+        // A write's answer comes after its whole body: only reads are timed.
+        let answered = if read {
+            tokio::time::timeout(FORWARD_READ_TIMEOUT, send)
+                .await
+                .map_err(|_| "no answer in time".to_owned())?
+        } else {
+            send.await
+        };
+        let resp = answered.map_err(|e| {
             let mut msg = e.to_string();
             let mut src = std::error::Error::source(&e);
             while let Some(s) = src {
@@ -199,6 +213,18 @@ impl Cluster {
             .map_err(std::io::Error::other)
             .boxed();
         Some((meta, body))
+    }
+
+    /// Asks member `i`, back after being down, to check its cached copies against the
+    /// backend before serving them (`POST /_granary/revalidate`).
+    pub async fn tell_revalidate(&self, i: usize) -> Result<(), String> {
+        let req = self.own_request(i, Method::POST, "/_granary/revalidate", Body::empty());
+        match tokio::time::timeout(Duration::from_secs(2), self.http.request(req)).await {
+            Ok(Ok(r)) if r.status().is_success() => Ok(()),
+            Ok(Ok(r)) => Err(format!("revalidate answered {}", r.status())),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err("revalidate timed out".to_owned()),
+        }
     }
 
     /// Tells the other up members to drop their copies of these objects (written or

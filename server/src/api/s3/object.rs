@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::body::Body;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
 
@@ -166,12 +166,14 @@ pub async fn get(state: &AppState, r: Req, head: bool) -> Result<Response, S3Err
     };
     let (meta, body, resolved, source) = if r.parts.headers.contains_key(PEER_FILL) && !head {
         // A peer filling from this node: the committed copy or nothing.
-        let read = state
-            .cache
-            .get_committed(&r.bucket, &key, &resolve)?
-            .ok_or_else(|| {
-                S3Error::new(S3Code::NoSuchKey, "this node holds no copy of the object")
-            })?;
+        let Some(read) = state.cache.get_committed(&r.bucket, &key, &resolve)? else {
+            // The usual answer to a peer's question, not a client's error.
+            let mut resp = S3Error::new(S3Code::NoSuchKey, "this node holds no copy of the object")
+                .with_resource(r.resource())
+                .into_response();
+            resp.extensions_mut().insert(crate::api::NotAnError);
+            return Ok(resp);
+        };
         state.stats.peer_serves.fetch_add(1, Ordering::Relaxed);
         let stats = state.stats.clone();
         let body = futures::StreamExt::map(read.body, move |item| {
