@@ -261,26 +261,17 @@ impl Cache {
         self.read(backend, bucket, key, range, false).await
     }
 
-    /// [`Cache::get`], but a miss this node cannot admit (and no peer holds) fails
-    /// with [`BackendError::NotAdmitted`] (with the object's size, when known) before any byte is read from the backend, so
-    /// that the caller can leave the object to a node with room.
-    pub async fn get_or_spill(
-        self: &Arc<Self>,
-        backend: &Arc<dyn Backend>,
-        bucket: &str,
-        key: &str,
-        range: &RangeFn<'_>,
-    ) -> Result<Read, BackendError> {
-        self.read(backend, bucket, key, range, true).await
-    }
-
     /// True once a never-evict cache has refused an object for want of room (until an
     /// entry is removed).
     pub fn refusing(&self) -> bool {
         self.refusing.load(Ordering::Acquire)
     }
 
-    async fn read(
+    /// [`Cache::get`]; with `spill`, a miss this node cannot admit (and no peer holds)
+    /// fails with [`BackendError::NotAdmitted`] (carrying the object's size when known)
+    /// before any byte is read from the backend, so that the caller can leave the
+    /// object to a node with room.
+    pub async fn read(
         self: &Arc<Self>,
         backend: &Arc<dyn Backend>,
         bucket: &str,

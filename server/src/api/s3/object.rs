@@ -198,17 +198,10 @@ pub async fn get(state: &AppState, r: Req, head: bool) -> Result<Response, S3Err
         let tried_header = r.header(SPILL).unwrap_or("").to_owned();
         let tried: Vec<&str> = tried_header.split(',').filter(|s| !s.is_empty()).collect();
         let spill = state.cluster.can_spill(&tried);
-        let got = if spill {
-            state
-                .cache
-                .get_or_spill(&state.backend, &r.bucket, &key, &resolve)
-                .await
-        } else {
-            state
-                .cache
-                .get(&state.backend, &r.bucket, &key, &resolve)
-                .await
-        };
+        let got = state
+            .cache
+            .read(&state.backend, &r.bucket, &key, &resolve, spill)
+            .await;
         let read = match got {
             Err(BackendError::NotAdmitted(size)) => {
                 let spilled = spill_to_peer(state, &r.parts, &r.bucket, &key, size, &tried);
