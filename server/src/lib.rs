@@ -4,6 +4,7 @@
 //! (`api`: S3 and native routes), and the counters (`stats`).
 
 pub mod api;
+pub mod archive;
 pub mod backend;
 pub mod cache;
 pub mod cluster;

@@ -29,6 +29,7 @@ use crate::stats::Stats;
 use fill::{Fill, Phase};
 use index::{Entry, Index};
 
+pub use fill::slice as fill_slice;
 pub use index::Usage;
 
 /// Where the bytes of a read came from (`x-granary-cache`).
@@ -89,6 +90,9 @@ pub struct Cache {
     writes: Mutex<write::Writes>,
     /// Where a miss looks before the backend.
     peers: std::sync::OnceLock<Arc<dyn Peers>>,
+    /// Member indexes of cached `.tar` entries, built on first use, dropped with the entry
+    /// (keyed like the index; an index of another entry of the key is rebuilt).
+    tar_indexes: moka::sync::Cache<String, (Arc<Entry>, Arc<crate::archive::TarIndex>)>,
     /// Set when never-evict refuses an object for want of room; cleared when an entry
     /// is removed.
     refusing: AtomicBool,
@@ -101,6 +105,9 @@ pub struct Cache {
 const HOT_MAX_OBJECT: u64 = 256 << 10;
 /// Memory for hot small objects.
 const HOT_CAPACITY: u64 = 256 << 20;
+/// Memory for the member indexes of cached tar shards (about 48 bytes and the name per
+/// member: a million members in 64 MiB at 20-byte names).
+const TAR_INDEX_CAPACITY: u64 = 64 << 20;
 
 impl Cache {
     /// Opens the cache under `dir`, rebuilding the index from the entries on disk.
@@ -163,6 +170,15 @@ impl Cache {
                 .build(),
             writes: Mutex::new(write::Writes::default()),
             peers: std::sync::OnceLock::new(),
+            tar_indexes: moka::sync::Cache::builder()
+                .max_capacity(TAR_INDEX_CAPACITY)
+                .weigher(
+                    |_, (_, idx): &(Arc<Entry>, Arc<crate::archive::TarIndex>)| {
+                        let bytes: usize = idx.keys().map(|k| k.len() + 48).sum();
+                        bytes.try_into().unwrap_or(u32::MAX)
+                    },
+                )
+                .build(),
             refusing: AtomicBool::new(false),
             generation: std::sync::atomic::AtomicU64::new(0),
         })
@@ -185,6 +201,46 @@ impl Cache {
 
     fn generation(&self) -> u64 {
         self.generation.load(Ordering::Acquire)
+    }
+
+    /// The member index of a committed entry of a `.tar` object, built on first use:
+    /// `None` when the object is not cached here.
+    pub async fn tar_index(
+        &self,
+        backend: &Arc<dyn Backend>,
+        bucket: &str,
+        key: &str,
+    ) -> Result<Option<(ObjectMeta, Arc<crate::archive::TarIndex>)>, BackendError> {
+        let ikey = index::key_of(bucket, key);
+        let Some(entry) = self.lock_index().get(&ikey) else {
+            return Ok(None);
+        };
+        if self.generation() > 0 {
+            self.still_current(backend, bucket, key, &ikey, &entry)
+                .await?;
+            if self.lock_index().get(&ikey).is_none() {
+                return Ok(None);
+            }
+        }
+        if let Some((e, idx)) = self.tar_indexes.get(&ikey) {
+            if Arc::ptr_eq(&e, &entry) {
+                return Ok(Some((entry.meta.clone(), idx)));
+            }
+        }
+        let path = entry.path.clone();
+        let built = tokio::task::spawn_blocking(move || {
+            File::open(&path).and_then(|f| crate::archive::index_tar(&f))
+        })
+        .await
+        .map_err(|e| BackendError::Io(io::Error::other(e)))?;
+        let idx = Arc::new(built.map_err(|e| {
+            BackendError::Client(S3Error::new(
+                crate::error::S3Code::InvalidArgument,
+                format!("the object is not a readable tar archive: {e}"),
+            ))
+        })?);
+        self.tar_indexes.insert(ikey, (entry.clone(), idx.clone()));
+        Ok(Some((entry.meta.clone(), idx)))
     }
 
     /// Checks an entry older than the cache's generation against the backend; drops it
@@ -705,6 +761,7 @@ impl Cache {
     fn drop_entry(&self, key: &str, entry: &Arc<Entry>) {
         let _fills = self.lock_fills();
         self.hot.invalidate(key);
+        self.tar_indexes.invalidate(key);
         if let Some(e) = self.lock_index().remove(key, Some(entry)) {
             let _ = fs::remove_file(&e.path);
             self.refusing.store(false, Ordering::Release);
@@ -724,6 +781,7 @@ impl Cache {
             .unwrap_or_else(|p| p.into_inner())
             .bump(&ikey);
         self.hot.invalidate(&ikey);
+        self.tar_indexes.invalidate(&ikey);
         if let Some(e) = self.lock_index().remove(&ikey, None) {
             let _ = fs::remove_file(&e.path);
             self.refusing.store(false, Ordering::Release);

@@ -6,6 +6,7 @@ pub mod auth;
 pub mod body;
 mod bucket;
 mod list;
+mod member;
 mod multipart;
 mod object;
 pub mod range;
@@ -251,6 +252,11 @@ async fn dispatch(state: &AppState, r: Req) -> Result<Response, S3Error> {
         (&Method::GET, true) if r.has("uploadId") => {
             op("ListParts");
             multipart::list_parts(state, r).await
+        }
+        (&Method::GET | &Method::HEAD, true) if r.has("archpath") => {
+            op("GetArchiveMember");
+            let head = m == Method::HEAD;
+            member::get(state, r, head).await
         }
         (&Method::GET, true) => {
             op("GetObject");

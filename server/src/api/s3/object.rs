@@ -68,7 +68,7 @@ pub fn content_md5(r: &Req) -> Result<Option<[u8; 16]>, S3Error> {
     Ok(Some(arr))
 }
 
-fn http_date(t: SystemTime) -> HeaderValue {
+pub(super) fn http_date(t: SystemTime) -> HeaderValue {
     HeaderValue::from_str(&httpdate::fmt_http_date(t)).expect("HTTP dates are ASCII")
 }
 
@@ -79,7 +79,7 @@ fn etag_matches(list: &str, etag: &str) -> bool {
 }
 
 /// RFC 9110's evaluation order of the four conditional headers.
-fn check_conditions(h: &HeaderMap, meta: &ObjectMeta) -> Result<(), S3Error> {
+pub(super) fn check_conditions(h: &HeaderMap, meta: &ObjectMeta) -> Result<(), S3Error> {
     let failed = || {
         S3Error::new(
             S3Code::PreconditionFailed,

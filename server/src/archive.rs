@@ -1,0 +1,244 @@
+//! Files inside tar shards (`?archpath=MEMBER`), for `.tar`, `.tar.gz` and `.tgz` objects.
+//!
+//! A cached `.tar` is read through an index of its members' offsets, built once per
+//! cache entry (one pass over the headers, seeking past the data) and kept in memory: a
+//! member read is then one range read of the entry, checked block by block like any hit.
+//! A shard not cached yet, or compressed, is read as a stream and scanned: its headers
+//! are parsed as the bytes arrive, the member's bytes are sent on, the rest dropped; a
+//! cold `.tar` read this way is also admitted to the cache like any read, so the next
+//! member read of it takes the index path. Parsing is the `tar` crate's (GNU long names,
+//! PAX headers), decompression `flate2`'s, both on the blocking pool.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{self, Read};
+
+use bytes::Bytes;
+use futures::TryStreamExt;
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::io::{StreamReader, SyncIoBridge};
+
+use crate::backend::ByteStream;
+
+/// How a shard is packed, by its key's suffix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    Tar,
+    TarGz,
+}
+
+impl Format {
+    pub fn of(key: &str) -> Option<Format> {
+        let k = key.to_ascii_lowercase();
+        if k.ends_with(".tar") {
+            Some(Format::Tar)
+        } else if k.ends_with(".tar.gz") || k.ends_with(".tgz") {
+            Some(Format::TarGz)
+        } else {
+            None
+        }
+    }
+}
+
+/// A member's place in an uncompressed tar: data offset and size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Member {
+    pub offset: u64,
+    pub size: u64,
+}
+
+/// Member name → place, for the regular files of a tar.
+pub type TarIndex = HashMap<String, Member>;
+
+/// A member name as the index keeps it: without a leading `./` or `/`.
+pub fn normalize(name: &str) -> &str {
+    let mut n = name;
+    loop {
+        if let Some(rest) = n.strip_prefix("./") {
+            n = rest;
+        } else if let Some(rest) = n.strip_prefix('/') {
+            n = rest;
+        } else {
+            return n;
+        }
+    }
+}
+
+/// Indexes the tar at the start of `file` (a cache entry: the tar's end-of-archive
+/// blocks come before the entry's footer, so parsing stops there).
+pub fn index_tar(file: &File) -> io::Result<TarIndex> {
+    let mut archive = tar::Archive::new(file);
+    let mut index = TarIndex::new();
+    for entry in archive.entries_with_seek()? {
+        let entry = entry?;
+        if !entry.header().entry_type().is_file() {
+            continue;
+        }
+        let name = entry.path()?.to_string_lossy().into_owned();
+        index.insert(
+            normalize(&name).to_owned(),
+            Member {
+                offset: entry.raw_file_position(),
+                size: entry.size(),
+            },
+        );
+    }
+    Ok(index)
+}
+
+/// Bytes of a member handed on per message while scanning.
+const SCAN_CHUNK: usize = 256 << 10;
+
+/// Scans a shard's stream for `member`: its size and a stream of its bytes, or `None`
+/// when the shard has no such regular file. Fails when the stream is not a tar (or gzip).
+pub async fn scan(
+    body: ByteStream,
+    format: Format,
+    member: &str,
+) -> io::Result<Option<(u64, ByteStream)>> {
+    let want = normalize(member).to_owned();
+    let reader = SyncIoBridge::new(StreamReader::new(body.map_err(io::Error::other)));
+    let (found_tx, found_rx) = oneshot::channel::<io::Result<Option<u64>>>();
+    let (tx, rx) = mpsc::channel::<io::Result<Bytes>>(4);
+    tokio::task::spawn_blocking(move || {
+        let input: Box<dyn Read> = match format {
+            Format::Tar => Box::new(reader),
+            Format::TarGz => Box::new(flate2::read::GzDecoder::new(reader)),
+        };
+        let mut archive = tar::Archive::new(input);
+        let mut found_tx = Some(found_tx);
+        let result = (|| -> io::Result<()> {
+            for entry in archive.entries()? {
+                let mut entry = entry?;
+                if !entry.header().entry_type().is_file() {
+                    continue;
+                }
+                let name = entry.path()?.to_string_lossy().into_owned();
+                if normalize(&name) != want {
+                    continue;
+                }
+                if let Some(f) = found_tx.take() {
+                    let _ = f.send(Ok(Some(entry.size())));
+                }
+                let mut buf = vec![0u8; SCAN_CHUNK];
+                loop {
+                    let n = entry.read(&mut buf)?;
+                    if n == 0 {
+                        return Ok(());
+                    }
+                    if tx
+                        .blocking_send(Ok(Bytes::copy_from_slice(&buf[..n])))
+                        .is_err()
+                    {
+                        return Ok(()); // the client left
+                    }
+                }
+            }
+            Ok(())
+        })();
+        match (result, found_tx) {
+            (Ok(()), Some(f)) => {
+                let _ = f.send(Ok(None));
+            }
+            (Err(e), Some(f)) => {
+                let _ = f.send(Err(e));
+            }
+            (Err(e), None) => {
+                let _ = tx.blocking_send(Err(e));
+            }
+            (Ok(()), None) => {}
+        }
+    });
+    let size = match found_rx.await {
+        Ok(r) => r?,
+        Err(_) => return Err(io::Error::other("the shard scan stopped")),
+    };
+    Ok(size.map(|s| {
+        let body = futures::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|item| (item, rx))
+        });
+        (s, Box::pin(body) as ByteStream)
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::StreamExt;
+
+    fn shard(members: &[(&str, &[u8])]) -> Vec<u8> {
+        let mut b = tar::Builder::new(Vec::new());
+        for (name, data) in members {
+            let mut h = tar::Header::new_gnu();
+            h.set_size(data.len() as u64);
+            h.set_mode(0o644);
+            h.set_cksum();
+            b.append_data(&mut h, name, *data).unwrap();
+        }
+        b.into_inner().unwrap()
+    }
+
+    async fn collect(s: ByteStream) -> Vec<u8> {
+        s.map(|c| c.unwrap().to_vec()).concat().await
+    }
+
+    #[test]
+    fn formats_follow_the_suffix() {
+        assert_eq!(Format::of("a/b.tar"), Some(Format::Tar));
+        assert_eq!(Format::of("b.TAR.GZ"), Some(Format::TarGz));
+        assert_eq!(Format::of("b.tgz"), Some(Format::TarGz));
+        assert_eq!(Format::of("b.zip"), None);
+        assert_eq!(normalize("./a/b.jpg"), "a/b.jpg");
+    }
+
+    #[test]
+    fn an_index_finds_every_member() {
+        let long = "d/".repeat(70) + "sample.cls";
+        let data = shard(&[
+            ("000.jpg", b"jpeg bytes"),
+            (&long, b"7"),
+            ("000.json", b"{}"),
+        ]);
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("s.tar");
+        std::fs::write(&p, &data).unwrap();
+        let idx = index_tar(&File::open(&p).unwrap()).unwrap();
+        assert_eq!(idx.len(), 3);
+        let m = idx["000.jpg"];
+        assert_eq!(
+            &data[m.offset as usize..(m.offset + m.size) as usize],
+            b"jpeg bytes"
+        );
+        let m = idx[long.as_str()];
+        assert_eq!(&data[m.offset as usize..(m.offset + m.size) as usize], b"7");
+    }
+
+    #[tokio::test]
+    async fn a_scan_streams_one_member_of_tar_and_tgz() {
+        let big: Vec<u8> = (0..1_000_000u32).map(|i| (i % 251) as u8).collect();
+        let data = shard(&[("a.txt", b"alpha"), ("./b.bin", &big), ("c.txt", b"gamma")]);
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        std::io::Write::write_all(&mut gz, &data).unwrap();
+        let gz = gz.finish().unwrap();
+        for (bytes, format) in [(data, Format::Tar), (gz, Format::TarGz)] {
+            let body = || {
+                let chunks: Vec<io::Result<Bytes>> = bytes
+                    .chunks(7000)
+                    .map(|c| Ok(Bytes::copy_from_slice(c)))
+                    .collect();
+                Box::pin(futures::stream::iter(chunks)) as ByteStream
+            };
+            let (size, s) = scan(body(), format, "b.bin").await.unwrap().unwrap();
+            assert_eq!(size, big.len() as u64);
+            assert_eq!(collect(s).await, big);
+            let (_, s) = scan(body(), format, "c.txt").await.unwrap().unwrap();
+            assert_eq!(collect(s).await, b"gamma");
+            assert!(scan(body(), format, "nope").await.unwrap().is_none());
+        }
+        let junk = Box::pin(futures::stream::iter(vec![Ok(Bytes::from(vec![
+            7u8;
+            5000
+        ]))]));
+        assert!(scan(junk, Format::TarGz, "x").await.is_err());
+    }
+}
