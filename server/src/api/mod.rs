@@ -50,13 +50,7 @@ impl AppState {
         stats: Arc<Stats>,
         cluster: Arc<Cluster>,
     ) -> AppState {
-        let creds = match (&config.access_key, &config.secret_key) {
-            (Some(a), Some(s)) => Some(Credentials {
-                access_key: a.clone(),
-                secret_key: s.clone(),
-            }),
-            _ => None,
-        };
+        let creds = Credentials::from_config(&config);
         AppState {
             node_id: config.node_id(),
             creds,

@@ -203,6 +203,22 @@ impl S3Backend {
     }
 
     /// A bodiless 404 of a HEAD: the key is missing, or its bucket is.
+    /// A failed read of an object, mapped; a missing key is told from a missing bucket.
+    async fn object_err<E>(
+        &self,
+        e: SdkError<E, HttpResponse>,
+        bucket: &str,
+        key: &str,
+    ) -> BackendError
+    where
+        E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    {
+        match self.map_err(e, Target::Object(bucket, key)) {
+            BackendError::NoSuchKey(_) => self.missing(bucket, key).await,
+            other => other,
+        }
+    }
+
     async fn missing(&self, bucket: &str, key: &str) -> BackendError {
         match self.head_bucket(bucket).await {
             Err(e @ BackendError::NoSuchBucket(_)) => e,
@@ -411,12 +427,7 @@ impl Backend for S3Backend {
             .await
         {
             Ok(out) => out,
-            Err(e) => {
-                return Err(match self.map_err(e, Target::Object(bucket, key)) {
-                    BackendError::NoSuchKey(_) => self.missing(bucket, key).await,
-                    other => other,
-                })
-            }
+            Err(e) => return Err(self.object_err(e, bucket, key).await),
         };
         Ok(object_meta!(out))
     }
@@ -463,12 +474,7 @@ impl Backend for S3Backend {
             .await
         {
             Ok(out) => out,
-            Err(e) => {
-                return Err(match self.map_err(e, Target::Object(bucket, key)) {
-                    BackendError::NoSuchKey(_) => self.missing(bucket, key).await,
-                    other => other,
-                })
-            }
+            Err(e) => return Err(self.object_err(e, bucket, key).await),
         };
         let meta = object_meta!(out);
         let resolved = range(&meta).map_err(BackendError::Client)?;

@@ -215,12 +215,11 @@ impl Cache {
         let Some(entry) = self.lock_index().get(&ikey) else {
             return Ok(None);
         };
-        if self.generation() > 0 {
-            self.still_current(backend, bucket, key, &ikey, &entry)
-                .await?;
-            if self.lock_index().get(&ikey).is_none() {
-                return Ok(None);
-            }
+        if !self
+            .still_current(backend, bucket, key, &ikey, &entry)
+            .await?
+        {
+            return Ok(None);
         }
         if let Some((e, idx)) = self.tar_indexes.get(&ikey) {
             if Arc::ptr_eq(&e, &entry) {
@@ -243,8 +242,9 @@ impl Cache {
         Ok(Some((entry.meta.clone(), idx)))
     }
 
-    /// Checks an entry older than the cache's generation against the backend; drops it
-    /// when the backend holds another version (or none).
+    /// Whether an entry may be served: one checked since the cache's generation began
+    /// is (a load and a compare); an older one is checked against the backend, and
+    /// dropped when the backend holds another version (or none).
     async fn still_current(
         &self,
         backend: &Arc<dyn Backend>,
@@ -252,20 +252,20 @@ impl Cache {
         key: &str,
         ikey: &str,
         entry: &Arc<Entry>,
-    ) -> Result<(), BackendError> {
+    ) -> Result<bool, BackendError> {
         let generation = self.generation();
         if entry.checked.load(Ordering::Acquire) >= generation {
-            return Ok(());
+            return Ok(true);
         }
         match backend.head_object(bucket, key).await {
             Ok(now) if now.etag == entry.meta.etag && now.size == entry.meta.size => {
                 entry.checked.store(generation, Ordering::Release);
-                Ok(())
+                Ok(true)
             }
             Ok(_) | Err(BackendError::NoSuchKey(_)) => {
                 tracing::info!(key = %ikey, "a cached copy is no longer the backend's; dropping it");
                 self.drop_entry(ikey, entry);
-                Ok(())
+                Ok(false)
             }
             Err(e) => Err(e),
         }
@@ -336,16 +336,17 @@ impl Cache {
         spill: bool,
     ) -> Result<Read, BackendError> {
         let ikey = index::key_of(bucket, key);
-        if self.generation() > 0 {
-            let cached = self.lock_index().get(&ikey);
-            if let Some(entry) = cached {
-                self.still_current(backend, bucket, key, &ikey, &entry)
-                    .await?;
+        // Bound first: the index lock is not held while the read is set up.
+        let cached = self.lock_index().get(&ikey);
+        if let Some(entry) = cached {
+            if self
+                .still_current(backend, bucket, key, &ikey, &entry)
+                .await?
+            {
+                let read = self.serve_entry(&ikey, entry, range)?;
+                self.stats.hits.fetch_add(1, Ordering::Relaxed);
+                return Ok(read);
             }
-        }
-        if let Some(read) = self.committed(&ikey, range)? {
-            self.stats.hits.fetch_add(1, Ordering::Relaxed);
-            return Ok(read);
         }
         // Join a fill in progress, or lead a new one.
         let (fill, leader) = {
@@ -402,19 +403,21 @@ impl Cache {
         key: &str,
         range: &RangeFn<'_>,
     ) -> Result<Option<Read>, BackendError> {
-        self.committed(&index::key_of(bucket, key), range)
+        let ikey = index::key_of(bucket, key);
+        let cached = self.lock_index().get(&ikey);
+        cached
+            .map(|entry| self.serve_entry(&ikey, entry, range))
+            .transpose()
     }
 
-    fn committed(
+    /// A committed entry's bytes, of the range `range` picks: from memory for a hot
+    /// small object, else the entry file.
+    fn serve_entry(
         self: &Arc<Self>,
         ikey: &str,
+        entry: Arc<Entry>,
         range: &RangeFn<'_>,
-    ) -> Result<Option<Read>, BackendError> {
-        // Bound first: the index lock is not held while the read is set up.
-        let cached = self.lock_index().get(ikey);
-        let Some(entry) = cached else {
-            return Ok(None);
-        };
+    ) -> Result<Read, BackendError> {
         let resolved = range(&entry.meta).map_err(BackendError::Client)?;
         let hot = self
             .hot
@@ -432,12 +435,12 @@ impl Cache {
                 .clone()
                 .hit_stream(ikey.to_owned(), entry.clone(), resolved),
         };
-        Ok(Some(Read {
+        Ok(Read {
             meta: entry.meta.clone(),
             range: resolved,
             body,
             source: Source::Hit,
-        }))
+        })
     }
 
     /// A peer's copy of the object, if one holds the version the backend has now (a

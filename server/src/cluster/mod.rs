@@ -118,19 +118,12 @@ impl Cluster {
                 met: AtomicBool::new(i == me),
             })
             .collect();
-        let creds = match (&config.access_key, &config.secret_key) {
-            (Some(a), Some(s)) => Some(Credentials {
-                access_key: a.clone(),
-                secret_key: s.clone(),
-            }),
-            _ => None,
-        };
         let cluster = Cluster {
             me,
             members,
             ring: RwLock::new(Arc::new(Ring::new([]))),
             route: config.route,
-            creds,
+            creds: Credentials::from_config(config),
             http: peer::http_client(),
             stats,
             on_rejoin: std::sync::OnceLock::new(),

@@ -60,6 +60,12 @@ const PATH: &AsciiSet = &NON_ALPHANUMERIC
     .remove(b'~')
     .remove(b'/');
 
+/// A request's path and query, as forwarded.
+pub fn target_of(uri: &http::Uri) -> String {
+    uri.path_and_query()
+        .map_or_else(|| uri.path().to_owned(), |pq| pq.as_str().to_owned())
+}
+
 /// `/bucket/key`, encoded.
 pub fn object_path(bucket: &str, key: &str) -> String {
     format!(
@@ -85,37 +91,31 @@ fn hop_by_hop(name: &HeaderName) -> bool {
     )
 }
 
-/// Headers of stored objects that a peer's answer carries and a fill keeps.
-fn stored_header(name: &str) -> bool {
-    matches!(
-        name,
-        "content-type"
-            | "content-encoding"
-            | "content-disposition"
-            | "content-language"
-            | "cache-control"
-            | "expires"
-    ) || name.starts_with("x-amz-meta-")
-}
-
 impl Cluster {
     /// A request to member `i` made by this node.
     fn own_request(&self, i: usize, method: Method, target: &str, body: Body) -> Request<Body> {
-        let mut req = Request::new(body);
-        *req.method_mut() = method.clone();
-        *req.uri_mut() = format!("{}{}", self.members[i].url, target)
-            .parse()
-            .unwrap_or_default();
+        let mut req = self.request_to(i, &method, target, body);
         let me = &self.members[self.me].id;
         let h = req.headers_mut();
-        if let Ok(v) = HeaderValue::from_str(me) {
-            h.insert(HOP, v);
-        }
         if let Some(creds) = &self.creds {
             let value = auth::peer_auth_value(creds, me, &method, target);
             if let Ok(v) = HeaderValue::from_str(&value) {
                 h.insert(auth::PEER_AUTH, v);
             }
+        }
+        req
+    }
+
+    /// A request to member `i` for `target` (path and query), marked as coming from a
+    /// member (`x-granary-hop`).
+    fn request_to(&self, i: usize, method: &Method, target: &str, body: Body) -> Request<Body> {
+        let mut req = Request::new(body);
+        *req.method_mut() = method.clone();
+        *req.uri_mut() = format!("{}{}", self.members[i].url, target)
+            .parse()
+            .unwrap_or_default();
+        if let Ok(v) = HeaderValue::from_str(&self.members[self.me].id) {
+            req.headers_mut().insert(HOP, v);
         }
         req
     }
@@ -130,19 +130,12 @@ impl Cluster {
         headers: &HeaderMap,
         body: Body,
     ) -> Result<Response<Body>, String> {
-        let mut req = Request::new(body);
-        *req.method_mut() = method.clone();
-        *req.uri_mut() = format!("{}{}", self.members[i].url, target)
-            .parse()
-            .map_err(|e| format!("bad forward URI: {e}"))?;
+        let mut req = self.request_to(i, method, target, body);
         let h = req.headers_mut();
         for (k, v) in headers {
-            if !hop_by_hop(k) {
+            if !hop_by_hop(k) && k.as_str() != HOP {
                 h.append(k.clone(), v.clone());
             }
-        }
-        if let Ok(v) = HeaderValue::from_str(&self.members[self.me].id) {
-            h.insert(HOP, v);
         }
         let read = method == Method::GET || method == Method::HEAD;
         let send = self.http.request(req);
@@ -275,7 +268,7 @@ pub fn meta_of(h: &HeaderMap) -> Option<ObjectMeta> {
         .unwrap_or(SystemTime::UNIX_EPOCH);
     let mut headers: Vec<(String, String)> = h
         .iter()
-        .filter(|(k, _)| stored_header(k.as_str()))
+        .filter(|(k, _)| crate::api::s3::object::is_stored_header(k.as_str()))
         .filter_map(|(k, v)| Some((k.as_str().to_owned(), v.to_str().ok()?.to_owned())))
         .collect();
     headers.sort();

@@ -13,8 +13,9 @@ use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
 use http::{header, HeaderValue, Method, StatusCode};
 
-use super::peer::HOP;
+use super::peer::{target_of, HOP};
 use super::ring::key_hash;
+use crate::api::s3::auth::query_has;
 use crate::api::AppState;
 use crate::config::RouteMode;
 use crate::error::{S3Code, S3Error};
@@ -31,10 +32,8 @@ pub enum Routed {
 fn signed(req: &http::request::Parts) -> bool {
     let q = req.uri.query().unwrap_or("");
     req.headers.contains_key(header::AUTHORIZATION)
-        || q.split('&').any(|kv| {
-            let k = kv.split('=').next().unwrap_or("");
-            k == "X-Amz-Signature" || k == "Signature"
-        })
+        || query_has(q, "X-Amz-Signature")
+        || query_has(q, "Signature")
 }
 
 pub async fn route(state: &AppState, req: Request) -> Routed {
@@ -48,10 +47,7 @@ pub async fn route(state: &AppState, req: Request) -> Routed {
     let kh = key_hash(&bucket, &key);
     let (parts, body) = req.into_parts();
     let read = parts.method == Method::GET || parts.method == Method::HEAD;
-    let target = parts
-        .uri
-        .path_and_query()
-        .map_or_else(|| parts.uri.path().to_owned(), |pq| pq.as_str().to_owned());
+    let target = target_of(&parts.uri);
     let mut body = Some(body);
     for _ in 0..c.members().len() {
         let owner = c.owner_of_hash(kh);

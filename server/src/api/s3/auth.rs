@@ -29,6 +29,19 @@ pub struct Credentials {
     pub secret_key: String,
 }
 
+impl Credentials {
+    /// The credentials a config sets (`--access-key` with `--secret-key`), if any.
+    pub fn from_config(config: &crate::config::Config) -> Option<Credentials> {
+        match (&config.access_key, &config.secret_key) {
+            (Some(a), Some(s)) => Some(Credentials {
+                access_key: a.clone(),
+                secret_key: s.clone(),
+            }),
+            _ => None,
+        }
+    }
+}
+
 /// How the request body is to be checked.
 #[derive(Debug, Clone)]
 pub enum Payload {
@@ -193,7 +206,8 @@ fn header<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
     h.get(name).and_then(|v| v.to_str().ok())
 }
 
-fn query_has(query: &str, name: &str) -> bool {
+/// Whether the raw query has a parameter `name`.
+pub fn query_has(query: &str, name: &str) -> bool {
     query
         .split('&')
         .any(|kv| kv.split('=').next() == Some(name))

@@ -7,9 +7,9 @@ use std::sync::atomic::Ordering;
 
 use axum::body::Body;
 use axum::response::Response;
-use http::{header, HeaderValue, StatusCode};
+use http::{header, HeaderValue};
 
-use super::object::{check_conditions, http_date};
+use super::object::{check_conditions, http_date, set_length};
 use super::range::RangeSpec;
 use super::Req;
 use crate::api::AppState;
@@ -131,21 +131,6 @@ fn respond(
     if let Ok(v) = HeaderValue::from_str(&state.node_id) {
         h.insert("x-granary-node", v);
     }
-    match resolved {
-        Some(x) => {
-            *resp.status_mut() = StatusCode::PARTIAL_CONTENT;
-            let h = resp.headers_mut();
-            h.insert(header::CONTENT_LENGTH, x.len().into());
-            if let Ok(v) =
-                HeaderValue::from_str(&format!("bytes {}-{}/{}", x.start, x.end - 1, size))
-            {
-                h.insert(header::CONTENT_RANGE, v);
-            }
-        }
-        None => {
-            resp.headers_mut()
-                .insert(header::CONTENT_LENGTH, size.into());
-        }
-    }
+    set_length(&mut resp, resolved, size);
     resp
 }

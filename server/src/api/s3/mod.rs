@@ -8,7 +8,7 @@ mod bucket;
 mod list;
 mod member;
 mod multipart;
-mod object;
+pub(crate) mod object;
 pub mod range;
 pub mod xml;
 

@@ -28,13 +28,16 @@ const STORED_HEADERS: &[&str] = &[
     "expires",
 ];
 
+/// Whether a header is one an object keeps (the list above, and `x-amz-meta-*`).
+pub fn is_stored_header(name: &str) -> bool {
+    STORED_HEADERS.contains(&name) || name.starts_with("x-amz-meta-")
+}
+
 /// The headers of a write that are kept with the object.
 pub fn stored_headers(h: &HeaderMap) -> Vec<(String, String)> {
     let mut out: Vec<(String, String)> = h
         .iter()
-        .filter(|(k, _)| {
-            STORED_HEADERS.contains(&k.as_str()) || k.as_str().starts_with("x-amz-meta-")
-        })
+        .filter(|(k, _)| is_stored_header(k.as_str()))
         .filter_map(|(k, v)| Some((k.as_str().to_owned(), v.to_str().ok()?.to_owned())))
         // `aws-chunked` is framing, not a property of the object.
         .filter_map(|(k, v)| {
@@ -226,6 +229,13 @@ pub async fn get(state: &AppState, r: Req, head: bool) -> Result<Response, S3Err
     let h = resp.headers_mut();
     object_headers(state, h, &meta, source);
     response_overrides(&r, h);
+    set_length(&mut resp, resolved, meta.size);
+    Ok(resp)
+}
+
+/// `Content-Length`, and for a range `206` with its `Content-Range`, of a body cut from
+/// `size` bytes.
+pub(super) fn set_length(resp: &mut Response, resolved: Option<ByteRange>, size: u64) {
     match resolved {
         Some(br) => {
             *resp.status_mut() = StatusCode::PARTIAL_CONTENT;
@@ -233,16 +243,15 @@ pub async fn get(state: &AppState, r: Req, head: bool) -> Result<Response, S3Err
             h.insert(header::CONTENT_LENGTH, br.len().into());
             h.insert(
                 header::CONTENT_RANGE,
-                HeaderValue::from_str(&format!("bytes {}-{}/{}", br.start, br.end - 1, meta.size))
+                HeaderValue::from_str(&format!("bytes {}-{}/{}", br.start, br.end - 1, size))
                     .expect("digits are ASCII"),
             );
         }
         None => {
             resp.headers_mut()
-                .insert(header::CONTENT_LENGTH, meta.size.into());
+                .insert(header::CONTENT_LENGTH, size.into());
         }
     }
-    Ok(resp)
 }
 
 /// Forwards a read this node could not admit to the best-ranked member that still
@@ -261,10 +270,7 @@ async fn spill_to_peer(
     let mut refused: Vec<&str> = tried.to_vec();
     refused.push(&state.node_id);
     headers.insert(SPILL, HeaderValue::from_str(&refused.join(",")).ok()?);
-    let target = parts
-        .uri
-        .path_and_query()
-        .map_or_else(|| parts.uri.path().to_owned(), |pq| pq.as_str().to_owned());
+    let target = crate::cluster::peer::target_of(&parts.uri);
     match c
         .forward(i, &parts.method, &target, &headers, Body::empty())
         .await
