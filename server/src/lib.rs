@@ -11,6 +11,7 @@ pub mod cluster;
 pub mod config;
 pub mod error;
 pub mod io;
+pub mod jobs;
 pub mod stats;
 
 use std::sync::Arc;

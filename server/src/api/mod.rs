@@ -1,6 +1,7 @@
 //! The HTTP surface: one entry point that checks the request's size, opens its tracing
 //! span, and hands it to the native API (`/_granary/…`) or the S3 API (everything else).
 
+pub mod batch;
 pub mod native;
 pub mod s3;
 
@@ -40,6 +41,7 @@ pub struct AppState {
     pub creds: Option<Credentials>,
     pub stats: Arc<Stats>,
     pub cluster: Arc<Cluster>,
+    pub jobs: crate::jobs::Jobs,
 }
 
 impl AppState {
@@ -59,6 +61,7 @@ impl AppState {
             stats,
             cluster,
             config,
+            jobs: Default::default(),
         }
     }
 

@@ -1,6 +1,7 @@
 //! The native API under `/_granary/`: health, stats (JSON) and metrics (Prometheus text).
 
 use std::fmt::Write;
+use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::Request;
@@ -11,7 +12,7 @@ use serde_json::json;
 use super::{s3, AppState};
 use crate::error::{S3Code, S3Error};
 
-pub async fn handle(state: &AppState, req: Request) -> Response {
+pub async fn handle(state: &Arc<AppState>, req: Request) -> Response {
     let path = req.uri().path().trim_end_matches('/');
     tracing::Span::current().record("op", path);
     let get = req.method() == Method::GET || req.method() == Method::HEAD;
@@ -39,6 +40,30 @@ pub async fn handle(state: &AppState, req: Request) -> Response {
                 .into_response(),
             }
         }
+        ("/_granary/batch", _) => match super::batch::handle(state, req).await {
+            Ok(r) => r,
+            Err(e) => e.into_response(),
+        },
+        ("/_granary/prefetch", _) => match prefetch(state, req).await {
+            Ok(r) => r,
+            Err(e) => e.into_response(),
+        },
+        ("/_granary/jobs", true) => {
+            match s3::auth::authenticate(
+                state.creds.as_ref(),
+                state.config.anonymous_read,
+                &req.into_parts().0,
+            ) {
+                Ok(_) => json_response(serde_json::Value::Array(
+                    state.jobs.all().iter().map(|j| j.to_json()).collect(),
+                )),
+                Err(e) => e.into_response(),
+            }
+        }
+        (p, _) if p.starts_with("/_granary/jobs/") => match job(state, req).await {
+            Ok(r) => r,
+            Err(e) => e.into_response(),
+        },
         ("/_granary/invalidate", false) if req.method() == Method::POST => {
             match invalidate(state, req).await {
                 Ok(r) => r,
@@ -94,6 +119,84 @@ async fn invalidate(state: &AppState, req: Request) -> Result<Response, S3Error>
     }
     Ok(json_response(json!({"invalidated": items.len()})))
 }
+
+/// `POST /_granary/prefetch`: `{"bucket","prefix"}` starts a cluster-wide prefetch,
+/// answered `202 {"id"}`.
+async fn prefetch(state: &Arc<AppState>, req: Request) -> Result<Response, S3Error> {
+    let (parts, body) = req.into_parts();
+    if parts.method != Method::POST {
+        return Err(S3Error::new(S3Code::MethodNotAllowed, "use POST"));
+    }
+    let verdict =
+        s3::auth::authenticate(state.creds.as_ref(), state.config.anonymous_read, &parts)?;
+    let mut r = s3::Req {
+        parts,
+        body,
+        bucket: String::new(),
+        key: None,
+        query: Vec::new(),
+        verdict,
+    };
+    let raw = r.read_body_up_to(MAX_PART_BODY).await?;
+    let asked: crate::jobs::PrefetchRequest = serde_json::from_slice(&raw).map_err(|e| {
+        S3Error::new(
+            S3Code::InvalidArgument,
+            format!("the body must be {{\"bucket\":…,\"prefix\":…}}: {e}"),
+        )
+    })?;
+    let resource = format!("/{}/{}", asked.bucket, asked.prefix);
+    let job = crate::jobs::start_prefetch(state, asked)
+        .await
+        .map_err(|e| e.with_resource(resource))?;
+    let mut resp =
+        json_response(json!({"id": job.id, "kind": job.kind, "state": job.state().as_str()}));
+    *resp.status_mut() = StatusCode::ACCEPTED;
+    Ok(resp)
+}
+
+/// `GET|DELETE /_granary/jobs/{id}`: a job's progress, or its cancellation. A job this
+/// node does not know is looked for on the other members (it was taken by another).
+async fn job(state: &Arc<AppState>, req: Request) -> Result<Response, S3Error> {
+    let (parts, _) = req.into_parts();
+    s3::auth::authenticate(state.creds.as_ref(), state.config.anonymous_read, &parts)?;
+    let id = parts.uri.path().trim_end_matches('/')["/_granary/jobs/".len()..].to_owned();
+    let delete = match parts.method {
+        Method::GET | Method::HEAD => false,
+        Method::DELETE => true,
+        _ => return Err(S3Error::new(S3Code::MethodNotAllowed, "use GET or DELETE")),
+    };
+    if let Some(job) = state.jobs.get(&id) {
+        if delete {
+            crate::jobs::cancel(&job);
+        }
+        return Ok(json_response(job.to_json()));
+    }
+    let c = &state.cluster;
+    if !parts.headers.contains_key(crate::cluster::peer::HOP) {
+        let target = format!("/_granary/jobs/{id}");
+        for i in c.others_up().collect::<Vec<_>>() {
+            let asked = c
+                .ask(
+                    i,
+                    parts.method.clone(),
+                    &target,
+                    Body::empty(),
+                    std::time::Duration::from_secs(2),
+                )
+                .await;
+            if let Ok(resp) = asked {
+                if resp.status() == StatusCode::OK {
+                    return Ok(resp);
+                }
+            }
+        }
+    }
+    Err(S3Error::new(S3Code::NotFound, format!("no job {id}"))
+        .with_resource(parts.uri.path().to_owned()))
+}
+
+/// A prefetch part names its objects: room for a few hundred thousand keys.
+const MAX_PART_BODY: usize = 64 << 20;
 
 /// With credentials set, only a member (`x-granary-peer-auth`) may call this route.
 fn peer_only(state: &AppState, parts: &http::request::Parts) -> Result<(), S3Error> {

@@ -317,6 +317,13 @@ impl Cache {
         self.read(backend, bucket, key, range, false).await
     }
 
+    /// The size of this node's committed copy of the object, if it holds one.
+    pub fn holds(&self, bucket: &str, key: &str) -> Option<u64> {
+        self.lock_index()
+            .get(&index::key_of(bucket, key))
+            .map(|e| e.meta.size)
+    }
+
     /// True once a never-evict cache has refused an object for want of room (until an
     /// entry is removed).
     pub fn refusing(&self) -> bool {

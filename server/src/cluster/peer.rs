@@ -147,15 +147,7 @@ impl Cluster {
         } else {
             send.await
         };
-        let resp = answered.map_err(|e| {
-            let mut msg = e.to_string();
-            let mut src = std::error::Error::source(&e);
-            while let Some(s) = src {
-                msg = format!("{msg}: {s}");
-                src = s.source();
-            }
-            msg
-        })?;
+        let resp = answered.map_err(|e| chain(&e))?;
         self.stats
             .proxied
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -170,6 +162,31 @@ impl Cluster {
             parts.headers.remove(k);
         }
         Ok(Response::from_parts(parts, Body::new(incoming)))
+    }
+
+    /// A request this node makes of member `i` for its own ends (a batch item, a part of
+    /// a prefetch job): the answer, or why none came within `wait`.
+    pub async fn ask(
+        &self,
+        i: usize,
+        method: Method,
+        target: &str,
+        body: Body,
+        wait: Duration,
+    ) -> Result<Response<Body>, String> {
+        let mut req = self.own_request(i, method, target, body);
+        req.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        match tokio::time::timeout(wait, self.http.request(req)).await {
+            Ok(Ok(resp)) => {
+                let (parts, incoming) = resp.into_parts();
+                Ok(Response::from_parts(parts, Body::new(incoming)))
+            }
+            Ok(Err(e)) => Err(chain(&e)),
+            Err(_) => Err("no answer in time".to_owned()),
+        }
     }
 
     /// A committed copy of the object from a peer that holds one, its metadata as the
@@ -256,6 +273,17 @@ impl Cluster {
             });
         }
     }
+}
+
+/// An error and its sources, on one line.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut msg = e.to_string();
+    let mut src = e.source();
+    while let Some(s) = src {
+        msg = format!("{msg}: {s}");
+        src = s.source();
+    }
+    msg
 }
 
 /// An object's metadata from the headers of a `200` answer.

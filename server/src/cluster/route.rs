@@ -29,7 +29,7 @@ pub enum Routed {
 }
 
 /// Whether the request carries a signature that names its host.
-fn signed(req: &http::request::Parts) -> bool {
+pub(crate) fn signed(req: &http::request::Parts) -> bool {
     let q = req.uri.query().unwrap_or("");
     req.headers.contains_key(header::AUTHORIZATION)
         || query_has(q, "X-Amz-Signature")

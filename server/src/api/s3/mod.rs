@@ -83,23 +83,28 @@ impl Req {
         Ok((body::verified(Box::pin(raw), rules), len))
     }
 
-    /// A small body (XML), read whole.
+    /// A small body (XML, JSON), read whole.
     pub async fn read_small_body(&mut self) -> Result<Bytes, S3Error> {
-        let (mut stream, len) = self.take_body()?;
-        if len.is_some_and(|n| n > MAX_XML_BODY as u64) {
-            return Err(S3Error::new(
+        self.read_body_up_to(MAX_XML_BODY).await
+    }
+
+    /// The body read whole, refused beyond `limit` bytes.
+    pub async fn read_body_up_to(&mut self, limit: usize) -> Result<Bytes, S3Error> {
+        let too_large = || {
+            S3Error::new(
                 S3Code::EntityTooLarge,
-                "the XML body is too large",
-            ));
+                format!("the request body is larger than {limit} bytes"),
+            )
+        };
+        let (mut stream, len) = self.take_body()?;
+        if len.is_some_and(|n| n > limit as u64) {
+            return Err(too_large());
         }
         let mut out = Vec::new();
         while let Some(chunk) = stream.next().await {
             let chunk = chunk.map_err(io_to_s3)?;
-            if out.len() + chunk.len() > MAX_XML_BODY {
-                return Err(S3Error::new(
-                    S3Code::EntityTooLarge,
-                    "the XML body is too large",
-                ));
+            if out.len() + chunk.len() > limit {
+                return Err(too_large());
             }
             out.extend_from_slice(&chunk);
         }
@@ -153,6 +158,36 @@ pub async fn handle(state: &AppState, req: Request) -> Result<Response, S3Error>
         key,
         query,
         verdict,
+    };
+    let resource = req.resource();
+    dispatch(state, req).await.map_err(|e| {
+        if e.resource.is_none() {
+            e.with_resource(resource)
+        } else {
+            e
+        }
+    })
+}
+
+/// A read this node makes for itself (a batch item, a prefetch): `GET target` (path and
+/// query) served here as if an authenticated client had asked.
+pub(crate) async fn read_local(state: &AppState, target: &str) -> Result<Response, S3Error> {
+    let (parts, ()) = http::Request::get(target)
+        .body(())
+        .map_err(|e| S3Error::new(S3Code::InvalidArgument, format!("bad object name: {e}")))?
+        .into_parts();
+    let (bucket, key) = split_path(parts.uri.path())?;
+    let query = auth::query_pairs(parts.uri.query().unwrap_or(""));
+    let req = Req {
+        parts,
+        body: Body::empty(),
+        bucket,
+        key,
+        query,
+        verdict: Verdict {
+            signed: true,
+            payload: auth::Payload::Unsigned,
+        },
     };
     let resource = req.resource();
     dispatch(state, req).await.map_err(|e| {

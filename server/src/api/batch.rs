@@ -1,0 +1,463 @@
+//! GetBatch (`POST /_granary/batch`): many objects and shard members in one tar stream,
+//! in the order asked. Items are fetched in parallel, each from its owner (this node's
+//! cache, or the owning member over HTTP), a bounded number ahead of the one being sent;
+//! small items are read whole while they wait, large ones stream when their turn comes.
+//! The stream is assembled as it is sent: nothing holds the whole answer.
+//!
+//! Member names are `KEY` for an object and `KEY/ARCHPATH` for a shard member. A missing
+//! item fails the request (`404` before the first byte, a cut stream after it), or with
+//! `?missing=mark` becomes an empty member `__404__/NAME`.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::UNIX_EPOCH;
+
+use axum::body::Body;
+use axum::extract::Request;
+use axum::response::Response;
+use bytes::{BufMut, Bytes, BytesMut};
+use futures::{StreamExt, TryStreamExt};
+use http::{header, HeaderValue, Method, StatusCode};
+use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
+
+use super::s3::{self, auth, Req};
+use super::AppState;
+use crate::backend::ByteStream;
+use crate::cluster::peer::{object_path, FORWARD_READ_TIMEOUT};
+use crate::cluster::ring::key_hash;
+use crate::error::{S3Code, S3Error};
+
+/// Items fetched ahead of the one being sent.
+pub const PARALLEL: usize = 16;
+/// Items up to this size are read whole while they wait their turn (so at most
+/// `PARALLEL` of them are held); larger ones stream when their turn comes.
+const WHOLE_BELOW: u64 = 1 << 20;
+/// The most items one batch may name.
+pub const MAX_ITEMS: usize = 100_000;
+
+/// A query value: everything but unreserved characters encoded.
+const QUERY: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Item {
+    bucket: String,
+    key: String,
+    #[serde(default)]
+    archpath: Option<String>,
+}
+
+impl Item {
+    /// The item's member name in the answer.
+    fn name(&self) -> String {
+        match &self.archpath {
+            Some(a) => format!("{}/{}", self.key, a),
+            None => self.key.clone(),
+        }
+    }
+
+    /// The object read that fetches it.
+    fn target(&self) -> String {
+        let mut t = object_path(&self.bucket, &self.key);
+        if let Some(a) = &self.archpath {
+            t.push_str("?archpath=");
+            t.extend(utf8_percent_encode(a, QUERY));
+        }
+        t
+    }
+}
+
+enum Data {
+    Whole(Bytes),
+    Stream(ByteStream),
+}
+
+enum Outcome {
+    Found { size: u64, mtime: u64, data: Data },
+    Missing,
+}
+
+/// A spawned fetch, aborted when the answer is dropped (the client left).
+struct Fetch(tokio::task::JoinHandle<Result<Outcome, S3Error>>);
+
+impl Drop for Fetch {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl Future for Fetch {
+    type Output = Result<Outcome, S3Error>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        Pin::new(&mut self.0).poll(cx).map(|r| match r {
+            Ok(out) => out,
+            Err(e) => Err(S3Error::internal(format!(
+                "a batch item's fetch failed: {e}"
+            ))),
+        })
+    }
+}
+
+pub async fn handle(state: &Arc<AppState>, req: Request) -> Result<Response, S3Error> {
+    let (parts, body) = req.into_parts();
+    if parts.method != Method::POST {
+        return Err(S3Error::new(S3Code::MethodNotAllowed, "use POST"));
+    }
+    let query = auth::query_pairs(parts.uri.query().unwrap_or(""));
+    let mark = match query
+        .iter()
+        .find(|(k, _)| k == "missing")
+        .map(|(_, v)| v.as_str())
+    {
+        None | Some("error") => false,
+        Some("mark") => true,
+        Some(other) => {
+            return Err(S3Error::new(
+                S3Code::InvalidArgument,
+                format!("missing= takes `error` or `mark`, not `{other}`"),
+            ))
+        }
+    };
+    // A batch only reads: allowed unsigned where plain reads are.
+    let verdict = if state.config.anonymous_read
+        && !crate::cluster::route::signed(&parts)
+        && !parts.headers.contains_key(auth::PEER_AUTH)
+    {
+        auth::Verdict {
+            signed: false,
+            payload: auth::Payload::Unsigned,
+        }
+    } else {
+        auth::authenticate(state.creds.as_ref(), state.config.anonymous_read, &parts)?
+    };
+    let mut r = Req {
+        parts,
+        body,
+        bucket: String::new(),
+        key: None,
+        query,
+        verdict,
+    };
+    let raw = r.read_small_body().await?;
+    let items: Vec<Item> = serde_json::from_slice(&raw).map_err(|e| {
+        S3Error::new(
+            S3Code::InvalidArgument,
+            format!("the body must be a JSON array of {{\"bucket\",\"key\",\"archpath\"?}}: {e}"),
+        )
+    })?;
+    if items.len() > MAX_ITEMS {
+        return Err(S3Error::new(
+            S3Code::InvalidArgument,
+            format!("a batch names at most {MAX_ITEMS} items"),
+        ));
+    }
+    for it in &items {
+        if it.bucket.is_empty() || it.key.is_empty() || it.archpath.as_deref() == Some("") {
+            return Err(S3Error::new(
+                S3Code::InvalidArgument,
+                "every batch item needs a bucket and a key (and a non-empty archpath if any)",
+            ));
+        }
+    }
+    let names: Vec<String> = items.iter().map(Item::name).collect();
+    let st = state.clone();
+    let mut fetches = futures::stream::iter(items)
+        .map(move |it| {
+            let st = st.clone();
+            Fetch(tokio::spawn(async move { fetch(&st, &it).await }))
+        })
+        .buffered(PARALLEL);
+    // The first item is settled before the answer starts, so that a batch whose first
+    // item is missing is a plain `404`.
+    let first = match fetches.next().await {
+        None => None,
+        Some(got) => Some(settle(got, mark, &names[0])?),
+    };
+    let node = state.node_id.clone();
+    let body = async_stream::stream! {
+        let mut next = first;
+        let mut i = 0;
+        while let Some(outcome) = next.take() {
+            let name = &names[i];
+            match outcome {
+                Outcome::Missing => yield Ok(tar_header(&format!("__404__/{name}"), 0, 0)),
+                Outcome::Found { size, mtime, data } => {
+                    yield Ok(tar_header(name, size, mtime));
+                    match data {
+                        Data::Whole(b) => yield Ok(b),
+                        Data::Stream(mut s) => {
+                            let mut sent = 0u64;
+                            while let Some(chunk) = s.next().await {
+                                match chunk {
+                                    Ok(c) => {
+                                        sent += c.len() as u64;
+                                        yield Ok(c);
+                                    }
+                                    Err(e) => {
+                                        tracing::warn!(item = %name, error = %e, "batch item cut short");
+                                        yield Err(e);
+                                        return;
+                                    }
+                                }
+                            }
+                            if sent != size {
+                                tracing::warn!(item = %name, sent, size, "batch item cut short");
+                                yield Err(std::io::Error::other(format!(
+                                    "batch item {name}: {sent} of {size} bytes"
+                                )));
+                                return;
+                            }
+                        }
+                    }
+                    let pad = padding(size);
+                    if pad > 0 {
+                        yield Ok(Bytes::from_static(&ZEROS[..pad]));
+                    }
+                }
+            }
+            i += 1;
+            next = match fetches.next().await {
+                None => None,
+                Some(got) => match settle(got, mark, &names[i]) {
+                    Ok(o) => Some(o),
+                    Err(e) => {
+                        tracing::warn!(item = %names[i], error = %e.message, "batch cut: an item failed");
+                        yield Err(std::io::Error::other(e.message));
+                        return;
+                    }
+                },
+            };
+        }
+        // The end of the archive: two zero blocks.
+        yield Ok(Bytes::from_static(&ZEROS[..1024]));
+    };
+    let mut resp = Response::new(Body::from_stream(body));
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/x-tar"),
+    );
+    if let Ok(v) = HeaderValue::from_str(&node) {
+        h.insert("x-granary-node", v);
+    }
+    Ok(resp)
+}
+
+/// An item's outcome as the answer takes it: a missing item is an error unless marked.
+fn settle(got: Result<Outcome, S3Error>, mark: bool, name: &str) -> Result<Outcome, S3Error> {
+    match got? {
+        Outcome::Missing if !mark => Err(S3Error::new(
+            S3Code::NoSuchKey,
+            format!("batch item `{name}` does not exist"),
+        )
+        .with_resource(name.to_owned())),
+        o => Ok(o),
+    }
+}
+
+/// Reads one item from its owner: this node, or the owning member (the next one when it
+/// does not answer).
+async fn fetch(state: &AppState, it: &Item) -> Result<Outcome, S3Error> {
+    let target = it.target();
+    let c = &state.cluster;
+    if !c.is_single() {
+        let kh = key_hash(&it.bucket, &it.key);
+        for _ in 0..c.members().len() {
+            let owner = c.owner_of_hash(kh);
+            if owner == c.me() {
+                break;
+            }
+            match c
+                .ask(
+                    owner,
+                    Method::GET,
+                    &target,
+                    Body::empty(),
+                    FORWARD_READ_TIMEOUT,
+                )
+                .await
+            {
+                Ok(resp) => return outcome(resp, &c.member(owner).id).await,
+                Err(why) => c.mark_down(owner, &why),
+            }
+        }
+    }
+    match s3::read_local(state, &target).await {
+        Ok(resp) => outcome(resp, &state.node_id).await,
+        Err(e) if matches!(e.code, S3Code::NoSuchKey | S3Code::NoSuchBucket) => {
+            Ok(Outcome::Missing)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// An item's outcome from the read's answer.
+async fn outcome(resp: Response, node: &str) -> Result<Outcome, S3Error> {
+    let status = resp.status();
+    if status == StatusCode::NOT_FOUND {
+        return Ok(Outcome::Missing);
+    }
+    let (parts, body) = resp.into_parts();
+    if status != StatusCode::OK {
+        let text = axum::body::to_bytes(body, 64 << 10)
+            .await
+            .unwrap_or_default();
+        let text = String::from_utf8_lossy(&text);
+        let message = text
+            .split_once("<Message>")
+            .and_then(|(_, m)| m.split_once("</Message>"))
+            .map_or("", |(m, _)| m);
+        let code = match status {
+            StatusCode::BAD_REQUEST => S3Code::InvalidArgument,
+            StatusCode::FORBIDDEN => S3Code::AccessDenied,
+            StatusCode::SERVICE_UNAVAILABLE => S3Code::ServiceUnavailable,
+            _ => S3Code::InternalError,
+        };
+        return Err(S3Error::new(
+            code,
+            format!("node {node} answered {status} for a batch item: {message}"),
+        ));
+    }
+    let size: u64 = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| S3Error::internal("a batch item came without its length"))?;
+    let mtime = parts
+        .headers
+        .get(header::LAST_MODIFIED)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| httpdate::parse_http_date(v).ok())
+        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_secs());
+    let mut stream: ByteStream = Box::pin(body.into_data_stream().map_err(std::io::Error::other));
+    let data = if size <= WHOLE_BELOW {
+        let mut buf = BytesMut::with_capacity(size as usize);
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| {
+                S3Error::internal(format!("a batch item from node {node} was cut: {e}"))
+            })?;
+            if (buf.len() + chunk.len()) as u64 > size {
+                return Err(S3Error::internal(format!(
+                    "a batch item from node {node} is longer than its length"
+                )));
+            }
+            buf.put(chunk);
+        }
+        if buf.len() as u64 != size {
+            return Err(S3Error::internal(format!(
+                "a batch item from node {node} ended at {} of {size} bytes",
+                buf.len()
+            )));
+        }
+        Data::Whole(buf.freeze())
+    } else {
+        Data::Stream(stream)
+    };
+    Ok(Outcome::Found { size, mtime, data })
+}
+
+static ZEROS: [u8; 1024] = [0; 1024];
+
+/// Zero bytes after `size` bytes of data, to the next 512-byte block.
+fn padding(size: u64) -> usize {
+    ((512 - size % 512) % 512) as usize
+}
+
+/// The header block(s) of a regular member: a GNU long-name entry first when the name
+/// does not fit the header's 100 bytes.
+fn tar_header(name: &str, size: u64, mtime: u64) -> Bytes {
+    let name = name.as_bytes();
+    let mut out = BytesMut::with_capacity(512);
+    if name.len() > 100 {
+        let mut h = tar::Header::new_gnu();
+        put_name(&mut h, b"././@LongLink");
+        h.set_entry_type(tar::EntryType::GNULongName);
+        h.set_size(name.len() as u64 + 1);
+        h.set_mode(0o644);
+        h.set_mtime(0);
+        h.set_cksum();
+        out.extend_from_slice(h.as_bytes());
+        out.extend_from_slice(name);
+        out.put_u8(0);
+        out.extend_from_slice(&ZEROS[..padding(name.len() as u64 + 1)]);
+    }
+    let mut h = tar::Header::new_gnu();
+    put_name(&mut h, &name[..name.len().min(100)]);
+    h.set_entry_type(tar::EntryType::Regular);
+    h.set_size(size);
+    h.set_mode(0o644);
+    h.set_uid(0);
+    h.set_gid(0);
+    h.set_mtime(mtime);
+    h.set_cksum();
+    out.extend_from_slice(h.as_bytes());
+    out.freeze()
+}
+
+/// Writes a name's bytes into the header as they are (keys may hold `..` or a leading
+/// `/`, which the tar crate's path setter refuses; readers extracting to disk apply
+/// their own checks).
+fn put_name(h: &mut tar::Header, name: &[u8]) {
+    let old = h.as_old_mut();
+    old.name = [0; 100];
+    old.name[..name.len()].copy_from_slice(name);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn archive(parts: &[(String, Vec<u8>)]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for (name, data) in parts {
+            out.extend_from_slice(&tar_header(name, data.len() as u64, 1_700_000_000));
+            out.extend_from_slice(data);
+            out.extend_from_slice(&ZEROS[..padding(data.len() as u64)]);
+        }
+        out.extend_from_slice(&ZEROS);
+        out
+    }
+
+    #[test]
+    fn the_tar_crate_reads_what_we_write() {
+        let long = format!("{}/sample.jpg", "d".repeat(150));
+        let parts = vec![
+            ("a/b.cls".to_owned(), b"7".to_vec()),
+            (long.clone(), vec![9u8; 1000]),
+            ("__404__/gone".to_owned(), Vec::new()),
+            ("x/../y".to_owned(), vec![1u8; 512]),
+        ];
+        let bytes = archive(&parts);
+        let mut ar = tar::Archive::new(&bytes[..]);
+        let mut got = Vec::new();
+        for e in ar.entries().unwrap() {
+            let mut e = e.unwrap();
+            let name = String::from_utf8(e.path_bytes().into_owned()).unwrap();
+            assert_eq!(e.header().mtime().unwrap(), 1_700_000_000);
+            let mut data = Vec::new();
+            std::io::Read::read_to_end(&mut e, &mut data).unwrap();
+            got.push((name, data));
+        }
+        assert_eq!(got, parts);
+    }
+
+    #[test]
+    fn targets_encode_keys_and_members() {
+        let it = Item {
+            bucket: "b".into(),
+            key: "dir/a b.tar".into(),
+            archpath: Some("x&y=1.jpg".into()),
+        };
+        assert_eq!(it.target(), "/b/dir/a%20b.tar?archpath=x%26y%3D1.jpg");
+        assert_eq!(it.name(), "dir/a b.tar/x&y=1.jpg");
+    }
+}
