@@ -9,12 +9,14 @@
 //! - [`sigv4`]: SigV4 signing for S3 servers that refuse anonymous requests.
 //! - [`plot`]: the `--plot` SVG.
 //! - [`ringsim`]: `granary-bench ring`, key placement over simulated clusters.
+//! - [`samples`]: `granary-bench batch` and `prefetch`, the training-data features.
 
 pub mod http;
 pub mod listing;
 pub mod plot;
 pub mod report;
 pub mod ringsim;
+pub mod samples;
 pub mod sigv4;
 pub mod size;
 pub mod stall;

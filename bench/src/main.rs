@@ -41,6 +41,47 @@ enum Command {
     /// Simulate key placement over 10 to 1000 nodes with the node's own ring: load
     /// spread and the keys moved by a join and by a leave (no server needed).
     Ring(RingArgs),
+    /// N random samples (members of the tar shards under a prefix) as one GetBatch
+    /// against N single `?archpath=` GETs, sequential and in parallel (warm cache).
+    Batch(BatchArgs),
+    /// A first epoch over a cold prefix against a first epoch over a copy of it that
+    /// `POST /_granary/prefetch` warmed beforehand.
+    Prefetch(PrefetchArgs),
+}
+
+#[derive(Args)]
+struct BatchArgs {
+    #[command(flatten)]
+    common: Common,
+    #[arg(long)]
+    bucket: String,
+    /// Where the `.tar` shards are.
+    #[arg(long, default_value = "")]
+    prefix: String,
+    /// Samples per batch.
+    #[arg(long, default_value_t = 256)]
+    samples: usize,
+    /// Rounds, each with new random samples.
+    #[arg(long, default_value_t = 5)]
+    rounds: usize,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+}
+
+#[derive(Args)]
+struct PrefetchArgs {
+    #[command(flatten)]
+    common: Common,
+    #[arg(long)]
+    bucket: String,
+    /// The prefix read cold.
+    #[arg(long)]
+    cold_prefix: String,
+    /// A copy of the same objects, prefetched before its epoch.
+    #[arg(long)]
+    warm_prefix: String,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
 }
 
 #[derive(Args)]
@@ -176,6 +217,8 @@ fn main() -> anyhow::Result<()> {
         Command::Run(a) => a.common.threads,
         Command::Get(a) => a.common.threads,
         Command::Ring(a) => return ring(a),
+        Command::Batch(a) => a.common.threads,
+        Command::Prefetch(a) => a.common.threads,
     };
     let mut rt = tokio::runtime::Builder::new_multi_thread();
     if let Some(t) = threads {
@@ -187,8 +230,51 @@ fn main() -> anyhow::Result<()> {
             Command::Run(a) => run(a).await,
             Command::Get(a) => get(a).await,
             Command::Ring(_) => unreachable!("handled before the runtime starts"),
+            Command::Batch(a) => {
+                let t = target(&a.common)?;
+                let r = granary_bench::samples::batch(
+                    &t,
+                    &a.bucket,
+                    &a.prefix,
+                    a.samples,
+                    a.rounds,
+                    a.common.workers,
+                    a.seed,
+                )
+                .await?;
+                println!(
+                    "{} samples: sequential GETs / batch = {:.2}, {} parallel GETs / batch = {:.2}",
+                    r.samples, r.sequential_over_batch, r.workers, r.parallel_over_batch
+                );
+                write_json(&a.common, &r)
+            }
+            Command::Prefetch(a) => {
+                let t = target(&a.common)?;
+                let r = granary_bench::samples::prefetch(
+                    &t,
+                    &a.bucket,
+                    &a.cold_prefix,
+                    &a.warm_prefix,
+                    a.common.workers,
+                    a.seed,
+                )
+                .await?;
+                println!(
+                    "{} objects: cold first epoch {:.2} s, prefetch {:.2} s, first epoch after it {:.2} s: cold / prefetched = {:.2}",
+                    r.objects, r.cold_epoch_s, r.prefetch_s, r.warm_epoch_s, r.cold_over_warm
+                );
+                write_json(&a.common, &r)
+            }
         }
     })
+}
+
+fn write_json(common: &Common, report: &impl serde::Serialize) -> anyhow::Result<()> {
+    if let Some(path) = &common.json {
+        let json = serde_json::to_string_pretty(report)?;
+        std::fs::write(path, json + "\n").with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
 }
 
 fn ring(a: &RingArgs) -> anyhow::Result<()> {

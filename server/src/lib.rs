@@ -120,6 +120,13 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             }
         });
     }
+    // Headers and body leave in separate writes: without TCP_NODELAY a small body waits
+    // on the client's delayed ACK of the headers (tens of ms on a keep-alive connection).
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "TCP_NODELAY not set");
+        }
+    });
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown())
         .await?;

@@ -18,7 +18,7 @@ use axum::body::Body;
 use axum::extract::Request;
 use axum::response::Response;
 use bytes::{BufMut, Bytes, BytesMut};
-use futures::{StreamExt, TryStreamExt};
+use futures::{FutureExt, StreamExt, TryStreamExt};
 use http::{header, HeaderValue, Method, StatusCode};
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 
@@ -34,6 +34,8 @@ pub const PARALLEL: usize = 16;
 /// Items up to this size are read whole while they wait their turn (so at most
 /// `PARALLEL` of them are held); larger ones stream when their turn comes.
 const WHOLE_BELOW: u64 = 1 << 20;
+/// Gathered small members are sent once they reach this many bytes.
+const SEND_AT: usize = 256 << 10;
 /// The most items one batch may name.
 pub const MAX_ITEMS: usize = 100_000;
 
@@ -182,17 +184,21 @@ pub async fn handle(state: &Arc<AppState>, req: Request) -> Result<Response, S3E
     };
     let node = state.node_id.clone();
     let body = async_stream::stream! {
+        // Small members are gathered into one buffer and sent when it is large or when
+        // the next item is not ready yet: a write per member would cost a segment each.
+        let mut out = BytesMut::new();
         let mut next = first;
         let mut i = 0;
         while let Some(outcome) = next.take() {
             let name = &names[i];
             match outcome {
-                Outcome::Missing => yield Ok(tar_header(&format!("__404__/{name}"), 0, 0)),
+                Outcome::Missing => out.put(tar_header(&format!("__404__/{name}"), 0, 0)),
                 Outcome::Found { size, mtime, data } => {
-                    yield Ok(tar_header(name, size, mtime));
+                    out.put(tar_header(name, size, mtime));
                     match data {
-                        Data::Whole(b) => yield Ok(b),
+                        Data::Whole(b) => out.put(b),
                         Data::Stream(mut s) => {
+                            yield Ok(out.split().freeze());
                             let mut sent = 0u64;
                             while let Some(chunk) = s.next().await {
                                 match chunk {
@@ -216,14 +222,23 @@ pub async fn handle(state: &Arc<AppState>, req: Request) -> Result<Response, S3E
                             }
                         }
                     }
-                    let pad = padding(size);
-                    if pad > 0 {
-                        yield Ok(Bytes::from_static(&ZEROS[..pad]));
-                    }
+                    out.put(&ZEROS[..padding(size)]);
                 }
             }
             i += 1;
-            next = match fetches.next().await {
+            if out.len() >= SEND_AT {
+                yield Ok(out.split().freeze());
+            }
+            let got = match fetches.next().now_or_never() {
+                Some(got) => got,
+                None => {
+                    if !out.is_empty() {
+                        yield Ok(out.split().freeze());
+                    }
+                    fetches.next().await
+                }
+            };
+            next = match got {
                 None => None,
                 Some(got) => match settle(got, mark, &names[i]) {
                     Ok(o) => Some(o),
@@ -236,7 +251,8 @@ pub async fn handle(state: &Arc<AppState>, req: Request) -> Result<Response, S3E
             };
         }
         // The end of the archive: two zero blocks.
-        yield Ok(Bytes::from_static(&ZEROS[..1024]));
+        out.put(&ZEROS[..]);
+        yield Ok(out.freeze());
     };
     let mut resp = Response::new(Body::from_stream(body));
     let h = resp.headers_mut();
