@@ -8,6 +8,8 @@
 #   P4  shuffled epochs over D = 2 x C: never-evict against LRU, hit ratio and backend bytes
 #   P5  3 nodes of D/3 each (one cache of D) against 1 node of D/3: backend bytes per epoch
 #   P6  peak RSS of the node while serving 8 x 1 GiB streams (cold, then warm)
+#   P8  256 random samples out of tar shards: one GetBatch / 256 single archpath GETs
+#   P9  a first epoch (S3 backend, moto) after a prefetch / the same epoch cold
 #
 # Usage: bench/compare.sh [--quick] [--rounds N] [--duration 5s] [--out DIR]
 # Installs what it lacks (nginx and wrk from Debian with apt-get, moto from PyPI into
@@ -28,7 +30,7 @@ while [ $# -gt 0 ]; do
     --rounds) rounds=$2; shift ;;
     --duration) dur=$2; shift ;;
     --out) out=$2; shift ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
   shift
@@ -37,8 +39,10 @@ done
 # Sizes of each part (the quick mode only checks that the script works end to end).
 if [ "$quick" = 1 ]; then
   big=64MiB; small_n=200; p3_n=4; p3_size=4MiB; p4_n=40; p5_n=42; p6_size=64MiB
+  p8_shards=4; p9_n=8
 else
   big=256MiB; small_n=1000; p3_n=16; p3_size=16MiB; p4_n=200; p5_n=210; p6_size=1GiB
+  p8_shards=32; p9_n=64
 fi
 
 log() { printf '\n== %s\n' "$*" >&2; }
@@ -112,7 +116,7 @@ b() { # granary-bench ARGS, quiet unless it fails
 log "laying out the data in $work/origin"
 mkdir -p "$work/origin/bench/small" "$work/origin/bench/p4" "$work/origin/bench/p5" \
   "$work/origin/bench/p6"
-python3 - "$work/origin/bench" "$big" "$small_n" "$p4_n" "$p6_size" "$p5_n" <<'EOF'
+P8_SHARDS=$p8_shards python3 - "$work/origin/bench" "$big" "$small_n" "$p4_n" "$p6_size" "$p5_n" <<'EOF'
 import os, sys
 root, big, small_n, p4_n, p6 = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 p5_n = int(sys.argv[6])
@@ -135,6 +139,18 @@ for i in range(p4_n):
     write(f"{root}/p4/{i:06}", 1 << 20)
 for i in range(p5_n):
     write(f"{root}/p5/shard-{i:06}.tar", 1 << 20)
+# P8: WebDataset-like shards, 64 samples each (a 4-40 KiB .jpg and a .cls).
+import io, random, tarfile
+os.makedirs(f"{root}/p8", exist_ok=True)
+rnd = random.Random(8)
+for s in range(int(os.environ["P8_SHARDS"])):
+    with tarfile.open(f"{root}/p8/shard-{s:06d}.tar", "w", format=tarfile.GNU_FORMAT) as t:
+        for i in range(64):
+            for ext, data in (("jpg", rnd.randbytes(rnd.randint(4 << 10, 40 << 10))),
+                              ("cls", str(i % 10).encode())):
+                ti = tarfile.TarInfo(f"{s:06d}{i:04d}.{ext}")
+                ti.size, ti.mtime = len(data), 1700000000
+                t.addfile(ti, io.BytesIO(data))
 # Eight keys, one inode: the streams are distinct objects to Granary, and generating
 # them costs one file.
 write(f"{root}/p6/000000", size(p6))
@@ -260,6 +276,30 @@ b run --endpoint "$g_url" --bucket bench --prefix p5/ --epochs 3 --workers 8 --s
   --json "$out/p5-single.json"
 stop_granary
 
+# --- P8: GetBatch against single GETs ------------------------------------------------
+log "P8: 256 random samples of $p8_shards shards: one GetBatch against 256 GETs"
+start_granary g-p8 --backend "fs:$work/origin"
+b batch --endpoint "$g_url" --bucket bench --prefix p8/ --samples 256 --rounds "$((rounds * 3))" \
+  --workers 16 --json "$out/p8.json"
+stop_granary
+
+# --- P9: a first epoch after a prefetch against the same epoch cold (S3 backend) ------
+log "P9: 2 x $p9_n x 1 MiB objects in moto; cold epoch against prefetched epoch"
+export AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing
+for half in p9a/ p9b/; do
+  b run --endpoint "$moto_url" --bucket cold --prefix "$half" --objects "$p9_n" \
+    --object-size 1MiB --pct-put 100 --epochs 1 --workers 4
+done
+for r in $(seq "$rounds"); do
+  start_granary "g-p9-$r" --backend s3 --s3-endpoint "$moto_url"
+  AWS_ACCESS_KEY_ID= AWS_SECRET_ACCESS_KEY= \
+    b prefetch --endpoint "$g_url" --bucket cold --cold-prefix p9a/ --warm-prefix p9b/ \
+    --workers 8 --json "$out/p9-$r.json"
+  stop_granary
+  rm -rf "$work/g-p9-$r"
+done
+unset AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY
+
 # --- P6: memory while serving 8 x 1 GiB streams ------------------------------------
 log "P6: 8 x $p6_size streams, cold then warm"
 start_granary g-p6 --backend "fs:$work/origin"
@@ -369,6 +409,22 @@ print(f"\nP6: 8 streams of distinct objects, {p6['bytes_read'] / 2**30:.1f} GiB 
       f"(epoch 1 cold at {p6['epochs'][0]['throughput_mb_s']:.0f} MB/s, epoch 2 warm at "
       f"{p6['epochs'][-1]['throughput_mb_s']:.0f} MB/s): peak RSS (VmHWM) "
       f"**{rss.get('VmHWM', 0) / 1024:.0f} MiB**, {rss.get('VmRSS_start', 0) / 1024:.0f} MiB at start.")
+p8 = j("p8")
+res["p8"] = p8
+print(f"\nP8: 256 random samples (warm cache), {len(p8['rounds'])} rounds: one GetBatch "
+      + " / ".join(f"{x['batch_s'] * 1e3:.0f}" for x in p8["rounds"]) + " ms; 256 sequential GETs "
+      + " / ".join(f"{x['sequential_s'] * 1e3:.0f}" for x in p8["rounds"]) + " ms; 16 parallel GETs "
+      + " / ".join(f"{x['parallel_s'] * 1e3:.0f}" for x in p8["rounds"]) + " ms. "
+      f"Sequential / batch **{p8['sequential_over_batch']:.2f}**, parallel / batch "
+      f"**{p8['parallel_over_batch']:.2f}** (medians).")
+p9 = [j(f"p9-{r}") for r in R]
+res["p9"] = p9
+print(f"\nP9: first epoch over {p9[0]['objects']} x 1 MiB (S3 backend, 8 workers): cold "
+      + " / ".join(f"{x['cold_epoch_s']:.2f}" for x in p9) + " s; after a prefetch "
+      + " / ".join(f"{x['warm_epoch_s']:.2f}" for x in p9) + " s (the prefetch itself "
+      + " / ".join(f"{x['prefetch_s']:.2f}" for x in p9) + " s). Cold / prefetched "
+      f"**{med([x['cold_over_warm'] for x in p9]):.2f}**; prefetch + epoch / cold "
+      f"{med([x['prefetch_plus_epoch_over_cold'] for x in p9]):.2f}.")
 with open(f"{out}/results.json", "w") as f:
     json.dump(res, f, indent=2)
 EOF
