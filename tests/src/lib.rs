@@ -10,6 +10,7 @@
 //! requests the SDK will not sign (tampered payloads, skewed clocks, signed `aws-chunked`
 //! bodies), a strict XML check ([`check_xml`]), and helpers for SDK errors and MD5 ETags.
 
+pub mod ctl;
 mod data;
 mod http;
 mod sdk;

@@ -1,0 +1,492 @@
+//! [`Client`]: one node's address, a keep-alive connection to it, optional credentials;
+//! building, signing and sending requests, following redirects, and turning error answers
+//! into [`Error`]s. The operations themselves live in `objects.rs` and `native.rs`.
+
+use std::time::{Duration, SystemTime};
+
+use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
+
+use crate::http::{Body, BodyReader, Conn, Head};
+use crate::sign::{self, Credentials, Signable, UNSIGNED_PAYLOAD};
+use crate::{Error, Result};
+
+/// Everything but the unreserved characters `A-Za-z0-9-._~`: SigV4's encoding of query
+/// names and values.
+pub(crate) const QUERY_ENCODE: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+/// The same, keeping `/`: SigV4's encoding of paths (object keys keep their slashes).
+pub(crate) const PATH_ENCODE: &AsciiSet = &QUERY_ENCODE.remove(b'/');
+
+/// How many redirects (`307`/`308` from a node in `--route redirect` mode) are followed.
+const MAX_REDIRECTS: usize = 4;
+/// Largest error body read to explain a failure.
+const MAX_ERROR_BODY: usize = 64 << 10;
+
+/// A response read whole: status, headers (names in lower case) and body.
+#[derive(Debug, Clone)]
+pub struct Response {
+    /// The HTTP status code.
+    pub status: u16,
+    /// Header names in lower case, values as sent, in order.
+    pub headers: Vec<(String, String)>,
+    /// The whole body.
+    pub body: Vec<u8>,
+}
+
+impl Response {
+    /// The first header of this (lower-case) name.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// A client of one Granary node: a keep-alive HTTP/1.1 connection, reopened when needed.
+///
+/// Calls take `&mut self` and run one at a time; use one client per thread (they are cheap:
+/// one socket each).
+pub struct Client {
+    endpoint: String,
+    conn: Conn,
+    creds: Option<Credentials>,
+}
+
+/// One request to build: method, encoded path, raw query pairs, headers, body.
+pub(crate) struct Req<'a> {
+    pub method: &'static str,
+    /// Already encoded (see [`PATH_ENCODE`]).
+    pub path: String,
+    /// Not yet encoded.
+    pub query: Vec<(String, String)>,
+    pub headers: Vec<(String, String)>,
+    pub body: Body<'a>,
+}
+
+impl<'a> Req<'a> {
+    pub(crate) fn new(method: &'static str, path: String) -> Req<'a> {
+        Req {
+            method,
+            path,
+            query: Vec::new(),
+            headers: Vec::new(),
+            body: Body::Empty,
+        }
+    }
+
+    pub(crate) fn query(mut self, name: &str, value: &str) -> Self {
+        self.query.push((name.to_owned(), value.to_owned()));
+        self
+    }
+
+    pub(crate) fn header(mut self, name: &str, value: &str) -> Self {
+        self.headers
+            .push((name.to_ascii_lowercase(), value.to_owned()));
+        self
+    }
+
+    pub(crate) fn body(mut self, body: Body<'a>) -> Self {
+        self.body = body;
+        self
+    }
+
+    fn encoded_query(&self) -> Vec<(String, String)> {
+        self.query
+            .iter()
+            .map(|(k, v)| {
+                (
+                    utf8_percent_encode(k, QUERY_ENCODE).to_string(),
+                    utf8_percent_encode(v, QUERY_ENCODE).to_string(),
+                )
+            })
+            .collect()
+    }
+
+    /// The request target: path and encoded query.
+    pub(crate) fn target(&self) -> String {
+        let q = self.encoded_query();
+        if q.is_empty() {
+            return self.path.clone();
+        }
+        let q: Vec<String> = q.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        format!("{}?{}", self.path, q.join("&"))
+    }
+}
+
+/// `/{bucket}` with the bucket name encoded.
+pub(crate) fn bucket_path(bucket: &str) -> Result<String> {
+    if bucket.is_empty() || bucket.contains('/') {
+        return Err(Error::Invalid(format!("bucket name `{bucket}`")));
+    }
+    Ok(format!("/{}", utf8_percent_encode(bucket, QUERY_ENCODE)))
+}
+
+/// `/{bucket}/{key}` with both encoded; the key keeps its slashes.
+pub(crate) fn object_path(bucket: &str, key: &str) -> Result<String> {
+    if key.is_empty() {
+        return Err(Error::Invalid(format!("empty key in bucket `{bucket}`")));
+    }
+    Ok(format!(
+        "{}/{}",
+        bucket_path(bucket)?,
+        utf8_percent_encode(key, PATH_ENCODE)
+    ))
+}
+
+/// `host:port` of `http://host:port[/]`.
+fn host_of(endpoint: &str) -> Option<&str> {
+    endpoint
+        .strip_prefix("http://")
+        .map(|s| s.trim_end_matches('/'))
+        .filter(|s| !s.is_empty() && !s.contains('/'))
+}
+
+impl Client {
+    /// A client of the node at `endpoint` (`http://host:port`); connects on first use.
+    pub fn new(endpoint: &str) -> Result<Client> {
+        let addr = host_of(endpoint).ok_or_else(|| Error::Endpoint(endpoint.to_owned()))?;
+        Ok(Client {
+            endpoint: format!("http://{addr}"),
+            conn: Conn::new(addr.to_owned(), Duration::from_secs(60)),
+            creds: None,
+        })
+    }
+
+    /// Signs every request with SigV4 under these credentials (needed when the node runs
+    /// with `--access-key`/`--secret-key`, unless it allows anonymous reads).
+    pub fn with_credentials(mut self, access_key: &str, secret_key: &str, region: &str) -> Client {
+        self.creds = Some(Credentials::new(access_key, secret_key, region));
+        self
+    }
+
+    /// Signs with `creds`, or sends unsigned requests with `None`.
+    pub fn with_credentials_opt(mut self, creds: Option<Credentials>) -> Client {
+        self.creds = creds;
+        self
+    }
+
+    /// How long a read or write on the socket may wait (default 60 s). A node filling a
+    /// cold object streams as it goes, so this bounds stalls, not whole transfers.
+    pub fn with_timeout(mut self, timeout: Duration) -> Client {
+        self.conn.timeout = timeout;
+        self
+    }
+
+    /// `http://host:port` of the node.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// The credentials requests are signed with, if any.
+    pub fn credentials(&self) -> Option<&Credentials> {
+        self.creds.as_ref()
+    }
+
+    /// A new client of the same node with the same settings and its own connection.
+    pub fn fresh(&self) -> Client {
+        Client {
+            endpoint: self.endpoint.clone(),
+            conn: Conn::new(self.conn.addr.clone(), self.conn.timeout),
+            creds: self.creds.clone(),
+        }
+    }
+
+    /// Builds the request head for `host`, signed when credentials are set.
+    fn head_bytes(&self, req: &Req<'_>, host: &str) -> Vec<u8> {
+        let mut headers = req.headers.clone();
+        headers.push(("host".into(), host.to_owned()));
+        let mut extra = Vec::new();
+        if let Some(creds) = &self.creds {
+            let payload_hash = match &req.body {
+                Body::Empty => sign::sha256_hex(b""),
+                Body::Bytes(b) => sign::sha256_hex(b),
+                Body::Reader(..) => UNSIGNED_PAYLOAD.to_owned(),
+            };
+            extra = sign::sign(
+                creds,
+                &Signable {
+                    method: req.method,
+                    path: &req.path,
+                    query: &req.encoded_query(),
+                    headers: &headers,
+                    payload_hash: &payload_hash,
+                },
+                SystemTime::now(),
+            );
+        }
+        let mut out = format!("{} {} HTTP/1.1\r\n", req.method, req.target());
+        for (k, v) in headers.iter().chain(&extra) {
+            out.push_str(&format!("{k}: {v}\r\n"));
+        }
+        let with_body = !matches!(req.body, Body::Empty) || matches!(req.method, "PUT" | "POST");
+        if with_body {
+            out.push_str(&format!("content-length: {}\r\n", req.body.len()));
+        }
+        out.push_str("user-agent: granary-client/");
+        out.push_str(env!("CARGO_PKG_VERSION"));
+        out.push_str("\r\n\r\n");
+        out.into_bytes()
+    }
+
+    /// Sends a request and reads the answer's head, whatever its status; follows
+    /// redirects of unsigned reads to the node named in `Location`.
+    pub(crate) fn send(&mut self, mut req: Req<'_>) -> Result<(Head, BodyReader)> {
+        let head_request = req.method == "HEAD";
+        // POST starts jobs: never sent twice.
+        let idempotent = req.method != "POST";
+        let head = self.head_bytes(&req, &self.conn.addr.clone());
+        let (mut h, mut body) =
+            self.conn
+                .exchange(&head, &mut req.body, head_request, idempotent)?;
+        let mut hops = 0;
+        while matches!(h.status, 307 | 308)
+            && matches!(req.method, "GET" | "HEAD")
+            && self.creds.is_none()
+            && hops < MAX_REDIRECTS
+        {
+            let Some((host, target)) = h.header("location").and_then(split_location) else {
+                break;
+            };
+            let _ = body.read_all(MAX_ERROR_BODY);
+            if host == self.conn.addr {
+                self.conn.put_back(body.finish());
+            }
+            let (path, query) = target.split_once('?').unwrap_or((&target, ""));
+            req.path = path.to_owned();
+            req.query = crate::xml::decode_query(query);
+            let head = self.head_bytes(&req, &host);
+            let mut other = Conn::new(host, self.conn.timeout);
+            (h, body) = other.exchange(&head, &mut req.body, head_request, idempotent)?;
+            hops += 1;
+        }
+        Ok((h, body))
+    }
+
+    /// Like [`Client::send`], but an answer outside `2xx` becomes an [`Error`].
+    pub(crate) fn call(&mut self, req: Req<'_>) -> Result<(Head, BodyReader)> {
+        let target = req.target();
+        let (h, mut body) = self.send(req)?;
+        if (200..300).contains(&h.status) {
+            return Ok((h, body));
+        }
+        let text = body.read_all(MAX_ERROR_BODY).unwrap_or_default();
+        self.conn.put_back(body.finish());
+        Err(status_error(h.status, &target, &text))
+    }
+
+    /// Like [`Client::call`], reading the whole body (at most `limit` bytes).
+    pub(crate) fn call_bytes(&mut self, req: Req<'_>, limit: usize) -> Result<(Head, Vec<u8>)> {
+        let (h, mut body) = self.call(req)?;
+        let bytes = body.read_all(limit).map_err(|e| self.io(e))?;
+        self.conn.put_back(body.finish());
+        Ok((h, bytes))
+    }
+
+    /// Keeps the connection of a body read to its end.
+    pub(crate) fn done(&mut self, body: BodyReader) {
+        self.conn.put_back(body.finish());
+    }
+
+    pub(crate) fn io(&self, source: std::io::Error) -> Error {
+        Error::Io {
+            addr: self.conn.addr.clone(),
+            source,
+        }
+    }
+
+    /// Sends any request (`target` is a path with its query, already encoded) and reads
+    /// the whole answer, whatever its status: for routes this client has no method for.
+    pub fn raw(&mut self, method: &str, target: &str, body: &[u8]) -> Result<Response> {
+        let method: &'static str = match method.to_ascii_uppercase().as_str() {
+            "GET" => "GET",
+            "HEAD" => "HEAD",
+            "PUT" => "PUT",
+            "POST" => "POST",
+            "DELETE" => "DELETE",
+            other => return Err(Error::Invalid(format!("method {other}"))),
+        };
+        let (path, query) = target.split_once('?').unwrap_or((target, ""));
+        let mut req = Req::new(method, path.to_owned());
+        req.query = crate::xml::decode_query(query);
+        if !body.is_empty() {
+            req = req.body(Body::Bytes(body));
+        }
+        let (h, mut reader) = self.send(req)?;
+        let body = reader.read_all(usize::MAX - 1).map_err(|e| self.io(e))?;
+        self.conn.put_back(reader.finish());
+        Ok(Response {
+            status: h.status,
+            headers: h.headers,
+            body,
+        })
+    }
+}
+
+/// `(host:port, target)` of an `http://` Location.
+fn split_location(location: &str) -> Option<(String, String)> {
+    let rest = location.strip_prefix("http://")?;
+    let (host, target) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, "/"),
+    };
+    (!host.is_empty()).then(|| (host.to_owned(), target.to_owned()))
+}
+
+/// The error for an answer outside `2xx`: the S3 code and message when the body is an S3
+/// error document, else the body as text.
+pub(crate) fn status_error(status: u16, target: &str, body: &[u8]) -> Error {
+    if let Some((code, message)) = crate::xml::parse_error(body) {
+        return Error::S3 {
+            status,
+            code,
+            message,
+            path: target.to_owned(),
+        };
+    }
+    let mut text = String::from_utf8_lossy(body).trim().to_owned();
+    if text.len() > 1000 {
+        let mut end = 1000;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+        text.push('…');
+    }
+    Error::Status {
+        status,
+        path: target.to_owned(),
+        body: text,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fake::{FakeServer, Reply};
+
+    #[test]
+    fn endpoints() {
+        assert!(Client::new("http://127.0.0.1:7070").is_ok());
+        assert!(Client::new("http://127.0.0.1:7070/").is_ok());
+        assert!(Client::new("127.0.0.1:7070").is_err());
+        assert!(Client::new("http://h:1/path").is_err());
+        assert_eq!(Client::new("http://h:1/").unwrap().endpoint(), "http://h:1");
+    }
+
+    #[test]
+    fn paths_encode_keys_but_keep_slashes() {
+        assert_eq!(
+            object_path("b", "a dir/x+y%z.tar").unwrap(),
+            "/b/a%20dir/x%2By%25z.tar"
+        );
+        assert_eq!(object_path("b", "é").unwrap(), "/b/%C3%A9");
+        assert!(object_path("b", "").is_err());
+        assert!(object_path("", "k").is_err());
+        let req = Req::new("GET", "/b".into())
+            .query("prefix", "a b/c")
+            .query("list-type", "2");
+        assert_eq!(req.target(), "/b?prefix=a%20b%2Fc&list-type=2");
+    }
+
+    #[test]
+    fn chunked_bodies_are_decoded() {
+        let server = FakeServer::start(vec![Reply::raw(
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n",
+        )]);
+        let mut c = Client::new(&server.endpoint()).unwrap();
+        let r = c.raw("GET", "/x", b"").unwrap();
+        assert_eq!(r.status, 200);
+        assert_eq!(r.body, b"hello world");
+        let reqs = server.finish();
+        assert_eq!(reqs[0].method, "GET");
+        assert_eq!(reqs[0].target, "/x");
+    }
+
+    #[test]
+    fn one_connection_carries_many_requests() {
+        let server = FakeServer::start(vec![
+            Reply::ok(b"one".to_vec()),
+            Reply::ok(b"two".to_vec()),
+            Reply::ok(b"three".to_vec()),
+        ]);
+        let mut c = Client::new(&server.endpoint()).unwrap();
+        for want in ["one", "two", "three"] {
+            assert_eq!(c.raw("GET", "/k", b"").unwrap().body, want.as_bytes());
+        }
+        let reqs = server.finish();
+        assert_eq!(reqs.len(), 3);
+        assert!(reqs.iter().all(|r| r.connection == 0));
+    }
+
+    #[test]
+    fn a_connection_the_node_closed_is_replaced() {
+        let server = FakeServer::start(vec![
+            Reply::ok(b"one".to_vec()).then_close(),
+            Reply::ok(b"two".to_vec()),
+        ]);
+        let mut c = Client::new(&server.endpoint()).unwrap();
+        assert_eq!(c.raw("GET", "/a", b"").unwrap().body, b"one");
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(c.raw("GET", "/b", b"").unwrap().body, b"two");
+        let reqs = server.finish();
+        assert_eq!(reqs[0].connection, 0);
+        assert_eq!(reqs[1].connection, 1);
+    }
+
+    #[test]
+    fn s3_errors_carry_code_and_message() {
+        let xml = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>NoSuchKey</Code>\
+                   <Message>The specified key does not exist.</Message><Resource>/b/k</Resource></Error>";
+        let server = FakeServer::start(vec![Reply::status(404, xml.as_bytes().to_vec())]);
+        let mut c = Client::new(&server.endpoint()).unwrap();
+        let err = c.get("b", "k").unwrap_err();
+        assert_eq!(err.status(), Some(404));
+        assert_eq!(err.code(), Some("NoSuchKey"));
+        assert!(err.is_not_found());
+        assert!(!err.is_retryable());
+        assert!(err
+            .to_string()
+            .contains("The specified key does not exist."));
+        server.finish();
+    }
+
+    #[test]
+    fn redirects_of_reads_are_followed() {
+        let owner = FakeServer::start(vec![Reply::ok(b"from the owner".to_vec())]);
+        let location = format!("{}/b/k%20x", owner.endpoint());
+        let first = FakeServer::start(vec![
+            Reply::status(307, Vec::new()).with_header("location", &location)
+        ]);
+        let mut c = Client::new(&first.endpoint()).unwrap();
+        assert_eq!(c.get("b", "k x").unwrap(), b"from the owner");
+        assert_eq!(first.finish()[0].target, "/b/k%20x");
+        let host = owner.endpoint().trim_start_matches("http://").to_owned();
+        let reqs = owner.finish();
+        assert_eq!(reqs[0].target, "/b/k%20x");
+        assert_eq!(reqs[0].header("host"), Some(host.as_str()));
+    }
+
+    #[test]
+    fn signed_requests_carry_sigv4_headers() {
+        let server = FakeServer::start(vec![Reply::ok(b"x".to_vec())]);
+        let mut c =
+            Client::new(&server.endpoint())
+                .unwrap()
+                .with_credentials("AK", "SK", "us-east-1");
+        c.get_range("b", "k", 0..4).unwrap();
+        let reqs = server.finish();
+        let auth = reqs[0].header("authorization").unwrap();
+        assert!(auth.starts_with("AWS4-HMAC-SHA256 Credential=AK/"));
+        assert!(auth.contains("/us-east-1/s3/aws4_request,"));
+        assert!(auth.contains("SignedHeaders=host;range;x-amz-content-sha256;x-amz-date,"));
+        assert_eq!(
+            reqs[0].header("x-amz-content-sha256"),
+            Some("e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855")
+        );
+        assert_eq!(reqs[0].header("range"), Some("bytes=0-3"));
+    }
+}

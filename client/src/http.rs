@@ -1,0 +1,454 @@
+//! HTTP/1.1 over blocking `std::net` sockets: one pooled keep-alive connection per
+//! [`Conn`], request bodies streamed from a `Read`, and response bodies read as they arrive
+//! through [`BodyReader`] (content-length, chunked, or until close).
+//!
+//! A pooled connection the node has closed meanwhile is noticed before reuse (a
+//! non-blocking peek), and a request whose body can be sent again is retried once on a
+//! fresh connection when a reused one fails before the answer's head arrives.
+
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use crate::{Error, Result};
+
+/// A connected socket with its read buffer.
+pub(crate) type Stream = BufReader<TcpStream>;
+
+/// Longest status or header line accepted.
+const MAX_LINE: u64 = 16 << 10;
+/// Most header bytes accepted in one answer.
+const MAX_HEAD: usize = 256 << 10;
+/// Read buffer of a connection: large, since shards are read sequentially through it.
+const READ_BUFFER: usize = 256 << 10;
+
+/// What follows a request's head.
+pub(crate) enum Body<'a> {
+    Empty,
+    Bytes(&'a [u8]),
+    /// Exactly this many bytes from the reader (fewer is an error).
+    Reader(&'a mut dyn Read, u64),
+}
+
+impl Body<'_> {
+    pub(crate) fn len(&self) -> u64 {
+        match self {
+            Body::Empty => 0,
+            Body::Bytes(b) => b.len() as u64,
+            Body::Reader(_, n) => *n,
+        }
+    }
+
+    /// Whether the body can be sent a second time (a reader is spent by the first).
+    fn replayable(&self) -> bool {
+        !matches!(self, Body::Reader(..))
+    }
+}
+
+/// The status line and headers of an answer; names in lower case.
+#[derive(Debug, Clone)]
+pub(crate) struct Head {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+}
+
+impl Head {
+    pub(crate) fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// A node's address and the connection kept open to it.
+pub(crate) struct Conn {
+    pub addr: String,
+    stream: Option<Stream>,
+    pub timeout: Duration,
+}
+
+/// Where a failed exchange failed: the network (retry may help) or the caller's reader.
+enum Failure {
+    Net(io::Error),
+    Local(io::Error),
+    Protocol(String),
+}
+
+impl Conn {
+    pub(crate) fn new(addr: String, timeout: Duration) -> Conn {
+        Conn {
+            addr,
+            stream: None,
+            timeout,
+        }
+    }
+
+    fn io(&self, source: io::Error) -> Error {
+        Error::Io {
+            addr: self.addr.clone(),
+            source,
+        }
+    }
+
+    /// The pooled connection if it is still open, else a new one; and whether it was pooled.
+    fn take(&mut self) -> Result<(Stream, bool)> {
+        if let Some(s) = self.stream.take() {
+            if still_open(&s) {
+                return Ok((s, true));
+            }
+        }
+        let s = TcpStream::connect(&self.addr).map_err(|e| self.io(e))?;
+        s.set_nodelay(true).map_err(|e| self.io(e))?;
+        s.set_read_timeout(Some(self.timeout))
+            .map_err(|e| self.io(e))?;
+        s.set_write_timeout(Some(self.timeout))
+            .map_err(|e| self.io(e))?;
+        Ok((BufReader::with_capacity(READ_BUFFER, s), false))
+    }
+
+    /// Keeps a connection whose last answer was read to its end, for the next request.
+    pub(crate) fn put_back(&mut self, stream: Option<Stream>) {
+        if stream.is_some() {
+            self.stream = stream;
+        }
+    }
+
+    /// Sends `head` (the request line and headers, ending with the blank line) and `body`,
+    /// and reads the answer's head. `head_request` says the answer has no body whatever its
+    /// headers say; `idempotent` that the request may be sent again when a reused
+    /// connection fails under it.
+    pub(crate) fn exchange(
+        &mut self,
+        head: &[u8],
+        body: &mut Body<'_>,
+        head_request: bool,
+        idempotent: bool,
+    ) -> Result<(Head, BodyReader)> {
+        let mut retried = false;
+        loop {
+            let (mut stream, reused) = self.take()?;
+            match send(&mut stream, head, body).and_then(|()| read_head(&mut stream)) {
+                Ok(h) => {
+                    let framing = framing(&h, head_request)?;
+                    let keep_alive = !h
+                        .header("connection")
+                        .is_some_and(|v| v.to_ascii_lowercase().contains("close"));
+                    return Ok((
+                        h,
+                        BodyReader {
+                            stream: Some(stream),
+                            framing,
+                            keep_alive,
+                        },
+                    ));
+                }
+                Err(Failure::Net(_)) if reused && idempotent && !retried && body.replayable() => {
+                    retried = true;
+                }
+                Err(Failure::Net(e)) => return Err(self.io(e)),
+                Err(Failure::Local(e)) => return Err(Error::Local(e)),
+                Err(Failure::Protocol(m)) => return Err(Error::Protocol(m)),
+            }
+        }
+    }
+}
+
+/// Whether a pooled connection can carry another request: nothing unread in its buffer and
+/// neither end-of-stream nor stray bytes waiting on the socket.
+fn still_open(s: &Stream) -> bool {
+    if !s.buffer().is_empty() {
+        return false;
+    }
+    let sock = s.get_ref();
+    if sock.set_nonblocking(true).is_err() {
+        return false;
+    }
+    let mut b = [0u8; 1];
+    let open = matches!(sock.peek(&mut b), Err(e) if e.kind() == io::ErrorKind::WouldBlock);
+    sock.set_nonblocking(false).is_ok() && open
+}
+
+fn send(stream: &mut Stream, head: &[u8], body: &mut Body<'_>) -> std::result::Result<(), Failure> {
+    let sock = stream.get_mut();
+    match body {
+        Body::Empty => sock.write_all(head).map_err(Failure::Net),
+        Body::Bytes(b) if b.len() <= 64 << 10 => {
+            let mut all = Vec::with_capacity(head.len() + b.len());
+            all.extend_from_slice(head);
+            all.extend_from_slice(b);
+            sock.write_all(&all).map_err(Failure::Net)
+        }
+        Body::Bytes(b) => {
+            sock.write_all(head).map_err(Failure::Net)?;
+            sock.write_all(b).map_err(Failure::Net)
+        }
+        Body::Reader(r, len) => {
+            sock.write_all(head).map_err(Failure::Net)?;
+            let mut buf = vec![0u8; 256 << 10];
+            let mut left = *len;
+            while left > 0 {
+                let want = buf.len().min(left as usize);
+                let n = match r.read(&mut buf[..want]) {
+                    Ok(0) => {
+                        return Err(Failure::Local(io::Error::new(
+                            io::ErrorKind::UnexpectedEof,
+                            format!(
+                                "the upload source ended after {} of {len} bytes",
+                                *len - left
+                            ),
+                        )))
+                    }
+                    Ok(n) => n,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(Failure::Local(e)),
+                };
+                sock.write_all(&buf[..n]).map_err(Failure::Net)?;
+                left -= n as u64;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Reads one line (with its CRLF) of at most [`MAX_LINE`] bytes.
+fn read_line(stream: &mut Stream, line: &mut String) -> io::Result<usize> {
+    line.clear();
+    let n = stream.by_ref().take(MAX_LINE).read_line(line)?;
+    if n as u64 == MAX_LINE && !line.ends_with('\n') {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "line too long in the answer",
+        ));
+    }
+    Ok(n)
+}
+
+fn read_head(stream: &mut Stream) -> std::result::Result<Head, Failure> {
+    let mut line = String::new();
+    loop {
+        let n = read_line(stream, &mut line).map_err(Failure::Net)?;
+        if n == 0 {
+            return Err(Failure::Net(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the connection closed before an answer",
+            )));
+        }
+        let status: u16 = line
+            .strip_prefix("HTTP/1.")
+            .and_then(|rest| rest.split_whitespace().nth(1))
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| Failure::Protocol(format!("status line `{}`", line.trim())))?;
+        let mut headers = Vec::new();
+        let mut total = 0;
+        loop {
+            let n = read_line(stream, &mut line).map_err(Failure::Net)?;
+            total += n;
+            if n == 0 || total > MAX_HEAD {
+                return Err(Failure::Protocol(
+                    "the answer's head is cut short or too long".into(),
+                ));
+            }
+            let l = line.trim_end();
+            if l.is_empty() {
+                break;
+            }
+            if let Some((k, v)) = l.split_once(':') {
+                headers.push((k.trim().to_ascii_lowercase(), v.trim().to_owned()));
+            }
+        }
+        // Interim answers (100 Continue) come before the real one.
+        if (100..200).contains(&status) && status != 101 {
+            continue;
+        }
+        return Ok(Head { status, headers });
+    }
+}
+
+fn framing(h: &Head, head_request: bool) -> Result<Framing> {
+    if head_request || h.status == 204 || h.status == 304 || h.status < 200 {
+        return Ok(Framing::Length(0));
+    }
+    if h.header("transfer-encoding")
+        .is_some_and(|v| v.to_ascii_lowercase().contains("chunked"))
+    {
+        return Ok(Framing::Chunked(Chunk::Size));
+    }
+    match h.header("content-length") {
+        Some(v) => v
+            .parse()
+            .map(Framing::Length)
+            .map_err(|_| Error::Protocol(format!("content-length `{v}`"))),
+        None => Ok(Framing::UntilClose(false)),
+    }
+}
+
+/// How the body's end is found.
+#[derive(Debug)]
+enum Framing {
+    /// This many bytes are left.
+    Length(u64),
+    Chunked(Chunk),
+    /// Until the node closes; `true` once it has.
+    UntilClose(bool),
+}
+
+/// Where a chunked body stands.
+#[derive(Debug)]
+enum Chunk {
+    /// Before a chunk-size line.
+    Size,
+    /// Inside a chunk with this many bytes left.
+    Data(u64),
+    /// After a chunk's data, before its CRLF.
+    Crlf,
+    /// The last chunk and the trailers are read.
+    Done,
+}
+
+/// An answer's body, read as it arrives; owns the connection it comes on.
+pub(crate) struct BodyReader {
+    stream: Option<Stream>,
+    framing: Framing,
+    keep_alive: bool,
+}
+
+fn cut_short() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::UnexpectedEof,
+        "the answer ended before its last byte (the node aborted it or the connection dropped)",
+    )
+}
+
+impl BodyReader {
+    /// Whether the body has been read to its end.
+    pub(crate) fn is_done(&self) -> bool {
+        matches!(
+            self.framing,
+            Framing::Length(0) | Framing::Chunked(Chunk::Done) | Framing::UntilClose(true)
+        )
+    }
+
+    /// The connection, if the body was read to its end and it may carry another request.
+    pub(crate) fn finish(mut self) -> Option<Stream> {
+        if self.is_done() && self.keep_alive && !matches!(self.framing, Framing::UntilClose(_)) {
+            self.stream.take()
+        } else {
+            None
+        }
+    }
+
+    /// Reads what is left of the body, up to `limit` bytes (more is an error).
+    pub(crate) fn read_all(&mut self, limit: usize) -> io::Result<Vec<u8>> {
+        let mut out = Vec::new();
+        self.by_ref().take(limit as u64 + 1).read_to_end(&mut out)?;
+        if out.len() > limit {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("the answer is larger than {limit} bytes"),
+            ));
+        }
+        Ok(out)
+    }
+
+    fn stream(&mut self) -> io::Result<&mut Stream> {
+        self.stream
+            .as_mut()
+            .ok_or_else(|| io::Error::other("the connection was handed back"))
+    }
+
+    fn read_chunked(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let mut line = String::new();
+        loop {
+            let Framing::Chunked(state) = &mut self.framing else {
+                unreachable!("called for chunked bodies only")
+            };
+            match *state {
+                Chunk::Done => return Ok(0),
+                Chunk::Size => {
+                    let stream = self.stream.as_mut().ok_or_else(cut_short)?;
+                    if read_line(stream, &mut line)? == 0 {
+                        return Err(cut_short());
+                    }
+                    let size = line.trim().split(';').next().unwrap_or("").trim();
+                    let size = u64::from_str_radix(size, 16).map_err(|_| {
+                        io::Error::new(io::ErrorKind::InvalidData, "bad chunk size")
+                    })?;
+                    if size == 0 {
+                        // Trailers, then the blank line.
+                        loop {
+                            if read_line(stream, &mut line)? == 0 {
+                                return Err(cut_short());
+                            }
+                            if line.trim().is_empty() {
+                                break;
+                            }
+                        }
+                        *state = Chunk::Done;
+                    } else {
+                        *state = Chunk::Data(size);
+                    }
+                }
+                Chunk::Data(left) => {
+                    if buf.is_empty() {
+                        return Ok(0);
+                    }
+                    let want = buf.len().min(left.min(usize::MAX as u64) as usize);
+                    let stream = self.stream.as_mut().ok_or_else(cut_short)?;
+                    let n = stream.read(&mut buf[..want])?;
+                    if n == 0 {
+                        return Err(cut_short());
+                    }
+                    let left = left - n as u64;
+                    *state = if left == 0 {
+                        Chunk::Crlf
+                    } else {
+                        Chunk::Data(left)
+                    };
+                    return Ok(n);
+                }
+                Chunk::Crlf => {
+                    let stream = self.stream.as_mut().ok_or_else(cut_short)?;
+                    if read_line(stream, &mut line)? == 0 {
+                        return Err(cut_short());
+                    }
+                    if !line.trim().is_empty() {
+                        return Err(io::Error::new(
+                            io::ErrorKind::InvalidData,
+                            "no CRLF after a chunk",
+                        ));
+                    }
+                    *state = Chunk::Size;
+                }
+            }
+        }
+    }
+}
+
+impl Read for BodyReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self.framing {
+            Framing::Length(0) | Framing::UntilClose(true) => Ok(0),
+            Framing::Length(left) => {
+                if buf.is_empty() {
+                    return Ok(0);
+                }
+                let want = buf.len().min(left.min(usize::MAX as u64) as usize);
+                let n = self.stream()?.read(&mut buf[..want])?;
+                if n == 0 {
+                    return Err(cut_short());
+                }
+                self.framing = Framing::Length(left - n as u64);
+                Ok(n)
+            }
+            Framing::UntilClose(false) => {
+                let n = self.stream()?.read(buf)?;
+                if n == 0 && !buf.is_empty() {
+                    self.framing = Framing::UntilClose(true);
+                }
+                Ok(n)
+            }
+            Framing::Chunked(_) => self.read_chunked(buf),
+        }
+    }
+}

@@ -1,0 +1,422 @@
+//! Object operations over the S3 API: listing (ListObjectsV2, following continuation
+//! tokens), stat (HEAD), reads whole, ranged, of one shard member, or streamed, uploads
+//! streamed from a reader, deletes, and the bucket calls a script needs (list, create).
+
+use std::io::{self, Read, Write};
+use std::ops::Range;
+use std::time::SystemTime;
+
+use crate::client::{bucket_path, object_path, Client, Req};
+use crate::http::{Body, BodyReader, Head};
+use crate::xml;
+use crate::{Error, Result};
+
+/// Largest listing page or bucket list read.
+const MAX_XML: usize = 64 << 20;
+
+/// One object of a listing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectInfo {
+    /// The full key (decoded).
+    pub key: String,
+    /// Bytes.
+    pub size: u64,
+    /// Without quotes.
+    pub etag: String,
+    /// When it was last written, if the listing said.
+    pub last_modified: Option<SystemTime>,
+}
+
+/// A listing with a delimiter: the objects directly under the prefix, and the common
+/// prefixes ("folders") below it.
+#[derive(Debug, Clone, Default)]
+pub struct Listing {
+    /// The objects, in key order.
+    pub objects: Vec<ObjectInfo>,
+    /// The common prefixes, each ending with the delimiter.
+    pub prefixes: Vec<String>,
+}
+
+/// What the headers of an object read or `HEAD` say.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ObjectMeta {
+    /// `Content-Length`: the object's size for `stat` and whole reads, the length of the
+    /// part sent for range and member reads.
+    pub size: u64,
+    /// Without quotes.
+    pub etag: Option<String>,
+    /// `Last-Modified`.
+    pub last_modified: Option<SystemTime>,
+    /// `Content-Type`.
+    pub content_type: Option<String>,
+    /// `x-granary-cache`: `hit`, `miss`, `peer` or `bypass`.
+    pub cache: Option<String>,
+    /// `x-granary-node`: the node that holds (or would hold) the object.
+    pub node: Option<String>,
+}
+
+impl ObjectMeta {
+    fn from_head(h: &Head) -> ObjectMeta {
+        ObjectMeta {
+            size: h
+                .header("content-length")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0),
+            etag: h.header("etag").map(xml::unquote),
+            last_modified: h.header("last-modified").and_then(xml::parse_http_date),
+            content_type: h.header("content-type").map(str::to_owned),
+            cache: h.header("x-granary-cache").map(str::to_owned),
+            node: h.header("x-granary-node").map(str::to_owned),
+        }
+    }
+}
+
+/// What to read of an object: a byte range, one member of a tar shard, the result of an
+/// on-node transform (these combine as the node allows).
+#[derive(Debug, Clone, Default)]
+pub struct GetOptions {
+    /// Bytes `start..end` (of the member, with `archpath`).
+    pub range: Option<Range<u64>>,
+    /// `?archpath=MEMBER`: one file out of a `.tar`/`.tar.gz`/`.tgz` shard.
+    pub archpath: Option<String>,
+    /// `?transform=NAME`: the object after an on-node transform.
+    pub transform: Option<String>,
+}
+
+/// An object's body as it arrives, with its headers. Owns its connection, so it can be
+/// handed to another thread; the connection closes when it is dropped.
+pub struct ObjectReader {
+    meta: ObjectMeta,
+    body: BodyReader,
+    addr: String,
+}
+
+impl ObjectReader {
+    /// The answer's headers.
+    pub fn meta(&self) -> &ObjectMeta {
+        &self.meta
+    }
+}
+
+impl Read for ObjectReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.body
+            .read(buf)
+            .map_err(|e| io::Error::new(e.kind(), format!("reading from {}: {e}", self.addr)))
+    }
+}
+
+impl std::fmt::Debug for ObjectReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ObjectReader")
+            .field("meta", &self.meta)
+            .field("addr", &self.addr)
+            .finish()
+    }
+}
+
+fn get_request(bucket: &str, key: &str, opts: &GetOptions) -> Result<Req<'static>> {
+    let mut req = Req::new("GET", object_path(bucket, key)?);
+    if let Some(a) = &opts.archpath {
+        req = req.query("archpath", a);
+    }
+    if let Some(t) = &opts.transform {
+        req = req.query("transform", t);
+    }
+    if let Some(r) = &opts.range {
+        if r.start >= r.end {
+            return Err(Error::Invalid(format!("empty range {r:?}")));
+        }
+        req = req.header("range", &format!("bytes={}-{}", r.start, r.end - 1));
+    }
+    Ok(req)
+}
+
+/// Copies `body` into `sink`, telling the node's failures from the sink's.
+fn copy(client: &Client, body: &mut BodyReader, sink: &mut dyn Write) -> Result<u64> {
+    let mut buf = vec![0u8; 256 << 10];
+    let mut total = 0u64;
+    loop {
+        let n = match body.read(&mut buf) {
+            Ok(0) => return Ok(total),
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(client.io(e)),
+        };
+        sink.write_all(&buf[..n]).map_err(Error::Local)?;
+        total += n as u64;
+    }
+}
+
+impl Client {
+    /// Every object under `prefix` (all of them, following continuation tokens), in key
+    /// order.
+    pub fn list(&mut self, bucket: &str, prefix: &str) -> Result<Vec<ObjectInfo>> {
+        Ok(self.list_with(bucket, prefix, None)?.objects)
+    }
+
+    /// The objects under `prefix`, and with a `delimiter` (usually `/`) the common
+    /// prefixes below it, following continuation tokens.
+    pub fn list_with(
+        &mut self,
+        bucket: &str,
+        prefix: &str,
+        delimiter: Option<&str>,
+    ) -> Result<Listing> {
+        let path = bucket_path(bucket)?;
+        let mut out = Listing::default();
+        let mut token: Option<String> = None;
+        loop {
+            let mut req = Req::new("GET", path.clone())
+                .query("list-type", "2")
+                .query("encoding-type", "url")
+                .query("prefix", prefix);
+            if let Some(d) = delimiter {
+                req = req.query("delimiter", d);
+            }
+            if let Some(t) = &token {
+                req = req.query("continuation-token", t);
+            }
+            let target = req.target();
+            let (_, body) = self.call_bytes(req, MAX_XML)?;
+            let page = xml::parse_list(&body).map_err(|message| Error::Xml {
+                path: target,
+                message,
+            })?;
+            out.objects.extend(page.objects);
+            out.prefixes.extend(page.prefixes);
+            match page.next {
+                Some(t) if Some(&t) != token.as_ref() => token = Some(t),
+                _ => return Ok(out),
+            }
+        }
+    }
+
+    /// The names of all buckets (`GET /`).
+    pub fn list_buckets(&mut self) -> Result<Vec<String>> {
+        let (_, body) = self.call_bytes(Req::new("GET", "/".into()), MAX_XML)?;
+        xml::parse_buckets(&body).map_err(|message| Error::Xml {
+            path: "/".into(),
+            message,
+        })
+    }
+
+    /// Creates a bucket (`PUT /{bucket}`).
+    pub fn create_bucket(&mut self, bucket: &str) -> Result<()> {
+        let req = Req::new("PUT", bucket_path(bucket)?);
+        self.call_bytes(req, 1 << 20).map(drop)
+    }
+
+    /// The object's headers (`HEAD`): size, ETag, dates, and where Granary has it.
+    pub fn stat(&mut self, bucket: &str, key: &str) -> Result<ObjectMeta> {
+        let req = Req::new("HEAD", object_path(bucket, key)?);
+        let (h, body) = self.call(req)?;
+        self.done(body);
+        Ok(ObjectMeta::from_head(&h))
+    }
+
+    /// Opens an object for reading as it streams in.
+    pub fn open(&mut self, bucket: &str, key: &str) -> Result<ObjectReader> {
+        self.open_with(bucket, key, &GetOptions::default())
+    }
+
+    /// Opens an object (a range of it, a member, a transform result) for reading as it
+    /// streams in. The reader takes this client's connection; the client opens a new one
+    /// for its next call.
+    pub fn open_with(
+        &mut self,
+        bucket: &str,
+        key: &str,
+        opts: &GetOptions,
+    ) -> Result<ObjectReader> {
+        let (h, body) = self.call(get_request(bucket, key, opts)?)?;
+        Ok(ObjectReader {
+            meta: ObjectMeta::from_head(&h),
+            body,
+            addr: self.endpoint().to_owned(),
+        })
+    }
+
+    /// Reads a whole object into memory.
+    pub fn get(&mut self, bucket: &str, key: &str) -> Result<Vec<u8>> {
+        self.get_with(bucket, key, &GetOptions::default())
+    }
+
+    /// Reads bytes `range.start..range.end` of an object.
+    pub fn get_range(&mut self, bucket: &str, key: &str, range: Range<u64>) -> Result<Vec<u8>> {
+        let opts = GetOptions {
+            range: Some(range),
+            ..GetOptions::default()
+        };
+        self.get_with(bucket, key, &opts)
+    }
+
+    /// Reads one member of a tar shard (`?archpath=MEMBER`).
+    pub fn get_member(&mut self, bucket: &str, key: &str, archpath: &str) -> Result<Vec<u8>> {
+        let opts = GetOptions {
+            archpath: Some(archpath.to_owned()),
+            ..GetOptions::default()
+        };
+        self.get_with(bucket, key, &opts)
+    }
+
+    /// Reads what `opts` asks for into memory.
+    pub fn get_with(&mut self, bucket: &str, key: &str, opts: &GetOptions) -> Result<Vec<u8>> {
+        let mut out = Vec::new();
+        self.get_with_into(bucket, key, opts, &mut out)?;
+        Ok(out)
+    }
+
+    /// Streams a whole object into `sink`; returns its headers.
+    pub fn get_into(
+        &mut self,
+        bucket: &str,
+        key: &str,
+        sink: &mut dyn Write,
+    ) -> Result<ObjectMeta> {
+        self.get_with_into(bucket, key, &GetOptions::default(), sink)
+    }
+
+    /// Streams what `opts` asks for into `sink`; returns the answer's headers.
+    pub fn get_with_into(
+        &mut self,
+        bucket: &str,
+        key: &str,
+        opts: &GetOptions,
+        sink: &mut dyn Write,
+    ) -> Result<ObjectMeta> {
+        let (h, mut body) = self.call(get_request(bucket, key, opts)?)?;
+        let meta = ObjectMeta::from_head(&h);
+        copy(self, &mut body, sink)?;
+        self.done(body);
+        Ok(meta)
+    }
+
+    /// Uploads `len` bytes read from `body` as the object, streaming them as they are read
+    /// (signed as `UNSIGNED-PAYLOAD`); returns the new object's ETag.
+    pub fn put(
+        &mut self,
+        bucket: &str,
+        key: &str,
+        body: &mut dyn Read,
+        len: u64,
+    ) -> Result<String> {
+        let req = Req::new("PUT", object_path(bucket, key)?)
+            .header("content-type", "application/octet-stream")
+            .body(Body::Reader(body, len));
+        let (h, _) = self.call_bytes(req, 1 << 20)?;
+        Ok(h.header("etag").map(xml::unquote).unwrap_or_default())
+    }
+
+    /// Uploads bytes held in memory; returns the new object's ETag.
+    pub fn put_bytes(&mut self, bucket: &str, key: &str, data: &[u8]) -> Result<String> {
+        let req = Req::new("PUT", object_path(bucket, key)?)
+            .header("content-type", "application/octet-stream")
+            .body(Body::Bytes(data));
+        let (h, _) = self.call_bytes(req, 1 << 20)?;
+        Ok(h.header("etag").map(xml::unquote).unwrap_or_default())
+    }
+
+    /// Deletes an object (as S3 does, deleting a missing key succeeds).
+    pub fn delete(&mut self, bucket: &str, key: &str) -> Result<()> {
+        let req = Req::new("DELETE", object_path(bucket, key)?);
+        self.call_bytes(req, 1 << 20).map(drop)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fake::{FakeServer, Reply};
+
+    fn page(keys: &[&str], next: Option<&str>) -> Vec<u8> {
+        let mut s =
+            String::from("<ListBucketResult><Name>b</Name><EncodingType>url</EncodingType>");
+        s.push_str(&format!("<IsTruncated>{}</IsTruncated>", next.is_some()));
+        if let Some(n) = next {
+            s.push_str(&format!(
+                "<NextContinuationToken>{n}</NextContinuationToken>"
+            ));
+        }
+        for k in keys {
+            s.push_str(&format!(
+                "<Contents><Key>{k}</Key><ETag>\"e\"</ETag><Size>3</Size></Contents>"
+            ));
+        }
+        s.push_str("</ListBucketResult>");
+        s.into_bytes()
+    }
+
+    #[test]
+    fn listings_follow_continuation_tokens() {
+        let server = FakeServer::start(vec![
+            Reply::ok(page(&["p/a", "p/b%2Bc"], Some("t+1/="))),
+            Reply::ok(page(&["p/d"], None)),
+        ]);
+        let mut c = Client::new(&server.endpoint()).unwrap();
+        let keys: Vec<String> = c
+            .list("b", "p/")
+            .unwrap()
+            .into_iter()
+            .map(|o| o.key)
+            .collect();
+        assert_eq!(keys, vec!["p/a", "p/b+c", "p/d"]);
+        let reqs = server.finish();
+        assert_eq!(
+            reqs[0].target,
+            "/b?list-type=2&encoding-type=url&prefix=p%2F"
+        );
+        assert_eq!(
+            reqs[1].target,
+            "/b?list-type=2&encoding-type=url&prefix=p%2F&continuation-token=t%2B1%2F%3D"
+        );
+    }
+
+    #[test]
+    fn stat_reads_the_headers() {
+        let server = FakeServer::start(vec![Reply::ok(Vec::new())
+            .with_header("content-length", "1234")
+            .with_header("etag", "\"abc\"")
+            .with_header("last-modified", "Thu, 29 Feb 2024 12:34:56 GMT")
+            .with_header("x-granary-cache", "hit")
+            .with_header("x-granary-node", "n1")
+            .head_only()]);
+        let mut c = Client::new(&server.endpoint()).unwrap();
+        let m = c.stat("b", "k").unwrap();
+        assert_eq!(m.size, 1234);
+        assert_eq!(m.etag.as_deref(), Some("abc"));
+        assert_eq!(m.cache.as_deref(), Some("hit"));
+        assert_eq!(m.node.as_deref(), Some("n1"));
+        assert!(m.last_modified.is_some());
+        let reqs = server.finish();
+        assert_eq!(reqs[0].method, "HEAD");
+    }
+
+    #[test]
+    fn uploads_stream_their_length_and_members_are_asked_by_query() {
+        let server = FakeServer::start(vec![
+            Reply::ok(Vec::new()).with_header("etag", "\"e1\""),
+            Reply::ok(b"member".to_vec()),
+        ]);
+        let mut c = Client::new(&server.endpoint()).unwrap();
+        let data = vec![7u8; 300_000];
+        let etag = c.put("b", "dir/k", &mut data.as_slice(), 300_000).unwrap();
+        assert_eq!(etag, "e1");
+        assert_eq!(c.get_member("b", "s.tar", "x/0.jpg").unwrap(), b"member");
+        let reqs = server.finish();
+        assert_eq!(reqs[0].method, "PUT");
+        assert_eq!(reqs[0].target, "/b/dir/k");
+        assert_eq!(reqs[0].body, data);
+        assert_eq!(reqs[1].target, "/b/s.tar?archpath=x%2F0.jpg");
+    }
+
+    #[test]
+    fn a_short_upload_source_is_a_local_error() {
+        let server = FakeServer::start(vec![]);
+        let mut c = Client::new(&server.endpoint()).unwrap();
+        let err = c.put("b", "k", &mut &b"abc"[..], 10).unwrap_err();
+        assert!(matches!(err, Error::Local(_)), "{err:?}");
+        drop(c);
+        server.finish();
+    }
+}
