@@ -27,6 +27,13 @@ pub struct Entry {
     pub checked: std::sync::atomic::AtomicU64,
 }
 
+impl Entry {
+    /// Bytes per checksum of this entry.
+    pub fn block(&self) -> u64 {
+        super::store::block_of(self.meta.size, self.crcs.len())
+    }
+}
+
 #[derive(Debug)]
 struct Slot {
     entry: Arc<Entry>,

@@ -814,36 +814,49 @@ impl Cache {
         let stream = async_stream::try_stream! {
             if start < end {
                 let file = Arc::new(File::open(&entry.path)?);
-                let first = start / store::BLOCK;
-                let last = (end - 1) / store::BLOCK;
-                let read = |b: u64| {
-                    let block_len = (size - b * store::BLOCK).min(store::BLOCK) as usize;
-                    self.engine.read_at(file.clone(), b * store::BLOCK, block_len)
+                // Reads of up to 1 MiB, from the block holding `start` to the end of
+                // the block holding `end - 1`: whole blocks, each checked on arrival.
+                let block = entry.block();
+                let stop = end.div_ceil(block).saturating_mul(block).min(size);
+                let read = |pos: u64| {
+                    let len = (stop - pos).min(store::READ) as usize;
+                    self.engine.read_at(file.clone(), pos, len)
                 };
-                // One block read ahead: the next read runs while this block is checked
-                // and sent, so a single stream keeps the disk and the socket both busy.
-                let mut ahead = Some(read(first));
-                for b in first..=last {
-                    let block = match ahead.take() {
+                let mut pos = start / block * block;
+                // One read ahead: the next read runs while this one is checked and
+                // sent, so a single stream keeps the disk and the socket both busy.
+                let mut ahead = Some(read(pos));
+                while pos < end {
+                    let buf = match ahead.take() {
                         Some(r) => r.await?,
-                        None => read(b).await?,
+                        None => read(pos).await?,
                     };
-                    if b < last {
-                        ahead = Some(read(b + 1));
-                    }
-                    if verify && crc32c::crc32c(&block) != entry.crcs[b as usize] {
-                        tracing::error!(key = %ikey, block = b, "cache entry failed its checksum; dropping it");
+                    if buf.is_empty() {
                         self.drop_entry(&ikey, &entry);
-                        Err(io::Error::other("cache entry failed its checksum"))?;
+                        Err(io::Error::other("cache entry is shorter than its size"))?;
                     }
-                    let block_start = b * store::BLOCK;
-                    let lo = (start.max(block_start) - block_start) as usize;
-                    let hi = (end.min(block_start + block.len() as u64) - block_start) as usize;
+                    let next = pos + buf.len() as u64;
+                    if next < end {
+                        ahead = Some(read(next));
+                    }
+                    if verify {
+                        let first = (pos / block) as usize;
+                        for (i, chunk) in buf.chunks(block as usize).enumerate() {
+                            if entry.crcs.get(first + i) != Some(&crc32c::crc32c(chunk)) {
+                                tracing::error!(key = %ikey, block = first + i, "cache entry failed its checksum; dropping it");
+                                self.drop_entry(&ikey, &entry);
+                                Err(io::Error::other("cache entry failed its checksum"))?;
+                            }
+                        }
+                    }
+                    let lo = (start.max(pos) - pos) as usize;
+                    let hi = (end.min(next) - pos) as usize;
                     if size <= HOT_MAX_OBJECT && start == 0 && end == size {
-                        self.hot.insert(ikey.clone(), (entry.clone(), block.clone()));
+                        self.hot.insert(ikey.clone(), (entry.clone(), buf.clone()));
                     }
-                    let piece: Bytes = block.slice(lo..hi);
+                    let piece: Bytes = buf.slice(lo..hi);
                     yield piece;
+                    pos = next;
                 }
                 if start == 0 && end == size {
                     entry.verified.store(true, Ordering::Relaxed);

@@ -1,5 +1,5 @@
 //! Cache entries on disk: one file per object under `<cache>/objects/<hh>/<hash>.obj`,
-//! holding the object's bytes followed by a footer — a CRC32C per 1 MiB block, the
+//! holding the object's bytes followed by a footer — a CRC32C per 64 KiB block, the
 //! object's metadata as JSON, their lengths and a magic number. A fill writes the whole
 //! file in `<cache>/tmp/`, fsyncs it and renames it into place: the rename is the commit,
 //! so an entry is either complete with its checksums or absent.
@@ -14,8 +14,14 @@ use serde::{Deserialize, Serialize};
 
 use crate::backend::ObjectMeta;
 
-/// Bytes covered by one checksum.
-pub const BLOCK: u64 = 1 << 20;
+/// Bytes covered by one checksum: small enough that a read of a few KiB (a shard
+/// member, a range) reads and checks little more than it sends.
+pub const BLOCK: u64 = 64 << 10;
+/// The checksum block of entries written by earlier releases, still read.
+pub const OLD_BLOCK: u64 = 1 << 20;
+/// Bytes read from an entry at a time when streaming it: whole blocks, so each is
+/// checked as it arrives.
+pub const READ: u64 = 1 << 20;
 const MAGIC: &[u8; 8] = b"GRNRYC01";
 /// `u32` block count, `u32` metadata length, magic.
 const TRAILER: u64 = 16;
@@ -51,9 +57,15 @@ pub fn entry_path(objects: &Path, bucket: &str, key: &str) -> PathBuf {
     objects.join(&h[..2]).join(format!("{h}.obj"))
 }
 
-/// Number of checksum blocks of an object of `size` bytes.
-pub fn blocks(size: u64) -> u64 {
-    size.div_ceil(BLOCK)
+/// The checksum block of an entry of `size` bytes with `n` checksums: [`BLOCK`], or
+/// [`OLD_BLOCK`] for an entry written by an earlier release. (Where both give one block
+/// the object fits in either, and reading it is the same.)
+pub fn block_of(size: u64, n: usize) -> u64 {
+    if n as u64 == size.div_ceil(BLOCK) {
+        BLOCK
+    } else {
+        OLD_BLOCK
+    }
 }
 
 /// Appends the footer to a file holding exactly the object's bytes.
@@ -63,6 +75,17 @@ pub fn write_footer(
     key: &str,
     meta: &ObjectMeta,
     crcs: &[u32],
+) -> io::Result<()> {
+    write_footer_with(file, bucket, key, meta, crcs, BLOCK)
+}
+
+fn write_footer_with(
+    file: &mut File,
+    bucket: &str,
+    key: &str,
+    meta: &ObjectMeta,
+    crcs: &[u32],
+    block: u64,
 ) -> io::Result<()> {
     let fm = FooterMeta {
         bucket: bucket.to_owned(),
@@ -74,7 +97,7 @@ pub fn write_footer(
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64),
         headers: meta.headers.clone(),
-        block: BLOCK,
+        block,
     };
     let json = serde_json::to_vec(&fm).map_err(io::Error::other)?;
     let mut out = Vec::with_capacity(crcs.len() * 4 + json.len() + TRAILER as usize);
@@ -111,7 +134,8 @@ pub fn read_footer(file: &File) -> io::Result<Option<Loaded>> {
     let Ok(fm) = serde_json::from_slice::<FooterMeta>(json) else {
         return Ok(None);
     };
-    if fm.block != BLOCK || fm.size != len - footer_len || blocks(fm.size) != n {
+    let known_block = fm.block == BLOCK || fm.block == OLD_BLOCK;
+    if !known_block || fm.size != len - footer_len || fm.size.div_ceil(fm.block) != n {
         return Ok(None);
     }
     let crcs = crc_bytes
@@ -220,6 +244,37 @@ mod tests {
         // A truncated file is not an entry.
         let f = fs::OpenOptions::new().write(true).open(&path).unwrap();
         f.set_len(BLOCK).unwrap();
+        assert!(read_footer(&File::open(&path).unwrap()).unwrap().is_none());
+    }
+
+    #[test]
+    fn entries_with_the_old_1_mib_blocks_still_load() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("old.obj");
+        let data = vec![3u8; (OLD_BLOCK + 10) as usize];
+        let crcs = vec![
+            crc32c::crc32c(&data[..OLD_BLOCK as usize]),
+            crc32c::crc32c(&data[OLD_BLOCK as usize..]),
+        ];
+        let meta = ObjectMeta {
+            size: data.len() as u64,
+            etag: "old".into(),
+            last_modified: SystemTime::now(),
+            headers: Vec::new(),
+        };
+        let mut f = File::create(&path).unwrap();
+        f.write_all(&data).unwrap();
+        write_footer_with(&mut f, "b", "k", &meta, &crcs, OLD_BLOCK).unwrap();
+        let loaded = read_footer(&File::open(&path).unwrap()).unwrap().unwrap();
+        assert_eq!(loaded.crcs, crcs);
+        assert_eq!(block_of(loaded.meta.size, loaded.crcs.len()), OLD_BLOCK);
+        // New entries: one checksum per 64 KiB.
+        assert_eq!(block_of(OLD_BLOCK + 10, 17), BLOCK);
+        assert_eq!(block_of(100, 1), BLOCK);
+        // A block size no release wrote is not an entry.
+        let mut f = File::create(&path).unwrap();
+        f.write_all(&data).unwrap();
+        write_footer_with(&mut f, "b", "k", &meta, &crcs[..1], 4 << 20).unwrap();
         assert!(read_footer(&File::open(&path).unwrap()).unwrap().is_none());
     }
 
