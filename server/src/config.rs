@@ -46,6 +46,8 @@ pub struct Config {
     pub tls_key: Option<PathBuf>,
     /// How cache entries are read from disk.
     pub read_engine: crate::io::EngineChoice,
+    /// Named on-node transforms (`[transforms.NAME]` in the TOML file).
+    pub transforms: std::collections::BTreeMap<String, crate::transform::TransformDef>,
 }
 
 impl Default for Config {
@@ -68,6 +70,7 @@ impl Default for Config {
             tls_cert: None,
             tls_key: None,
             read_engine: crate::io::EngineChoice::Auto,
+            transforms: Default::default(),
         }
     }
 }
@@ -186,6 +189,12 @@ impl Config {
         }
         for p in &self.peer {
             parse_peer(p)?;
+        }
+        for (name, def) in &self.transforms {
+            def.validate().map_err(|message| ConfigError::Invalid {
+                field: "transforms",
+                message: format!("[transforms.{name}]: {message}"),
+            })?;
         }
         Ok(())
     }

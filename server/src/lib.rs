@@ -13,6 +13,7 @@ pub mod error;
 pub mod io;
 pub mod jobs;
 pub mod stats;
+pub mod transform;
 
 use std::sync::Arc;
 
@@ -92,7 +93,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     cluster::membership::spawn(cluster.clone());
     let listen = config.listen;
     let unix = config.listen_unix.clone();
-    let state = Arc::new(api::AppState::new(config, backend, cache, stats, cluster));
+    let state = api::AppState::new(config, backend, cache, stats, cluster);
     let app = api::router(state.clone());
 
     let listener = tokio::net::TcpListener::bind(listen)

@@ -70,6 +70,15 @@ pub struct Stats {
     pub proxied: AtomicU64,
     /// Client requests answered `307` to the key's owner.
     pub redirects: AtomicU64,
+    /// Transforms computed (cache misses of a transformed read).
+    pub transforms_run: AtomicU64,
+    /// Transformed reads answered from a cached result.
+    pub transform_hits: AtomicU64,
+    /// Transforms that failed (bad input, a command's failure, time or size limits).
+    pub transform_errors: AtomicU64,
+    /// CPU time spent in transforms, in microseconds (this process's threads for
+    /// built-in transforms, the child's user and system time for commands).
+    pub transform_cpu_us: AtomicU64,
 }
 
 /// A point-in-time copy of the counters.
@@ -85,6 +94,10 @@ pub struct Snapshot {
     pub bytes_received: u64,
     pub bytes_from_backend: u64,
     pub bytes_from_peers: u64,
+    pub transforms_run: u64,
+    pub transform_hits: u64,
+    pub transform_errors: u64,
+    pub transform_cpu_us: u64,
     pub bytes_to_peers: u64,
     pub peer_serves: u64,
     pub proxied: u64,
@@ -109,6 +122,10 @@ impl Stats {
             peer_serves: r(&self.peer_serves),
             proxied: r(&self.proxied),
             redirects: r(&self.redirects),
+            transforms_run: r(&self.transforms_run),
+            transform_hits: r(&self.transform_hits),
+            transform_errors: r(&self.transform_errors),
+            transform_cpu_us: r(&self.transform_cpu_us),
         }
     }
 }

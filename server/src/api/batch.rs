@@ -53,6 +53,9 @@ struct Item {
     key: String,
     #[serde(default)]
     archpath: Option<String>,
+    /// A configured transform applied to the item (its result is cached and shared).
+    #[serde(default)]
+    transform: Option<String>,
 }
 
 impl Item {
@@ -67,9 +70,15 @@ impl Item {
     /// The object read that fetches it.
     fn target(&self) -> String {
         let mut t = object_path(&self.bucket, &self.key);
-        if let Some(a) = &self.archpath {
-            t.push_str("?archpath=");
-            t.extend(utf8_percent_encode(a, QUERY));
+        let mut sep = '?';
+        for (name, value) in [("archpath", &self.archpath), ("transform", &self.transform)] {
+            if let Some(v) = value {
+                t.push(sep);
+                t.push_str(name);
+                t.push('=');
+                t.extend(utf8_percent_encode(v, QUERY));
+                sep = '&';
+            }
         }
         t
     }
@@ -148,7 +157,7 @@ pub async fn handle(state: &Arc<AppState>, req: Request) -> Result<Response, S3E
         verdict,
     };
     let raw = r.read_small_body().await?;
-    let items: Vec<Item> = serde_json::from_slice(&raw).map_err(|e| {
+    let mut items: Vec<Item> = serde_json::from_slice(&raw).map_err(|e| {
         S3Error::new(
             S3Code::InvalidArgument,
             format!("the body must be a JSON array of {{\"bucket\",\"key\",\"archpath\"?}}: {e}"),
@@ -159,6 +168,16 @@ pub async fn handle(state: &Arc<AppState>, req: Request) -> Result<Response, S3E
             S3Code::InvalidArgument,
             format!("a batch names at most {MAX_ITEMS} items"),
         ));
+    }
+    // `?transform=NAME` on the batch applies to every item that names none.
+    let all = r.q("transform").map(str::to_owned);
+    for it in &mut items {
+        if it.transform.is_none() {
+            it.transform.clone_from(&all);
+        }
+        if let Some(t) = &it.transform {
+            state.transforms.lookup(t)?;
+        }
     }
     for it in &items {
         if it.bucket.is_empty() || it.key.is_empty() || it.archpath.as_deref() == Some("") {
@@ -468,12 +487,20 @@ mod tests {
 
     #[test]
     fn targets_encode_keys_and_members() {
-        let it = Item {
+        let mut it = Item {
             bucket: "b".into(),
             key: "dir/a b.tar".into(),
             archpath: Some("x&y=1.jpg".into()),
+            transform: None,
         };
         assert_eq!(it.target(), "/b/dir/a%20b.tar?archpath=x%26y%3D1.jpg");
+        it.transform = Some("small".into());
+        assert_eq!(
+            it.target(),
+            "/b/dir/a%20b.tar?archpath=x%26y%3D1.jpg&transform=small"
+        );
         assert_eq!(it.name(), "dir/a b.tar/x&y=1.jpg");
+        it.archpath = None;
+        assert_eq!(it.target(), "/b/dir/a%20b.tar?transform=small");
     }
 }

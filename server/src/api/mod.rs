@@ -42,6 +42,10 @@ pub struct AppState {
     pub stats: Arc<Stats>,
     pub cluster: Arc<Cluster>,
     pub jobs: crate::jobs::Jobs,
+    pub transforms: crate::transform::Transforms,
+    /// This state itself, for work that outlives a borrow (transforms read their
+    /// sources through the node).
+    me: std::sync::Weak<AppState>,
 }
 
 impl AppState {
@@ -51,18 +55,25 @@ impl AppState {
         cache: Arc<Cache>,
         stats: Arc<Stats>,
         cluster: Arc<Cluster>,
-    ) -> AppState {
+    ) -> Arc<AppState> {
         let creds = Credentials::from_config(&config);
-        AppState {
+        Arc::new_cyclic(|me| AppState {
             node_id: config.node_id(),
             creds,
             backend,
             cache,
             stats,
             cluster,
+            transforms: crate::transform::Transforms::new(&config.transforms),
             config,
             jobs: Default::default(),
-        }
+            me: me.clone(),
+        })
+    }
+
+    /// A shared handle on this state.
+    pub fn arc(&self) -> Arc<AppState> {
+        self.me.upgrade().expect("the state lives while it serves")
     }
 
     /// Objects were written or deleted through this node: peers drop their copies.

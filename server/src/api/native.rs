@@ -225,6 +225,11 @@ fn json_response(v: serde_json::Value) -> Response {
     resp
 }
 
+/// Built-in transforms' thread time and transform commands' user and system time.
+fn transform_cpu_seconds(s: &crate::stats::Snapshot) -> f64 {
+    (s.transform_cpu_us + crate::transform::children_cpu_us()) as f64 / 1e6
+}
+
 fn stats_json(state: &AppState) -> serde_json::Value {
     let s = state.stats.snapshot();
     let u = state.cache.usage();
@@ -248,6 +253,10 @@ fn stats_json(state: &AppState) -> serde_json::Value {
         "peer_serves": s.peer_serves,
         "proxied": s.proxied,
         "redirects": s.redirects,
+        "transforms_run": s.transforms_run,
+        "transform_hits": s.transform_hits,
+        "transform_errors": s.transform_errors,
+        "transform_cpu_seconds": transform_cpu_seconds(&s),
         "requests": s.requests,
         "errors": s.errors,
     })
@@ -319,6 +328,17 @@ fn metrics_text(state: &AppState) -> String {
             "requests answered 307 to the key's owner",
             s.redirects,
         ),
+        ("transforms_total", "transforms computed", s.transforms_run),
+        (
+            "transform_hits_total",
+            "transformed reads answered from a cached result",
+            s.transform_hits,
+        ),
+        (
+            "transform_errors_total",
+            "transforms that failed",
+            s.transform_errors,
+        ),
     ];
     for (name, help, v) in counters {
         let _ = writeln!(out, "# HELP granary_{name} {help}");
@@ -343,6 +363,17 @@ fn metrics_text(state: &AppState) -> String {
         ),
         ("cache_objects", "objects in the cache", u.objects),
     ];
+    let _ = writeln!(
+        out,
+        "# HELP granary_transform_cpu_seconds_total CPU time spent in transforms"
+    );
+    let _ = writeln!(out, "# TYPE granary_transform_cpu_seconds_total counter");
+    let _ = writeln!(
+        out,
+        "granary_transform_cpu_seconds_total{{node=\"{}\"}} {}",
+        state.node_id,
+        transform_cpu_seconds(&s)
+    );
     let (counts, sum) = state.stats.latency.cumulative();
     let _ = writeln!(
         out,

@@ -202,6 +202,13 @@ pub trait Backend: Send + Sync + 'static {
     /// A short name for logs: `fs:/path`, `s3:endpoint`.
     fn describe(&self) -> String;
 
+    /// Whether objects are computed from others (transform results, keyed by their
+    /// inputs) rather than stored: one never changes under its key, so the cache neither
+    /// rechecks its copies nor asks peers for them, and its bytes are not backend bytes.
+    fn computed(&self) -> bool {
+        false
+    }
+
     async fn list_buckets(&self) -> Result<Vec<BucketInfo>>;
     async fn create_bucket(&self, bucket: &str) -> Result<()>;
     async fn head_bucket(&self, bucket: &str) -> Result<()>;

@@ -254,7 +254,7 @@ impl Cache {
         entry: &Arc<Entry>,
     ) -> Result<bool, BackendError> {
         let generation = self.generation();
-        if entry.checked.load(Ordering::Acquire) >= generation {
+        if backend.computed() || entry.checked.load(Ordering::Acquire) >= generation {
             return Ok(true);
         }
         match backend.head_object(bucket, key).await {
@@ -458,6 +458,9 @@ impl Cache {
         bucket: &str,
         key: &str,
     ) -> Option<GetObject> {
+        if backend.computed() {
+            return None;
+        }
         let peers = self.peers.get()?;
         let (meta, body) = peers.peer_copy(bucket, key).await?;
         match backend.head_object(bucket, key).await {
@@ -480,7 +483,11 @@ impl Cache {
         Ok(Read {
             meta: obj.meta,
             range: resolved,
-            body: self.count_backend(obj.body),
+            body: if backend.computed() {
+                obj.body
+            } else {
+                self.count_backend(obj.body)
+            },
             source: Source::Bypass,
         })
     }
@@ -593,7 +600,11 @@ impl Cache {
             return Ok(Read {
                 meta: obj.meta,
                 range: client,
-                body: self.count_backend(obj.body),
+                body: if backend.computed() {
+                    obj.body
+                } else {
+                    self.count_backend(obj.body)
+                },
                 source: Source::Bypass,
             });
         }
@@ -631,10 +642,13 @@ impl Cache {
         let task_fill = fill.clone();
         let task_meta = meta.clone();
         let stats = self.stats.clone();
+        let computed = backend.computed();
         tokio::spawn(async move {
             let on_bytes = move |n: u64| {
                 let counter = if origin == Source::Peer {
                     &stats.bytes_from_peers
+                } else if computed {
+                    return;
                 } else {
                     &stats.bytes_from_backend
                 };
@@ -670,7 +684,11 @@ impl Cache {
             return Ok(Read {
                 meta,
                 range: client,
-                body: self.count_backend(obj.body),
+                body: if backend.computed() {
+                    obj.body
+                } else {
+                    self.count_backend(obj.body)
+                },
                 source: Source::Miss,
             });
         }

@@ -10,6 +10,7 @@ mod member;
 mod multipart;
 pub(crate) mod object;
 pub mod range;
+mod transformed;
 pub mod xml;
 
 use axum::body::Body;
@@ -287,6 +288,11 @@ async fn dispatch(state: &AppState, r: Req) -> Result<Response, S3Error> {
         (&Method::GET, true) if r.has("uploadId") => {
             op("ListParts");
             multipart::list_parts(state, r).await
+        }
+        (&Method::GET | &Method::HEAD, true) if r.has("transform") => {
+            op("GetTransformed");
+            let head = m == Method::HEAD;
+            transformed::get(state, r, head).await
         }
         (&Method::GET | &Method::HEAD, true) if r.has("archpath") => {
             op("GetArchiveMember");

@@ -118,7 +118,12 @@ pub(super) fn check_conditions(h: &HeaderMap, meta: &ObjectMeta) -> Result<(), S
 }
 
 /// The headers every object read carries.
-fn object_headers(state: &AppState, h: &mut HeaderMap, meta: &ObjectMeta, source: Source) {
+pub(super) fn object_headers(
+    state: &AppState,
+    h: &mut HeaderMap,
+    meta: &ObjectMeta,
+    source: Source,
+) {
     h.insert(header::ETAG, quoted(&meta.etag));
     h.insert(header::LAST_MODIFIED, http_date(meta.last_modified));
     h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
@@ -143,7 +148,7 @@ fn object_headers(state: &AppState, h: &mut HeaderMap, meta: &ObjectMeta, source
 }
 
 /// `response-content-type` and friends override the stored headers.
-fn response_overrides(r: &Req, h: &mut HeaderMap) {
+pub(super) fn response_overrides(r: &Req, h: &mut HeaderMap) {
     for (param, name) in [
         ("response-content-type", header::CONTENT_TYPE),
         ("response-content-disposition", header::CONTENT_DISPOSITION),

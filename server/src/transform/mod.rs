@@ -1,0 +1,459 @@
+//! On-node transforms (`?transform=NAME`): named in the config (`[transforms.NAME]`, a
+//! `kind` and its parameters), run on the node that owns the source, their results cached
+//! like objects and shared by every job that asks.
+//!
+//! A result is a cache entry of its own, under a bucket name no S3 bucket can have
+//! ([`RESULTS`]), keyed by the source's bucket, key and shard member, the source's ETag,
+//! and the transform's name and definition hash. A changed source or definition is
+//! another key, so a stale result is never served, and results never need rechecking.
+//! The cache's fill machinery does the rest: concurrent requests for one result compute
+//! it once (one leader, the others stream behind it), never-evict admission, checksums.
+//! The [`Computed`] backend is what the cache fills a result from: it reads the source
+//! through the node (cached too, so the backend is read once), runs the transform under
+//! its concurrency limit, and hands the bytes over.
+
+pub mod exec;
+pub mod image;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use async_trait::async_trait;
+use bytes::{Bytes, BytesMut};
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
+use tokio::sync::Semaphore;
+
+use crate::api::AppState;
+use crate::backend::{
+    Backend, BackendError, BucketInfo, ByteRange, GetObject, ListPage, ListQuery, ObjectMeta,
+    PartInfo, PutOptions, RangeFn, Result, UploadInfo,
+};
+use crate::cluster::peer::object_path;
+use crate::error::{S3Code, S3Error};
+
+/// The bucket name results are cached under: `_` is not allowed in S3 bucket names, so
+/// no client object can share a cache key with a result.
+pub const RESULTS: &str = "_transformed";
+
+/// The largest source a transform reads (it holds the source in memory).
+pub const MAX_INPUT: u64 = 512 << 20;
+
+/// A transform as the config defines it.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum TransformDef {
+    /// Decode an image, resize, center-crop, encode (see [`image`]).
+    Image(image::ImageSpec),
+    /// Run a program: the source on its stdin, the result from its stdout (see [`exec`]).
+    Exec(exec::ExecSpec),
+}
+
+impl TransformDef {
+    pub fn validate(&self) -> std::result::Result<(), String> {
+        match self {
+            TransformDef::Image(s) => s.validate(),
+            TransformDef::Exec(s) => s.validate(),
+        }
+    }
+
+    /// A stable hash of the definition (its canonical JSON): part of every result's key.
+    pub fn hash(&self) -> u64 {
+        let json = serde_json::to_vec(self).expect("a definition serialises");
+        xxhash_rust::xxh3::xxh3_64(&json)
+    }
+
+    pub fn content_type(&self) -> &'static str {
+        match self {
+            TransformDef::Image(s) => image::content_type(s),
+            TransformDef::Exec(_) => "application/octet-stream",
+        }
+    }
+
+    fn concurrency(&self) -> usize {
+        match self {
+            TransformDef::Image(_) => std::thread::available_parallelism().map_or(2, |n| n.get()),
+            TransformDef::Exec(s) => exec::concurrency(s),
+        }
+    }
+}
+
+/// One configured transform.
+pub struct Named {
+    pub name: String,
+    pub def: TransformDef,
+    pub hash: u64,
+    limit: Semaphore,
+}
+
+/// The node's transforms by name.
+#[derive(Default)]
+pub struct Transforms {
+    by_name: BTreeMap<String, Arc<Named>>,
+}
+
+impl Transforms {
+    pub fn new(defs: &BTreeMap<String, TransformDef>) -> Transforms {
+        let by_name = defs
+            .iter()
+            .map(|(name, def)| {
+                let named = Named {
+                    name: name.clone(),
+                    hash: def.hash(),
+                    limit: Semaphore::new(def.concurrency().max(1)),
+                    def: def.clone(),
+                };
+                (name.clone(), Arc::new(named))
+            })
+            .collect();
+        Transforms { by_name }
+    }
+
+    pub fn get(&self, name: &str) -> Option<Arc<Named>> {
+        self.by_name.get(name).cloned()
+    }
+
+    /// The named transform, or `400 InvalidArgument`.
+    pub fn lookup(&self, name: &str) -> std::result::Result<Arc<Named>, S3Error> {
+        self.get(name).ok_or_else(|| {
+            S3Error::new(
+                S3Code::InvalidArgument,
+                format!("no transform named `{name}` is configured on this node"),
+            )
+        })
+    }
+}
+
+/// What a result is computed from: its cache key (as JSON, under [`RESULTS`]).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Derived {
+    pub bucket: String,
+    pub key: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub archpath: Option<String>,
+    pub etag: String,
+    pub transform: String,
+    pub hash: String,
+}
+
+impl Derived {
+    pub fn new(bucket: &str, key: &str, archpath: Option<&str>, etag: &str, t: &Named) -> Self {
+        Derived {
+            bucket: bucket.to_owned(),
+            key: key.to_owned(),
+            archpath: archpath.map(str::to_owned),
+            etag: etag.to_owned(),
+            transform: t.name.clone(),
+            hash: format!("{:016x}", t.hash),
+        }
+    }
+
+    /// The result's key in the cache.
+    pub fn cache_key(&self) -> String {
+        serde_json::to_string(self).expect("a key serialises")
+    }
+
+    /// The read of the source, through this node (`GET /b/k[?archpath=…]`).
+    fn source_target(&self) -> String {
+        let mut t = object_path(&self.bucket, &self.key);
+        if let Some(a) = &self.archpath {
+            t.push_str("?archpath=");
+            t.extend(percent_encoding::utf8_percent_encode(
+                a,
+                percent_encoding::NON_ALPHANUMERIC,
+            ));
+        }
+        t
+    }
+}
+
+/// The backend the cache fills results from: each object is a transform's output,
+/// computed on request. Built per request around the node's state.
+pub struct Computed {
+    pub state: Arc<AppState>,
+}
+
+fn failed(t: &str, why: impl std::fmt::Display) -> BackendError {
+    BackendError::Client(S3Error::new(
+        S3Code::InternalError,
+        format!("transform `{t}` failed: {why}"),
+    ))
+}
+
+impl Computed {
+    /// Reads the source whole (bounded by [`MAX_INPUT`]), checking it is still the
+    /// version the result is keyed by.
+    async fn source(&self, d: &Derived) -> Result<Bytes> {
+        let resp = crate::api::s3::read_local(&self.state, &d.source_target())
+            .await
+            .map_err(BackendError::Client)?;
+        let head = resp.headers();
+        let len = head
+            .get(http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0);
+        if len > MAX_INPUT {
+            return Err(BackendError::Client(S3Error::new(
+                S3Code::EntityTooLarge,
+                format!("transforms read sources of up to {MAX_INPUT} bytes; this one has {len}"),
+            )));
+        }
+        // A member's ETag is its shard's; the member route does not repeat it.
+        if let Some(etag) = head.get(http::header::ETAG).and_then(|v| v.to_str().ok()) {
+            if etag.trim_matches('"') != d.etag.trim_matches('"') {
+                return Err(BackendError::Client(S3Error::new(
+                    S3Code::ServiceUnavailable,
+                    "the source changed while it was transformed; retry",
+                )));
+            }
+        }
+        let mut buf = BytesMut::with_capacity(len as usize);
+        let mut body = resp.into_body().into_data_stream();
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk.map_err(|e| BackendError::Unavailable(e.to_string()))?;
+            if (buf.len() + chunk.len()) as u64 > MAX_INPUT {
+                return Err(BackendError::Client(S3Error::new(
+                    S3Code::EntityTooLarge,
+                    format!("transforms read sources of up to {MAX_INPUT} bytes"),
+                )));
+            }
+            buf.extend_from_slice(&chunk);
+        }
+        Ok(buf.freeze())
+    }
+
+    /// Runs the transform on `input` under its concurrency limit.
+    async fn run(&self, t: &Named, input: Bytes) -> Result<Vec<u8>> {
+        let _permit = t.limit.acquire().await.map_err(|e| failed(&t.name, e))?;
+        let stats = &self.state.stats;
+        let out = match &t.def {
+            TransformDef::Image(spec) => {
+                let spec = spec.clone();
+                let (out, cpu_us) = tokio::task::spawn_blocking(move || {
+                    let start = thread_cpu_us();
+                    let out = image::apply(&spec, &input);
+                    (out, thread_cpu_us().saturating_sub(start))
+                })
+                .await
+                .map_err(|e| failed(&t.name, e))?;
+                stats.transform_cpu_us.fetch_add(cpu_us, Ordering::Relaxed);
+                out.map_err(|e| failed(&t.name, e))
+            }
+            TransformDef::Exec(spec) => {
+                exec::run(spec, input).await.map_err(|e| failed(&t.name, e))
+            }
+        };
+        match &out {
+            Ok(_) => stats.transforms_run.fetch_add(1, Ordering::Relaxed),
+            Err(_) => stats.transform_errors.fetch_add(1, Ordering::Relaxed),
+        };
+        out
+    }
+}
+
+/// CPU time of the calling thread, in microseconds.
+fn thread_cpu_us() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes only into the timespec it is given.
+    let ok = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } == 0;
+    if ok {
+        ts.tv_sec as u64 * 1_000_000 + ts.tv_nsec as u64 / 1000
+    } else {
+        0
+    }
+}
+
+/// CPU time of every child this process has reaped (transform commands: the node starts
+/// no other children), in microseconds.
+pub fn children_cpu_us() -> u64 {
+    // SAFETY: getrusage writes only into the struct it is given.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) } != 0 {
+        return 0;
+    }
+    let us = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
+    us(ru.ru_utime) + us(ru.ru_stime)
+}
+
+fn refused() -> BackendError {
+    BackendError::Client(S3Error::new(
+        S3Code::MethodNotAllowed,
+        "transformed results are read-only",
+    ))
+}
+
+#[async_trait]
+impl Backend for Computed {
+    fn describe(&self) -> String {
+        "transforms".to_owned()
+    }
+
+    fn computed(&self) -> bool {
+        true
+    }
+
+    async fn list_buckets(&self) -> Result<Vec<BucketInfo>> {
+        Ok(Vec::new())
+    }
+    async fn create_bucket(&self, _: &str) -> Result<()> {
+        Err(refused())
+    }
+    async fn head_bucket(&self, _: &str) -> Result<()> {
+        Ok(())
+    }
+    async fn delete_bucket(&self, _: &str) -> Result<()> {
+        Err(refused())
+    }
+
+    async fn head_object(&self, bucket: &str, key: &str) -> Result<ObjectMeta> {
+        // Only reached for a read that is not admitted and asks its size first: compute.
+        let (obj, _) = self.get_object(bucket, key, &|_| Ok(None)).await?;
+        Ok(obj.meta)
+    }
+
+    async fn get_object(
+        &self,
+        _bucket: &str,
+        key: &str,
+        range: &RangeFn<'_>,
+    ) -> Result<(GetObject, Option<ByteRange>)> {
+        let d: Derived =
+            serde_json::from_str(key).map_err(|_| BackendError::NoSuchKey(key.to_owned()))?;
+        let t = self
+            .state
+            .transforms
+            .get(&d.transform)
+            .filter(|t| format!("{:016x}", t.hash) == d.hash)
+            .ok_or_else(|| BackendError::NoSuchKey(key.to_owned()))?;
+        let input = self.source(&d).await?;
+        let out = Bytes::from(self.run(&t, input).await?);
+        let meta = ObjectMeta {
+            size: out.len() as u64,
+            etag: format!("{:032x}", xxhash_rust::xxh3::xxh3_128(&out)),
+            last_modified: SystemTime::now(),
+            headers: vec![("content-type".to_owned(), t.def.content_type().to_owned())],
+        };
+        let resolved = range(&meta).map_err(BackendError::Client)?;
+        let body = match resolved {
+            Some(r) => out.slice(r.start as usize..r.end as usize),
+            None => out,
+        };
+        let body = futures::stream::once(async move { Ok(body) }).boxed();
+        Ok((GetObject { meta, body }, resolved))
+    }
+
+    async fn put_object(
+        &self,
+        _: &str,
+        _: &str,
+        _: crate::backend::ByteStream,
+        _: PutOptions,
+    ) -> Result<ObjectMeta> {
+        Err(refused())
+    }
+    async fn delete_object(&self, _: &str, _: &str) -> Result<()> {
+        Err(refused())
+    }
+    async fn list_objects(&self, _: &str, _: &ListQuery) -> Result<ListPage> {
+        Ok(ListPage::default())
+    }
+    async fn create_multipart(&self, _: &str, _: &str, _: PutOptions) -> Result<String> {
+        Err(refused())
+    }
+    async fn upload_part(
+        &self,
+        _: &str,
+        _: &str,
+        _: &str,
+        _: u32,
+        _: crate::backend::ByteStream,
+        _: PutOptions,
+    ) -> Result<PartInfo> {
+        Err(refused())
+    }
+    async fn list_parts(&self, _: &str, _: &str, _: &str) -> Result<Vec<PartInfo>> {
+        Err(refused())
+    }
+    async fn complete_multipart(
+        &self,
+        _: &str,
+        _: &str,
+        _: &str,
+        _: &[(u32, String)],
+    ) -> Result<ObjectMeta> {
+        Err(refused())
+    }
+    async fn abort_multipart(&self, _: &str, _: &str, _: &str) -> Result<()> {
+        Err(refused())
+    }
+    async fn list_uploads(&self, _: &str, _: &str) -> Result<Vec<UploadInfo>> {
+        Ok(Vec::new())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn definitions_parse_from_toml_and_hash_stably() {
+        let text = r#"
+            [small]
+            kind = "image"
+            resize = 32
+            crop = [24, 24]
+            format = "raw"
+
+            [upper]
+            kind = "exec"
+            command = ["tr", "a-z", "A-Z"]
+            timeout_secs = 2.0
+        "#;
+        let defs: BTreeMap<String, TransformDef> = toml::from_str(text).unwrap();
+        assert!(matches!(defs["small"], TransformDef::Image(_)));
+        assert!(matches!(defs["upper"], TransformDef::Exec(_)));
+        for d in defs.values() {
+            d.validate().unwrap();
+        }
+        let again: BTreeMap<String, TransformDef> = toml::from_str(text).unwrap();
+        assert_eq!(defs["small"].hash(), again["small"].hash());
+        let mut changed = defs["small"].clone();
+        if let TransformDef::Image(s) = &mut changed {
+            s.resize = Some(33);
+        }
+        assert_ne!(changed.hash(), defs["small"].hash());
+        assert!(toml::from_str::<BTreeMap<String, TransformDef>>("[x]\nkind = \"nope\"").is_err());
+        assert!(
+            toml::from_str::<BTreeMap<String, TransformDef>>("[x]\nkind = \"image\"\nsize = 3")
+                .is_err(),
+            "unknown parameters are refused"
+        );
+    }
+
+    #[test]
+    fn derived_keys_name_every_input() {
+        let d = Derived {
+            bucket: "b".into(),
+            key: "s.tar".into(),
+            archpath: Some("a b&c.jpg".into()),
+            etag: "\"e1\"".into(),
+            transform: "small".into(),
+            hash: "00ff".into(),
+        };
+        let k = d.cache_key();
+        let back: Derived = serde_json::from_str(&k).unwrap();
+        assert_eq!(back.archpath.as_deref(), Some("a b&c.jpg"));
+        assert_eq!(d.source_target(), "/b/s.tar?archpath=a%20b%26c%2Ejpg");
+        let other = Derived {
+            etag: "\"e2\"".into(),
+            ..d.clone()
+        };
+        assert_ne!(other.cache_key(), k);
+    }
+}
