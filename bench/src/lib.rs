@@ -10,6 +10,7 @@
 //! - [`plot`]: the `--plot` SVG.
 //! - [`ringsim`]: `granary-bench ring`, key placement over simulated clusters.
 //! - [`samples`]: `granary-bench batch` and `prefetch`, the training-data features.
+//! - [`transforms`]: `granary-bench transform`, shared on-node transforms.
 
 pub mod http;
 pub mod listing;
@@ -20,4 +21,5 @@ pub mod samples;
 pub mod sigv4;
 pub mod size;
 pub mod stall;
+pub mod transforms;
 pub mod workload;

@@ -47,6 +47,40 @@ enum Command {
     /// A first epoch over a cold prefix against a first epoch over a copy of it that
     /// `POST /_granary/prefetch` warmed beforehand.
     Prefetch(PrefetchArgs),
+    /// Transformed reads (`?transform=`): first against repeated, and `--jobs` jobs
+    /// sharing the node's results against the same jobs each transforming for itself.
+    Transform(TransformArgs),
+}
+
+#[derive(Args)]
+struct TransformArgs {
+    #[command(flatten)]
+    common: Common,
+    #[arg(long)]
+    bucket: String,
+    /// Where the images (JPEG/PNG) are.
+    #[arg(long, default_value = "")]
+    prefix: String,
+    /// The transform for the first and repeated passes.
+    #[arg(long)]
+    transform: String,
+    /// Another name for the same steps, cold, for the shared jobs.
+    #[arg(long)]
+    shared: String,
+    /// The same images straight from the backend, for the jobs that transform for
+    /// themselves (e.g. the S3 server's URL).
+    #[arg(long)]
+    source_endpoint: String,
+    /// Sign the source reads with this access key (with --source-secret-key).
+    #[arg(long, requires = "source_secret_key")]
+    source_access_key: Option<String>,
+    #[arg(long, requires = "source_access_key")]
+    source_secret_key: Option<String>,
+    /// The transform's steps as the config gives them, as JSON (`{"resize":256,…}`).
+    #[arg(long)]
+    spec: String,
+    #[arg(long, default_value_t = 4)]
+    jobs: usize,
 }
 
 #[derive(Args)]
@@ -219,6 +253,7 @@ fn main() -> anyhow::Result<()> {
         Command::Ring(a) => return ring(a),
         Command::Batch(a) => a.common.threads,
         Command::Prefetch(a) => a.common.threads,
+        Command::Transform(a) => a.common.threads,
     };
     let mut rt = tokio::runtime::Builder::new_multi_thread();
     if let Some(t) = threads {
@@ -262,6 +297,34 @@ fn main() -> anyhow::Result<()> {
                 println!(
                     "{} objects: cold first epoch {:.2} s, prefetch {:.2} s, first epoch after it {:.2} s: cold / prefetched = {:.2}",
                     r.objects, r.cold_epoch_s, r.prefetch_s, r.warm_epoch_s, r.cold_over_warm
+                );
+                write_json(&a.common, &r)
+            }
+            Command::Transform(a) => {
+                let t = target(&a.common)?;
+                let spec: granary_server::transform::image::ImageSpec =
+                    serde_json::from_str(&a.spec).context("--spec")?;
+                let r = granary_bench::transforms::run(
+                    &t,
+                    &a.bucket,
+                    &a.prefix,
+                    &a.transform,
+                    &a.shared,
+                    &a.source_endpoint,
+                    a.source_access_key
+                        .as_deref()
+                        .zip(a.source_secret_key.as_deref())
+                        .map(|(k, s)| Signer::new(k, s, &a.common.region)),
+                    &spec,
+                    a.jobs,
+                    a.common.workers,
+                )
+                .await?;
+                println!(
+                    "{} images: first {:.0}/s, repeated {:.0}/s ({:.1}x); {} jobs sharing: {} transforms, {:.2} CPU s, {} backend B; each transforming: {} transforms, {:.2} CPU s, {} backend B",
+                    r.images, r.first.images_per_s, r.repeated.images_per_s, r.repeated_over_first,
+                    r.jobs, r.shared.transforms, r.shared.cpu_seconds, r.shared.backend_bytes,
+                    r.each.transforms, r.each.cpu_seconds, r.each.backend_bytes
                 );
                 write_json(&a.common, &r)
             }
