@@ -47,7 +47,7 @@ pub struct Config {
     /// How cache entries are read from disk.
     pub read_engine: crate::io::EngineChoice,
     /// Named on-node transforms (`[transforms.NAME]` in the TOML file).
-    pub transforms: std::collections::BTreeMap<String, crate::transform::TransformDef>,
+    pub transforms: std::collections::BTreeMap<String, crate::transform::TransformSpec>,
 }
 
 impl Default for Config {

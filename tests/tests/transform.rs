@@ -31,6 +31,13 @@ resize = 24
 crop = [24, 24]
 format = "raw"
 
+[transforms.tensor-all]
+kind = "image"
+resize = 24
+crop = [24, 24]
+format = "raw"
+members = ["png"]
+
 [transforms.small-jpeg]
 kind = "image"
 resize = 40
@@ -372,6 +379,35 @@ fn four_jobs_on_one_transformed_shard_run_each_member_once_and_read_the_backend_
         8,
         "the batch was served from results"
     );
+    // The whole shard, its .png members transformed and the others as they are.
+    let whole = format!("/{BUCKET}/shard-000000.tar?transform=tensor-all");
+    for pass in 0..2 {
+        let r = get(&server, &whole);
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.header("content-type"), Some("application/x-tar"));
+        let mut ar = tar::Archive::new(&r.body[..]);
+        let mut got = Vec::new();
+        for e in ar.entries()? {
+            let mut e = e?;
+            let name = String::from_utf8(e.path_bytes().into_owned())?;
+            let mut data = Vec::new();
+            std::io::Read::read_to_end(&mut e, &mut data)?;
+            got.push((name, data));
+        }
+        assert_eq!(got.len(), 16, "every member, in order");
+        for (i, (name, want)) in members.iter().enumerate() {
+            assert_eq!(got[2 * i].0, *name);
+            assert!(got[2 * i].1 == *want, "{name}: transformed bytes");
+            assert_eq!(got[2 * i + 1].0, format!("{i:06}.cls"));
+            assert_eq!(got[2 * i + 1].1, format!("{}", i % 3).into_bytes());
+        }
+        assert_eq!(
+            stat(&server, "transforms_run"),
+            16,
+            "pass {pass}: 8 more runs the first time (another definition), none after"
+        );
+        settle(&server);
+    }
     let cpu = server.stats()?["transform_cpu_seconds"].as_f64().unwrap();
     assert!(cpu > 0.0, "transform CPU time is counted: {cpu}");
     Ok(())

@@ -48,7 +48,7 @@ const QUERY: &AsciiSet = &NON_ALPHANUMERIC
 
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
-struct Item {
+pub(crate) struct Item {
     bucket: String,
     key: String,
     #[serde(default)]
@@ -59,6 +59,16 @@ struct Item {
 }
 
 impl Item {
+    /// A member of a shard, transformed or not.
+    pub(crate) fn member(bucket: &str, key: &str, member: &str, transform: Option<&str>) -> Item {
+        Item {
+            bucket: bucket.to_owned(),
+            key: key.to_owned(),
+            archpath: Some(member.to_owned()),
+            transform: transform.map(str::to_owned),
+        }
+    }
+
     /// The item's member name in the answer.
     fn name(&self) -> String {
         match &self.archpath {
@@ -188,6 +198,28 @@ pub async fn handle(state: &Arc<AppState>, req: Request) -> Result<Response, S3E
         }
     }
     let names: Vec<String> = items.iter().map(Item::name).collect();
+    stream(state.clone(), names, items, mark).await
+}
+
+/// The answer to a list of items: a tar stream of them in order, member `names[i]` for
+/// `items[i]`. Also serves a whole-shard transform (`?transform=` on a `.tar`), which
+/// reads its members through the same object path that leads here: the future is boxed
+/// (a named `Send` type) so that the cycle has an end the compiler can see.
+pub(crate) fn stream(
+    state: Arc<AppState>,
+    names: Vec<String>,
+    items: Vec<Item>,
+    mark: bool,
+) -> futures::future::BoxFuture<'static, Result<Response, S3Error>> {
+    async move { stream_items(state, names, items, mark).await }.boxed()
+}
+
+async fn stream_items(
+    state: Arc<AppState>,
+    names: Vec<String>,
+    items: Vec<Item>,
+    mark: bool,
+) -> Result<Response, S3Error> {
     let st = state.clone();
     let mut fetches = futures::stream::iter(items)
         .map(move |it| {

@@ -80,12 +80,73 @@ impl TransformDef {
     }
 }
 
+/// A transform as configured: its definition, and for `.tar` shards the extensions of
+/// the members it applies to (`members = ["jpg", "png"]`). With `members`, `?transform=`
+/// on a `.tar` shard answers the shard with those members transformed and the others as
+/// they are; without, it transforms the object as a whole.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TransformSpec {
+    pub def: TransformDef,
+    pub members: Vec<String>,
+}
+
+impl<'de> Deserialize<'de> for TransformSpec {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        use serde::de::Error;
+        let mut table = toml::Table::deserialize(d)?;
+        let members = match table.remove("members") {
+            None => Vec::new(),
+            Some(v) => v
+                .try_into::<Vec<String>>()
+                .map_err(|e| D::Error::custom(format!("members: {e}")))?,
+        };
+        let def = TransformDef::deserialize(toml::Value::Table(table)).map_err(D::Error::custom)?;
+        Ok(TransformSpec {
+            def,
+            members: members
+                .iter()
+                .map(|m| m.trim_start_matches('.').to_ascii_lowercase())
+                .collect(),
+        })
+    }
+}
+
+impl TransformSpec {
+    pub fn validate(&self) -> std::result::Result<(), String> {
+        if self.members.iter().any(|m| m.is_empty()) {
+            return Err("members names extensions, none of them empty".into());
+        }
+        self.def.validate()
+    }
+
+    /// The definition's hash, and the member filter's when there is one.
+    pub fn hash(&self) -> u64 {
+        let h = self.def.hash();
+        if self.members.is_empty() {
+            return h;
+        }
+        let filter = self.members.join("\n");
+        xxhash_rust::xxh3::xxh3_64_with_seed(filter.as_bytes(), h)
+    }
+}
+
 /// One configured transform.
 pub struct Named {
     pub name: String,
     pub def: TransformDef,
+    /// Extensions of the shard members it applies to (empty: whole objects).
+    pub members: Vec<String>,
     pub hash: u64,
     limit: Semaphore,
+}
+
+impl Named {
+    /// Whether a shard member of this name is transformed (the others pass through).
+    pub fn takes_member(&self, name: &str) -> bool {
+        let base = name.rsplit('/').next().unwrap_or(name);
+        let ext = base.rsplit_once('.').map_or("", |(_, e)| e);
+        self.members.iter().any(|m| m.eq_ignore_ascii_case(ext))
+    }
 }
 
 /// The node's transforms by name.
@@ -95,15 +156,16 @@ pub struct Transforms {
 }
 
 impl Transforms {
-    pub fn new(defs: &BTreeMap<String, TransformDef>) -> Transforms {
+    pub fn new(defs: &BTreeMap<String, TransformSpec>) -> Transforms {
         let by_name = defs
             .iter()
-            .map(|(name, def)| {
+            .map(|(name, spec)| {
                 let named = Named {
                     name: name.clone(),
-                    hash: def.hash(),
-                    limit: Semaphore::new(def.concurrency().max(1)),
-                    def: def.clone(),
+                    hash: spec.hash(),
+                    limit: Semaphore::new(spec.def.concurrency().max(1)),
+                    def: spec.def.clone(),
+                    members: spec.members.clone(),
                 };
                 (name.clone(), Arc::new(named))
             })
@@ -415,22 +477,39 @@ mod tests {
             command = ["tr", "a-z", "A-Z"]
             timeout_secs = 2.0
         "#;
-        let defs: BTreeMap<String, TransformDef> = toml::from_str(text).unwrap();
+        let specs: BTreeMap<String, TransformSpec> = toml::from_str(text).unwrap();
+        let defs: BTreeMap<String, TransformDef> =
+            specs.into_iter().map(|(k, v)| (k, v.def)).collect();
         assert!(matches!(defs["small"], TransformDef::Image(_)));
         assert!(matches!(defs["upper"], TransformDef::Exec(_)));
         for d in defs.values() {
             d.validate().unwrap();
         }
-        let again: BTreeMap<String, TransformDef> = toml::from_str(text).unwrap();
-        assert_eq!(defs["small"].hash(), again["small"].hash());
+        let again: BTreeMap<String, TransformSpec> = toml::from_str(text).unwrap();
+        assert_eq!(defs["small"].hash(), again["small"].def.hash());
+        assert_eq!(
+            again["small"].hash(),
+            again["small"].def.hash(),
+            "no filter, same hash"
+        );
+        let filtered: BTreeMap<String, TransformSpec> = toml::from_str(&text.replace(
+            "format = \"raw\"",
+            "format = \"raw\"\nmembers = [\".JPG\", \"png\"]",
+        ))
+        .unwrap();
+        assert_eq!(filtered["small"].members, ["jpg", "png"]);
+        assert_ne!(filtered["small"].hash(), again["small"].hash());
+        let named = Transforms::new(&filtered).get("small").unwrap();
+        assert!(named.takes_member("a/000001.JPG") && named.takes_member("x.png"));
+        assert!(!named.takes_member("000001.cls") && !named.takes_member("png"));
         let mut changed = defs["small"].clone();
         if let TransformDef::Image(s) = &mut changed {
             s.resize = Some(33);
         }
         assert_ne!(changed.hash(), defs["small"].hash());
-        assert!(toml::from_str::<BTreeMap<String, TransformDef>>("[x]\nkind = \"nope\"").is_err());
+        assert!(toml::from_str::<BTreeMap<String, TransformSpec>>("[x]\nkind = \"nope\"").is_err());
         assert!(
-            toml::from_str::<BTreeMap<String, TransformDef>>("[x]\nkind = \"image\"\nsize = 3")
+            toml::from_str::<BTreeMap<String, TransformSpec>>("[x]\nkind = \"image\"\nsize = 3")
                 .is_err(),
             "unknown parameters are refused"
         );
