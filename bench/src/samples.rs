@@ -29,8 +29,9 @@ pub struct Member {
     pub size: u64,
 }
 
-/// GETs `path` (already encoded, with its query) and returns the body's length.
-async fn get_len(target: &Target, path: &str) -> anyhow::Result<u64> {
+/// GETs `path` (already encoded, with its query): the answer's body, refused unless
+/// `2xx`.
+async fn get_ok(target: &Target, path: &str) -> anyhow::Result<hyper::body::Incoming> {
     let uri = format!("{}{path}", target.endpoint);
     let req = http::Request::get(&uri).body(Full::new(Bytes::new()))?;
     let resp = target
@@ -39,7 +40,12 @@ async fn get_len(target: &Target, path: &str) -> anyhow::Result<u64> {
         .await
         .with_context(|| uri.clone())?;
     ensure!(resp.status().is_success(), "GET {uri}: {}", resp.status());
-    let mut body = resp.into_body();
+    Ok(resp.into_body())
+}
+
+/// GETs `path` and counts its body's bytes as they arrive (nothing kept).
+async fn get_len(target: &Target, path: &str) -> anyhow::Result<u64> {
+    let mut body = get_ok(target, path).await?;
     let mut n = 0u64;
     while let Some(frame) = body.frame().await {
         if let Ok(d) = frame?.into_data() {
@@ -49,16 +55,9 @@ async fn get_len(target: &Target, path: &str) -> anyhow::Result<u64> {
     Ok(n)
 }
 
+/// GETs `path` into memory.
 async fn get_bytes(target: &Target, path: &str) -> anyhow::Result<Bytes> {
-    let uri = format!("{}{path}", target.endpoint);
-    let req = http::Request::get(&uri).body(Full::new(Bytes::new()))?;
-    let resp = target
-        .client
-        .request(req)
-        .await
-        .with_context(|| uri.clone())?;
-    ensure!(resp.status().is_success(), "GET {uri}: {}", resp.status());
-    Ok(resp.into_body().collect().await?.to_bytes())
+    Ok(get_ok(target, path).await?.collect().await?.to_bytes())
 }
 
 /// Every regular member of every `.tar` shard under `prefix` (each shard read once,

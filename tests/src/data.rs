@@ -77,6 +77,42 @@ pub fn bucket_name(prefix: &str) -> String {
     format!("{prefix}-{}", hex::encode(suffix))
 }
 
+/// A tar of `(name, bytes)` members (GNU headers, so long names take extension blocks;
+/// every member dated 2023-11-14).
+pub fn tar_of(members: &[(String, Vec<u8>)]) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    for (name, data) in members {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        h.set_mtime(1_700_000_000);
+        b.append_data(&mut h, name, data.as_slice())
+            .expect("a member into memory");
+    }
+    b.into_inner().expect("a tar in memory")
+}
+
+/// The members of a tar, in order: `(name, bytes)`. Panics on a malformed archive.
+pub fn untar(bytes: &[u8]) -> Vec<(String, Vec<u8>)> {
+    let mut ar = tar::Archive::new(bytes);
+    let mut out = Vec::new();
+    for e in ar.entries().expect("a tar stream") {
+        let mut e = e.expect("a tar member");
+        let name = String::from_utf8(e.path_bytes().into_owned()).expect("a UTF-8 name");
+        let mut data = Vec::new();
+        std::io::Read::read_to_end(&mut e, &mut data).expect("member bytes");
+        out.push((name, data));
+    }
+    out
+}
+
+/// `data` gzip-compressed (a `.tar.gz` of a tar).
+pub fn gzip(data: &[u8]) -> Vec<u8> {
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    std::io::Write::write_all(&mut gz, data).expect("gzip into memory");
+    gz.finish().expect("gzip into memory")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -47,6 +47,14 @@ pub struct SignedRequest {
 }
 
 impl SignedRequest {
+    /// The headers to send, borrowed, for [`crate::request_bytes`].
+    pub fn header_refs(&self) -> Vec<(&str, &str)> {
+        self.headers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect()
+    }
+
     /// Signs `path_and_query` (sent as is; its query parameters already URI-encoded) with
     /// `access`/`secret` at time `unix`, covering `host`, `extra_headers` and the payload hash.
     #[allow(clippy::too_many_arguments)]

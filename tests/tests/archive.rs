@@ -7,29 +7,10 @@ use std::time::Duration;
 
 use anyhow::Result;
 use granary_tests::{
-    raw_request_blocking, request_bytes, Pattern, RawResponse, Server, ServerOpts,
+    gzip, raw_request_blocking, request_bytes, tar_of, Pattern, RawResponse, Server, ServerOpts,
 };
 
 const BUCKET: &str = "shards";
-
-/// A tar of `(name, bytes)` members (GNU headers, so long names take extension blocks).
-fn tar_of(members: &[(String, Vec<u8>)]) -> Vec<u8> {
-    let mut b = tar::Builder::new(Vec::new());
-    for (name, data) in members {
-        let mut h = tar::Header::new_gnu();
-        h.set_size(data.len() as u64);
-        h.set_mode(0o644);
-        h.set_mtime(1_700_000_000);
-        b.append_data(&mut h, name, data.as_slice()).unwrap();
-    }
-    b.into_inner().unwrap()
-}
-
-fn gzip(data: &[u8]) -> Vec<u8> {
-    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-    std::io::Write::write_all(&mut gz, data).unwrap();
-    gz.finish().unwrap()
-}
 
 /// WebDataset-like samples: `{i:06}.jpg` (sizes up to 3 MiB), `.cls`, `.json`, and one
 /// member with a name longer than a tar header holds.

@@ -10,44 +10,12 @@ use std::time::Duration;
 
 use anyhow::Result;
 use granary_tests::{
-    raw_request_blocking, request_bytes, sha256_hex, unix_now, Pattern, RawResponse, Server,
-    ServerOpts, SignedRequest, ACCESS, SECRET,
+    gzip, raw_request_blocking, request_bytes, sha256_hex, tar_of, unix_now, untar, Pattern,
+    RawResponse, Server, ServerOpts, SignedRequest, ACCESS, SECRET,
 };
 use serde_json::json;
 
 const BUCKET: &str = "batches";
-
-/// A tar of `(name, bytes)` members (GNU headers).
-fn tar_of(members: &[(String, Vec<u8>)]) -> Vec<u8> {
-    let mut b = tar::Builder::new(Vec::new());
-    for (name, data) in members {
-        let mut h = tar::Header::new_gnu();
-        h.set_size(data.len() as u64);
-        h.set_mode(0o644);
-        b.append_data(&mut h, name, data.as_slice()).unwrap();
-    }
-    b.into_inner().unwrap()
-}
-
-fn gzip(data: &[u8]) -> Vec<u8> {
-    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-    std::io::Write::write_all(&mut gz, data).unwrap();
-    gz.finish().unwrap()
-}
-
-/// The members of a tar answer, in order.
-fn untar(bytes: &[u8]) -> Vec<(String, Vec<u8>)> {
-    let mut ar = tar::Archive::new(bytes);
-    let mut out = Vec::new();
-    for e in ar.entries().expect("a tar stream") {
-        let mut e = e.expect("a tar member");
-        let name = String::from_utf8(e.path_bytes().into_owned()).expect("a UTF-8 name");
-        let mut data = Vec::new();
-        std::io::Read::read_to_end(&mut e, &mut data).expect("member bytes");
-        out.push((name, data));
-    }
-    out
-}
 
 fn post(
     addr: SocketAddr,
@@ -273,11 +241,7 @@ fn signed_post(node: &Server, path: &str, body: &[u8]) -> Result<RawResponse> {
         SECRET,
         unix_now(),
     );
-    let headers: Vec<(&str, &str)> = sig
-        .headers
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
+    let headers = sig.header_refs();
     post(node.addr(), path, body, &headers)
 }
 
@@ -321,11 +285,7 @@ fn batches_need_a_signature_where_reads_do() -> Result<()> {
             SECRET,
             unix_now(),
         );
-        let headers: Vec<(&str, &str)> = sig
-            .headers
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_str()))
-            .collect();
+        let headers = sig.header_refs();
         let other = json!([{"bucket": BUCKET, "key": "b.bin"}]).to_string();
         let r = post(server.addr(), "/_granary/batch", other.as_bytes(), &headers)?;
         assert_eq!(r.status, 400, "{}", r.text());

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use anyhow::Result;
 use granary_client::{Client, Dataset, Sample};
-use granary_tests::{Pattern, Server, ServerOpts, ACCESS, SECRET};
+use granary_tests::{gzip, tar_of, Pattern, Server, ServerOpts, ACCESS, SECRET};
 
 const BUCKET: &str = "training";
 const PREFIX: &str = "train/";
@@ -20,24 +20,6 @@ const WORLD: usize = 4;
 struct Source {
     samples: BTreeMap<String, (Vec<u8>, Vec<u8>)>,
     shards: Vec<String>,
-}
-
-fn tar_of(members: &[(String, Vec<u8>)]) -> Vec<u8> {
-    let mut b = tar::Builder::new(Vec::new());
-    for (name, data) in members {
-        let mut h = tar::Header::new_gnu();
-        h.set_size(data.len() as u64);
-        h.set_mode(0o644);
-        h.set_mtime(1_700_000_000);
-        b.append_data(&mut h, name, data.as_slice()).unwrap();
-    }
-    b.into_inner().unwrap()
-}
-
-fn gzip(data: &[u8]) -> Vec<u8> {
-    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-    std::io::Write::write_all(&mut gz, data).unwrap();
-    gz.finish().unwrap()
 }
 
 /// Uploads 12 shards of 20 samples (`.cls` and `.bin` of up to 40 KiB, distinct bytes

@@ -232,11 +232,7 @@ fn with_credentials_a_prefetch_must_be_signed() -> Result<()> {
         SECRET,
         unix_now(),
     );
-    let headers: Vec<(&str, &str)> = sig
-        .headers
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
+    let headers = sig.header_refs();
     let r = raw_request_blocking(
         server.addr(),
         &request_bytes(
