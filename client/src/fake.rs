@@ -222,3 +222,16 @@ impl FakeServer {
         self.thread.join().unwrap()
     }
 }
+
+/// A tar of `(name, bytes)` members (GNU headers), for shard and batch tests.
+pub(crate) fn tar_of(members: &[(&str, &[u8])]) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    for (name, data) in members {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        b.append_data(&mut h, name, *data)
+            .expect("a member into memory");
+    }
+    b.into_inner().expect("a tar in memory")
+}

@@ -353,18 +353,8 @@ impl Client {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fake::tar_of;
     use crate::fake::{FakeServer, Reply};
-
-    fn tar_of(members: &[(&str, &[u8])]) -> Vec<u8> {
-        let mut b = tar::Builder::new(Vec::new());
-        for (name, data) in members {
-            let mut h = tar::Header::new_gnu();
-            h.set_size(data.len() as u64);
-            h.set_mode(0o644);
-            b.append_data(&mut h, name, *data).unwrap();
-        }
-        b.into_inner().unwrap()
-    }
 
     #[test]
     fn cluster_views_parse() {

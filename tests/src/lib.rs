@@ -19,7 +19,8 @@ mod sigv4;
 mod xml;
 
 pub use data::{
-    bucket_name, etag_of, gzip, md5_hex, multipart_etag, random_bytes, tar_of, untar, Pattern,
+    bucket_name, encode_key, etag_of, gzip, md5_hex, multipart_etag, random_bytes, tar_of, untar,
+    Pattern,
 };
 pub use http::{
     raw_request, raw_request_blocking, raw_request_with_timeout, read_response_head, request_bytes,

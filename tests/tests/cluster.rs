@@ -17,9 +17,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use granary_tests::{
-    expect_sdk_error, md5_hex, multipart_etag, raw_request_blocking, raw_request_with_timeout,
-    request_bytes, sha256_hex, unix_now, Moto, Pattern, RawResponse, Server, ServerOpts,
-    SignedRequest, ACCESS, SECRET,
+    encode_key, expect_sdk_error, md5_hex, multipart_etag, raw_request_blocking,
+    raw_request_with_timeout, request_bytes, sha256_hex, unix_now, Moto, Pattern, RawResponse,
+    Server, ServerOpts, SignedRequest, ACCESS, SECRET,
 };
 
 const BUCKET: &str = "dataset";
@@ -103,16 +103,7 @@ fn fs_cluster(origin: &std::path::Path, opts: ServerOpts) -> Result<Vec<Server>>
 
 /// `/BUCKET/key`, the key percent-encoded as S3 clients do (`/` kept).
 fn obj_path(key: &str) -> String {
-    const KEEP: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
-        .remove(b'-')
-        .remove(b'.')
-        .remove(b'_')
-        .remove(b'~')
-        .remove(b'/');
-    format!(
-        "/{BUCKET}/{}",
-        percent_encoding::utf8_percent_encode(key, KEEP)
-    )
+    format!("/{BUCKET}/{}", encode_key(key))
 }
 
 /// Writes `objects` into `origin/BUCKET/` (the fs backend's layout).

@@ -8,7 +8,7 @@ use std::process::Output;
 use anyhow::Result;
 use granary_client::Client;
 use granary_tests::ctl::{granaryctl, granaryctl_with_env};
-use granary_tests::{md5_hex, Pattern, Server, ServerOpts, ACCESS, SECRET};
+use granary_tests::{md5_hex, tar_of, Pattern, Server, ServerOpts, ACCESS, SECRET};
 
 fn text(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
@@ -28,17 +28,6 @@ fn ok(endpoint: &str, args: &[&str]) -> Output {
         err_text(&out)
     );
     out
-}
-
-fn tar_of(members: &[(&str, &[u8])]) -> Vec<u8> {
-    let mut b = tar::Builder::new(Vec::new());
-    for (name, data) in members {
-        let mut h = tar::Header::new_gnu();
-        h.set_size(data.len() as u64);
-        h.set_mode(0o644);
-        b.append_data(&mut h, name, *data).unwrap();
-    }
-    b.into_inner().unwrap()
 }
 
 #[test]
@@ -106,7 +95,10 @@ fn objects_round_trip_through_granaryctl() -> Result<()> {
     assert_eq!(out.stdout, b"hello granary\n");
 
     // A shard member through --archpath.
-    let shard = tar_of(&[("0001.cls", b"7"), ("0001.jpg", &[0xFFu8; 3000][..])]);
+    let shard = tar_of(&[
+        ("0001.cls".into(), b"7".to_vec()),
+        ("0001.jpg".into(), vec![0xFFu8; 3000]),
+    ]);
     let shard_file = work.join("s.tar");
     std::fs::write(&shard_file, &shard)?;
     ok(
@@ -262,7 +254,10 @@ fn warm_data(client: &mut Client) -> Result<Vec<(String, Vec<u8>)>> {
             Pattern::new(100 + i).bytes(0, [10, 4096, 100_000, 1 << 20, 7, 250_000][i as usize]);
         objs.push((format!("p/o{i}"), data));
     }
-    let shard = tar_of(&[("0001.cls", b"3"), ("0001.jpg", &[0xABu8; 5000][..])]);
+    let shard = tar_of(&[
+        ("0001.cls".into(), b"3".to_vec()),
+        ("0001.jpg".into(), vec![0xABu8; 5000]),
+    ]);
     objs.push(("p/s.tar".to_owned(), shard));
     for (key, data) in &objs {
         client.put_bytes("warm", key, data)?;

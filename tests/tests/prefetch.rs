@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use granary_tests::{
-    raw_request_blocking, request_bytes, sha256_hex, unix_now, Moto, Pattern, RawResponse, Server,
-    ServerOpts, SignedRequest, ACCESS, SECRET,
+    encode_key, raw_request_blocking, request_bytes, sha256_hex, unix_now, Moto, Pattern,
+    RawResponse, Server, ServerOpts, SignedRequest, ACCESS, SECRET,
 };
 use serde_json::{json, Value};
 
@@ -54,16 +54,6 @@ fn wait(node: &Server, id: &str) -> Result<Value> {
 
 fn stat(node: &Server, field: &str) -> u64 {
     node.stats().unwrap()[field].as_u64().unwrap()
-}
-
-fn encode(key: &str) -> String {
-    const KEEP: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
-        .remove(b'-')
-        .remove(b'.')
-        .remove(b'_')
-        .remove(b'~')
-        .remove(b'/');
-    percent_encoding::utf8_percent_encode(key, KEEP).to_string()
 }
 
 #[test]
@@ -139,7 +129,7 @@ fn a_prefetch_warms_every_owner_and_later_reads_are_hits() -> Result<()> {
         let r = send(
             nodes[i % 3].addr(),
             "GET",
-            &format!("/{BUCKET}/{}", encode(k)),
+            &format!("/{BUCKET}/{}", encode_key(k)),
             b"",
         )?;
         assert_eq!(r.status, 200, "{k}: {}", r.text());

@@ -127,17 +127,7 @@ impl Iterator for ShardSamples {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn tar_of(members: &[(&str, &[u8])]) -> Vec<u8> {
-        let mut b = tar::Builder::new(Vec::new());
-        for (name, data) in members {
-            let mut h = tar::Header::new_gnu();
-            h.set_size(data.len() as u64);
-            h.set_mode(0o644);
-            b.append_data(&mut h, name, *data).unwrap();
-        }
-        b.into_inner().unwrap()
-    }
+    use crate::fake::tar_of;
 
     fn samples(tar: Vec<u8>) -> Vec<Result<Sample>> {
         ShardSamples::new("s.tar".into(), Box::new(std::io::Cursor::new(tar))).collect()
