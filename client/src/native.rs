@@ -8,6 +8,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::client::{Client, Req, QUERY_ENCODE};
 use crate::http::Body;
+use crate::objects::ObjectReader;
 use crate::tarstream::TarReader;
 use crate::{Error, Result};
 
@@ -319,6 +320,14 @@ impl Client {
         }
         self.done(body);
         Ok(total)
+    }
+
+    /// `POST /_granary/batch`, opened for reading as the tar stream arrives (wrap it in a
+    /// [`TarReader`] to walk the members). The reader takes this client's connection.
+    pub fn open_batch(&mut self, items: &[BatchItem], missing: Missing) -> Result<ObjectReader> {
+        let json = serde_json::to_vec(items).expect("batch items serialize");
+        let (h, body) = self.call(Self::batch_request(missing, &json))?;
+        Ok(ObjectReader::new(&h, body, self.endpoint()))
     }
 
     /// `POST /_granary/batch`, read into memory: `(member name, bytes)` in the order of

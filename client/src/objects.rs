@@ -92,6 +92,14 @@ pub struct ObjectReader {
 }
 
 impl ObjectReader {
+    pub(crate) fn new(h: &Head, body: BodyReader, addr: &str) -> ObjectReader {
+        ObjectReader {
+            meta: ObjectMeta::from_head(h),
+            body,
+            addr: addr.to_owned(),
+        }
+    }
+
     /// The answer's headers.
     pub fn meta(&self) -> &ObjectMeta {
         &self.meta
@@ -230,11 +238,7 @@ impl Client {
         opts: &GetOptions,
     ) -> Result<ObjectReader> {
         let (h, body) = self.call(get_request(bucket, key, opts)?)?;
-        Ok(ObjectReader {
-            meta: ObjectMeta::from_head(&h),
-            body,
-            addr: self.endpoint().to_owned(),
-        })
+        Ok(ObjectReader::new(&h, body, self.endpoint()))
     }
 
     /// Reads a whole object into memory.
