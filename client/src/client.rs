@@ -54,6 +54,8 @@ pub struct Client {
     endpoint: String,
     conn: Conn,
     creds: Option<Credentials>,
+    /// The node's Unix socket on this machine, for local reads (`with_local_socket`).
+    pub(crate) local: Option<Box<Client>>,
 }
 
 /// One request to build: method, encoded path, raw query pairs, headers, body.
@@ -137,34 +139,58 @@ pub(crate) fn object_path(bucket: &str, key: &str) -> Result<String> {
     ))
 }
 
-/// `host:port` of `http://host:port[/]`.
-fn host_of(endpoint: &str) -> Option<&str> {
+/// The address to connect to: `host:port` of `http://host:port[/]`, or `unix:PATH` of
+/// `unix:PATH` / `unix://PATH` (a node's `--listen-unix` socket).
+fn addr_of(endpoint: &str) -> Option<String> {
+    if let Some(path) = endpoint.strip_prefix("unix:") {
+        let path = path.strip_prefix("//").unwrap_or(path);
+        return (!path.is_empty()).then(|| format!("unix:{path}"));
+    }
     endpoint
         .strip_prefix("http://")
         .map(|s| s.trim_end_matches('/'))
         .filter(|s| !s.is_empty() && !s.contains('/'))
+        .map(str::to_owned)
+}
+
+/// The `Host` header for `addr` (a Unix socket has no host name).
+fn host_header(addr: &str) -> &str {
+    if addr.starts_with("unix:") {
+        "localhost"
+    } else {
+        addr
+    }
 }
 
 impl Client {
-    /// A client of the node at `endpoint` (`http://host:port`); connects on first use.
+    /// A client of the node at `endpoint`: `http://host:port`, or `unix:PATH` for a node's
+    /// Unix socket on this machine (`--listen-unix`); connects on first use.
     pub fn new(endpoint: &str) -> Result<Client> {
-        let addr = host_of(endpoint).ok_or_else(|| Error::Endpoint(endpoint.to_owned()))?;
+        let addr = addr_of(endpoint).ok_or_else(|| Error::Endpoint(endpoint.to_owned()))?;
+        let endpoint = if addr.starts_with("unix:") {
+            addr.clone()
+        } else {
+            format!("http://{addr}")
+        };
         Ok(Client {
-            endpoint: format!("http://{addr}"),
-            conn: Conn::new(addr.to_owned(), Duration::from_secs(60)),
+            endpoint,
+            conn: Conn::new(addr, Duration::from_secs(60)),
             creds: None,
+            local: None,
         })
     }
 
     /// Signs every request with SigV4 under these credentials (needed when the node runs
     /// with `--access-key`/`--secret-key`, unless it allows anonymous reads).
-    pub fn with_credentials(mut self, access_key: &str, secret_key: &str, region: &str) -> Client {
-        self.creds = Some(Credentials::new(access_key, secret_key, region));
-        self
+    pub fn with_credentials(self, access_key: &str, secret_key: &str, region: &str) -> Client {
+        self.with_credentials_opt(Some(Credentials::new(access_key, secret_key, region)))
     }
 
     /// Signs with `creds`, or sends unsigned requests with `None`.
     pub fn with_credentials_opt(mut self, creds: Option<Credentials>) -> Client {
+        self.local = self
+            .local
+            .map(|l| Box::new(l.with_credentials_opt(creds.clone())));
         self.creds = creds;
         self
     }
@@ -173,12 +199,18 @@ impl Client {
     /// cold object streams as it goes, so this bounds stalls, not whole transfers.
     pub fn with_timeout(mut self, timeout: Duration) -> Client {
         self.conn.timeout = timeout;
+        self.local = self.local.map(|l| Box::new(l.with_timeout(timeout)));
         self
     }
 
-    /// `http://host:port` of the node.
+    /// `http://host:port` (or `unix:PATH`) of the node.
     pub fn endpoint(&self) -> &str {
         &self.endpoint
+    }
+
+    /// How long a read or write on the socket may wait.
+    pub(crate) fn timeout(&self) -> Duration {
+        self.conn.timeout
     }
 
     /// The credentials requests are signed with, if any.
@@ -192,6 +224,7 @@ impl Client {
             endpoint: self.endpoint.clone(),
             conn: Conn::new(self.conn.addr.clone(), self.conn.timeout),
             creds: self.creds.clone(),
+            local: self.local.as_ref().map(|l| Box::new(l.fresh())),
         }
     }
 
@@ -238,7 +271,7 @@ impl Client {
         let head_request = req.method == "HEAD";
         // POST starts jobs: never sent twice.
         let idempotent = req.method != "POST";
-        let head = self.head_bytes(&req, &self.conn.addr.clone());
+        let head = self.head_bytes(&req, host_header(&self.conn.addr));
         let (mut h, mut body) =
             self.conn
                 .exchange(&head, &mut req.body, head_request, idempotent)?;

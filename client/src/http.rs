@@ -7,13 +7,14 @@
 //! fresh connection when a reused one fails before the answer's head arrives.
 
 use std::io::{self, BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::os::fd::OwnedFd;
 use std::time::Duration;
 
+use crate::sock::Sock;
 use crate::{Error, Result};
 
 /// A connected socket with its read buffer.
-pub(crate) type Stream = BufReader<TcpStream>;
+pub(crate) type Stream = BufReader<Sock>;
 
 /// Longest status or header line accepted.
 const MAX_LINE: u64 = 16 << 10;
@@ -63,6 +64,7 @@ impl Head {
 
 /// A node's address and the connection kept open to it.
 pub(crate) struct Conn {
+    /// `host:port`, or `unix:PATH` for a node's Unix socket.
     pub addr: String,
     stream: Option<Stream>,
     pub timeout: Duration,
@@ -98,12 +100,8 @@ impl Conn {
                 return Ok((s, true));
             }
         }
-        let s = TcpStream::connect(&self.addr).map_err(|e| self.io(e))?;
-        s.set_nodelay(true).map_err(|e| self.io(e))?;
-        s.set_read_timeout(Some(self.timeout))
-            .map_err(|e| self.io(e))?;
-        s.set_write_timeout(Some(self.timeout))
-            .map_err(|e| self.io(e))?;
+        let s = Sock::connect(&self.addr).map_err(|e| self.io(e))?;
+        s.set_timeouts(self.timeout).map_err(|e| self.io(e))?;
         Ok((BufReader::with_capacity(READ_BUFFER, s), false))
     }
 
@@ -128,6 +126,8 @@ impl Conn {
         let mut retried = false;
         loop {
             let (mut stream, reused) = self.take()?;
+            // Descriptors of an earlier answer nobody asked for are closed.
+            drop(stream.get_mut().take_fds());
             match send(&mut stream, head, body).and_then(|()| read_head(&mut stream)) {
                 Ok(h) => {
                     let framing = framing(&h, head_request)?;
@@ -157,16 +157,7 @@ impl Conn {
 /// Whether a pooled connection can carry another request: nothing unread in its buffer and
 /// neither end-of-stream nor stray bytes waiting on the socket.
 fn still_open(s: &Stream) -> bool {
-    if !s.buffer().is_empty() {
-        return false;
-    }
-    let sock = s.get_ref();
-    if sock.set_nonblocking(true).is_err() {
-        return false;
-    }
-    let mut b = [0u8; 1];
-    let open = matches!(sock.peek(&mut b), Err(e) if e.kind() == io::ErrorKind::WouldBlock);
-    sock.set_nonblocking(false).is_ok() && open
+    s.buffer().is_empty() && s.get_ref().idle_and_open()
 }
 
 fn send(stream: &mut Stream, head: &[u8], body: &mut Body<'_>) -> std::result::Result<(), Failure> {
@@ -336,6 +327,14 @@ impl BodyReader {
         } else {
             None
         }
+    }
+
+    /// The descriptors that came with the answer so far (a node's `fd` answer to a
+    /// local read over its Unix socket).
+    pub(crate) fn take_fds(&mut self) -> Vec<OwnedFd> {
+        self.stream
+            .as_mut()
+            .map_or_else(Vec::new, |s| s.get_mut().take_fds())
     }
 
     /// Reads what is left of the body, up to `limit` bytes (more is an error).

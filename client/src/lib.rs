@@ -15,16 +15,21 @@
 //! downloads are written to a `Write` (or read from an [`ObjectReader`]) as they arrive.
 
 mod client;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod dataset;
 mod http;
+mod local;
 mod native;
 mod objects;
 mod sign;
+mod sock;
 mod tarstream;
 mod xml;
 
 pub use client::{Client, Response};
 pub use dataset::{Dataset, DatasetBuilder, Epoch, Sample};
+pub use local::{Local, LocalBytes, LocalFile, Mapping};
 pub use native::{
     BatchItem, ClusterView, Job, JobState, Member, MemberState, Missing, MISSING_PREFIX,
 };
@@ -38,8 +43,8 @@ pub use xml::format_time;
 /// caller's own files (`Local`), or the contents of a shard (`Shard`).
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// The endpoint is not `http://host:port`.
-    #[error("bad endpoint `{0}`: expected http://host:port")]
+    /// The endpoint is neither `http://host:port` nor `unix:PATH`.
+    #[error("bad endpoint `{0}`: expected http://host:port or unix:PATH")]
     Endpoint(String),
     /// Connecting, sending or receiving failed (including a response cut short).
     #[error("connection to {addr} failed: {source}")]

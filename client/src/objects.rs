@@ -56,7 +56,7 @@ pub struct ObjectMeta {
 }
 
 impl ObjectMeta {
-    fn from_head(h: &Head) -> ObjectMeta {
+    pub(crate) fn from_head(h: &Head) -> ObjectMeta {
         ObjectMeta {
             size: h
                 .header("content-length")
@@ -123,7 +123,7 @@ impl std::fmt::Debug for ObjectReader {
     }
 }
 
-fn get_request(bucket: &str, key: &str, opts: &GetOptions) -> Result<Req<'static>> {
+pub(crate) fn get_request(bucket: &str, key: &str, opts: &GetOptions) -> Result<Req<'static>> {
     let mut req = Req::new("GET", object_path(bucket, key)?);
     if let Some(a) = &opts.archpath {
         req = req.query("archpath", a);

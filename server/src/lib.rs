@@ -12,6 +12,7 @@ pub mod config;
 pub mod error;
 pub mod io;
 pub mod jobs;
+pub mod local;
 pub mod stats;
 pub mod transform;
 
@@ -107,11 +108,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         "granary serving"
     );
     if let Some(path) = unix {
-        let _ = std::fs::remove_file(&path);
-        let ul = tokio::net::UnixListener::bind(&path)
+        let ul = local::FdListener::bind(&path)
             .with_context(|| format!("cannot listen on {}", path.display()))?;
         tracing::info!(path = %path.display(), "also serving on a Unix socket");
-        let app = app.clone();
+        let app = app
+            .clone()
+            .into_make_service_with_connect_info::<local::FdSender>();
         tokio::spawn(async move {
             if let Err(e) = axum::serve(ul, app)
                 .with_graceful_shutdown(shutdown())

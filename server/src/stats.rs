@@ -79,6 +79,8 @@ pub struct Stats {
     /// CPU time spent in transforms, in microseconds (this process's threads for
     /// built-in transforms, the child's user and system time for commands).
     pub transform_cpu_us: AtomicU64,
+    /// Object reads answered with a descriptor of the cache file (over the Unix socket).
+    pub local_reads: AtomicU64,
 }
 
 /// A point-in-time copy of the counters.
@@ -98,6 +100,7 @@ pub struct Snapshot {
     pub transform_hits: u64,
     pub transform_errors: u64,
     pub transform_cpu_us: u64,
+    pub local_reads: u64,
     pub bytes_to_peers: u64,
     pub peer_serves: u64,
     pub proxied: u64,
@@ -126,8 +129,21 @@ impl Stats {
             transform_hits: r(&self.transform_hits),
             transform_errors: r(&self.transform_errors),
             transform_cpu_us: r(&self.transform_cpu_us),
+            local_reads: r(&self.local_reads),
         }
     }
+}
+
+/// User and system CPU time of this process (`libc::RUSAGE_SELF`) or of its waited-for
+/// children (`libc::RUSAGE_CHILDREN`), in microseconds.
+pub fn rusage_us(who: libc::c_int) -> u64 {
+    // SAFETY: getrusage writes only into the struct it is given.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(who, &mut ru) } != 0 {
+        return 0;
+    }
+    let us = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
+    us(ru.ru_utime) + us(ru.ru_stime)
 }
 
 #[cfg(test)]

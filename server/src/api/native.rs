@@ -257,6 +257,8 @@ fn stats_json(state: &AppState) -> serde_json::Value {
         "transform_hits": s.transform_hits,
         "transform_errors": s.transform_errors,
         "transform_cpu_seconds": transform_cpu_seconds(&s),
+        "local_reads": s.local_reads,
+        "process_cpu_seconds": crate::stats::rusage_us(libc::RUSAGE_SELF) as f64 / 1e6,
         "requests": s.requests,
         "errors": s.errors,
     })
@@ -339,6 +341,11 @@ fn metrics_text(state: &AppState) -> String {
             "transforms that failed",
             s.transform_errors,
         ),
+        (
+            "local_reads_total",
+            "object reads answered with a descriptor of the cache file",
+            s.local_reads,
+        ),
     ];
     for (name, help, v) in counters {
         let _ = writeln!(out, "# HELP granary_{name} {help}");
@@ -373,6 +380,17 @@ fn metrics_text(state: &AppState) -> String {
         "granary_transform_cpu_seconds_total{{node=\"{}\"}} {}",
         state.node_id,
         transform_cpu_seconds(&s)
+    );
+    let _ = writeln!(
+        out,
+        "# HELP granary_process_cpu_seconds_total user and system CPU time of the node"
+    );
+    let _ = writeln!(out, "# TYPE granary_process_cpu_seconds_total counter");
+    let _ = writeln!(
+        out,
+        "granary_process_cpu_seconds_total{{node=\"{}\"}} {}",
+        state.node_id,
+        crate::stats::rusage_us(libc::RUSAGE_SELF) as f64 / 1e6
     );
     let (counts, sum) = state.stats.latency.cumulative();
     let _ = writeln!(

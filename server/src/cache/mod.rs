@@ -66,6 +66,17 @@ impl Peers for crate::cluster::Cluster {
     }
 }
 
+/// A committed entry's file for a client on this node: the file's bytes from `offset`,
+/// `len` of them, are the range asked (the object starts at 0; the checksums and
+/// metadata follow it). Entry files are never written after their commit, so the bytes
+/// stay valid while the file is open, even if the entry is replaced or removed.
+pub struct LocalFile {
+    pub file: File,
+    pub meta: ObjectMeta,
+    pub offset: u64,
+    pub len: u64,
+}
+
 /// An object read: metadata, the bytes of the resolved range, and their source.
 pub struct Read {
     pub meta: ObjectMeta,
@@ -415,6 +426,105 @@ impl Cache {
         cached
             .map(|entry| self.serve_entry(&ikey, entry, range))
             .transpose()
+    }
+
+    /// A committed entry's file, opened read-only, to hand to a client on this node:
+    /// `None` when this node holds no current copy. The bytes of the range are checked
+    /// against their checksums first where reads are checked (`--verify-reads`, or an
+    /// entry not yet read whole since it was loaded); a mismatch drops the entry and
+    /// fails, as a streamed read would.
+    pub async fn local_file(
+        self: &Arc<Self>,
+        backend: &Arc<dyn Backend>,
+        bucket: &str,
+        key: &str,
+        range: &RangeFn<'_>,
+    ) -> Result<Option<LocalFile>, BackendError> {
+        let ikey = index::key_of(bucket, key);
+        let cached = self.lock_index().get(&ikey);
+        let Some(entry) = cached else {
+            return Ok(None);
+        };
+        if !self
+            .still_current(backend, bucket, key, &ikey, &entry)
+            .await?
+        {
+            return Ok(None);
+        }
+        let resolved = range(&entry.meta).map_err(BackendError::Client)?;
+        let size = entry.meta.size;
+        let (start, end) = resolved.map_or((0, size), |r| (r.start, r.end));
+        // Opened after the lookup: an entry removed meanwhile is simply not held.
+        let file = match File::open(&entry.path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        if self.verify_reads || !entry.verified.load(Ordering::Relaxed) {
+            let (cache, e2, ik) = (self.clone(), entry.clone(), ikey.clone());
+            let f2 = file.try_clone()?;
+            tokio::task::spawn_blocking(move || cache.check_blocks(&ik, &e2, &f2, start, end))
+                .await
+                .map_err(io::Error::other)??;
+        }
+        self.stats.hits.fetch_add(1, Ordering::Relaxed);
+        self.stats.local_reads.fetch_add(1, Ordering::Relaxed);
+        Ok(Some(LocalFile {
+            file,
+            meta: entry.meta.clone(),
+            offset: start,
+            len: end - start,
+        }))
+    }
+
+    /// Checks the blocks of an entry's file holding `start..end` against their
+    /// checksums; marks the entry verified when that is all of it.
+    fn check_blocks(
+        &self,
+        ikey: &str,
+        entry: &Arc<Entry>,
+        file: &File,
+        start: u64,
+        end: u64,
+    ) -> io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        let size = entry.meta.size;
+        let block = entry.block();
+        let mut buf = vec![0u8; store::READ as usize];
+        let mut pos = start / block * block;
+        let stop = end.div_ceil(block).saturating_mul(block).min(size);
+        while pos < stop {
+            let len = (stop - pos).min(store::READ) as usize;
+            let got = &mut buf[..len];
+            if let Err(e) = file.read_exact_at(got, pos) {
+                self.drop_entry(ikey, entry);
+                return Err(io::Error::other(format!("cache entry is unreadable: {e}")));
+            }
+            let first = (pos / block) as usize;
+            for (i, chunk) in got.chunks(block as usize).enumerate() {
+                if entry.crcs.get(first + i) != Some(&crc32c::crc32c(chunk)) {
+                    tracing::error!(key = %ikey, block = first + i, "cache entry failed its checksum; dropping it");
+                    self.drop_entry(ikey, entry);
+                    return Err(io::Error::other("cache entry failed its checksum"));
+                }
+            }
+            pos += len as u64;
+        }
+        if start == 0 && end == size {
+            entry.verified.store(true, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Waits for a fill of the object in progress, if any, to end (committed or not).
+    pub async fn fill_ended(&self, bucket: &str, key: &str) {
+        let fill = self.lock_fills().get(&index::key_of(bucket, key)).cloned();
+        if let Some(f) = fill {
+            let mut rx = f.state.subscribe();
+            let _ = rx
+                .wait_for(|s| !matches!(s.phase, Phase::Starting | Phase::Filling))
+                .await;
+        }
     }
 
     /// A committed entry's bytes, of the range `range` picks: from memory for a hot

@@ -334,13 +334,7 @@ fn thread_cpu_us() -> u64 {
 /// CPU time of every child this process has reaped (transform commands: the node starts
 /// no other children), in microseconds.
 pub fn children_cpu_us() -> u64 {
-    // SAFETY: getrusage writes only into the struct it is given.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    if unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) } != 0 {
-        return 0;
-    }
-    let us = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
-    us(ru.ru_utime) + us(ru.ru_stime)
+    crate::stats::rusage_us(libc::RUSAGE_CHILDREN)
 }
 
 fn refused() -> BackendError {

@@ -9,6 +9,7 @@ use axum::body::Body;
 use axum::response::Response;
 use http::{header, HeaderValue};
 
+use super::local;
 use super::object::{check_conditions, http_date, set_length};
 use super::range::RangeSpec;
 use super::Req;
@@ -18,6 +19,7 @@ use crate::backend::{ByteRange, ByteStream, ObjectMeta};
 use crate::cache::fill_slice;
 use crate::cache::Source;
 use crate::error::{S3Code, S3Error};
+use crate::local::FdSender;
 
 fn no_member(member: &str) -> S3Error {
     S3Error::new(
@@ -43,6 +45,14 @@ pub async fn get(state: &AppState, r: Req, head: bool) -> Result<Response, S3Err
     })?;
     let range = r.header("range").and_then(RangeSpec::parse);
     let headers = &r.parts.headers;
+    if format == Format::Tar && !head {
+        if let Some(fds) = local::sender(&r) {
+            let at = (r.bucket.as_str(), key.as_str(), member.as_str());
+            if let Some(resp) = local_member(state, at, &r.parts.headers, range, &fds).await? {
+                return Ok(resp);
+            }
+        }
+    }
     if format == Format::Tar {
         let indexed = state
             .cache
@@ -109,6 +119,46 @@ pub async fn get(state: &AppState, r: Req, head: bool) -> Result<Response, S3Err
         body,
         read.source,
     ))
+}
+
+/// A member of a `.tar` shard as a descriptor of the shard's cache file (filled first
+/// when this node does not hold it); `None` when this node cannot hold the shard.
+async fn local_member(
+    state: &AppState,
+    (bucket, key, member): (&str, &str, &str),
+    headers: &http::HeaderMap,
+    range: Option<RangeSpec>,
+    fds: &FdSender,
+) -> Result<Option<Response>, S3Error> {
+    let cache = &state.cache;
+    let mut source = Source::Hit;
+    let mut indexed = cache.tar_index(&state.backend, bucket, key).await?;
+    if indexed.is_none()
+        && !cache.refusing()
+        && local::fill(state, &state.backend, bucket, key).await?
+    {
+        source = Source::Miss;
+        indexed = cache.tar_index(&state.backend, bucket, key).await?;
+    }
+    let Some((meta, idx)) = indexed else {
+        return Ok(None);
+    };
+    check_conditions(headers, &meta)?;
+    let m = *idx
+        .get(archive::normalize(member))
+        .ok_or_else(|| no_member(member))?;
+    let resolved = range.map(|s| s.resolve(m.size)).transpose()?;
+    let (a, b) = resolved.map_or((0, m.size), |x| (x.start, x.end));
+    let part = local::member_range(meta.etag.clone(), m.offset, a, b);
+    let Some(lf) = cache.local_file(&state.backend, bucket, key, &part).await? else {
+        return Ok(None);
+    };
+    if source == Source::Hit {
+        state.stats.hits.fetch_add(1, Ordering::Relaxed);
+    }
+    let empty = Box::pin(futures::stream::empty()) as ByteStream;
+    let resp = respond(state, &meta, m.size, resolved, empty, source);
+    Ok(Some(local::answer(resp, lf, fds)))
 }
 
 fn respond(

@@ -6,6 +6,7 @@ pub mod auth;
 pub mod body;
 mod bucket;
 mod list;
+mod local;
 mod member;
 mod multipart;
 pub(crate) mod object;

@@ -9,6 +9,7 @@ use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
 
+use super::local;
 use super::range::RangeSpec;
 use super::xml::{self, Doc};
 use super::{empty, quoted, xml_response, Req};
@@ -172,6 +173,18 @@ pub async fn get(state: &AppState, r: Req, head: bool) -> Result<Response, S3Err
         check_conditions(headers, meta)?;
         range.map(|s| s.resolve(meta.size)).transpose()
     };
+    if !head && !r.parts.headers.contains_key(PEER_FILL) {
+        if let Some(fds) = local::sender(&r) {
+            if let Some((lf, source)) =
+                local::entry(state, &state.backend, &r.bucket, &key, &resolve).await?
+            {
+                let mut resp = Response::new(Body::empty());
+                object_headers(state, resp.headers_mut(), &lf.meta, source);
+                response_overrides(&r, resp.headers_mut());
+                return Ok(local::answer(resp, lf, &fds));
+            }
+        }
+    }
     let (meta, body, resolved, source) = if r.parts.headers.contains_key(PEER_FILL) && !head {
         // A peer filling from this node: the committed copy or nothing.
         let Some(read) = state.cache.get_committed(&r.bucket, &key, &resolve)? else {

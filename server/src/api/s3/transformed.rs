@@ -58,6 +58,25 @@ pub async fn get(state: &AppState, r: Req, head: bool) -> Result<Response, S3Err
         check_conditions(headers, meta)?;
         range.map(|s| s.resolve(meta.size)).transpose()
     };
+    if !head {
+        if let Some(fds) = super::local::sender(&r) {
+            let ckey = derived.cache_key();
+            let got = super::local::entry(state, &computed, RESULTS, &ckey, &resolve);
+            if let Some((lf, source)) = got.await? {
+                if source == Source::Hit {
+                    state.stats.transform_hits.fetch_add(1, Ordering::Relaxed);
+                }
+                let mut resp = Response::new(Body::empty());
+                let h = resp.headers_mut();
+                object_headers(state, h, &lf.meta, source);
+                if let Ok(v) = HeaderValue::from_str(&t.name) {
+                    h.insert("x-granary-transform", v);
+                }
+                response_overrides(&r, h);
+                return Ok(super::local::answer(resp, lf, &fds));
+            }
+        }
+    }
     let read = state
         .cache
         .get(&computed, RESULTS, &derived.cache_key(), &resolve)

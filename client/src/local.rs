@@ -1,0 +1,274 @@
+//! Local reads: a process on the same machine as a node reads cached objects with no
+//! copy through a socket. Over the node's Unix socket (`--listen-unix`) the client asks
+//! for an object with `x-granary-local: fd`; the node answers with a read-only file
+//! descriptor of its cache file (`SCM_RIGHTS`) and where the bytes lie in it, and the
+//! client maps them ([`LocalFile::map`]). The node fills a cold object first. Where no
+//! descriptor can be had — the client is on another machine, the node cannot cache the
+//! object, another node owns it — the same call reads the bytes over HTTP instead.
+//!
+//! Access rules are those of any read: the request is signed (or anonymous where the node
+//! allows anonymous reads), and a refused one is an error like any other.
+
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::Path;
+
+use crate::client::Client;
+use crate::objects::{get_request, GetOptions, ObjectMeta};
+use crate::{Error, Result};
+
+/// Request header asking for a descriptor instead of the bytes.
+const LOCAL: &str = "x-granary-local";
+/// Largest object read into memory when a node answers a local read with the bytes.
+const MAX_FETCHED: usize = usize::MAX - 1;
+
+/// A read-only descriptor of a node's cache file and the bytes of it that were asked.
+#[derive(Debug)]
+pub struct LocalFile {
+    fd: OwnedFd,
+    offset: u64,
+    len: u64,
+    meta: ObjectMeta,
+}
+
+impl LocalFile {
+    /// The descriptor (read-only: the node opened the file for reading).
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// Where the asked bytes start in the file.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// How many bytes were asked.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Whether no bytes were asked (an empty object).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The answer's headers (`size` is [`LocalFile::len`]).
+    pub fn meta(&self) -> &ObjectMeta {
+        &self.meta
+    }
+
+    /// Maps the asked bytes into memory, read-only. The node never writes a cache file
+    /// after it is complete, so the mapping stays valid after the descriptor is closed,
+    /// even if the object is replaced or removed meanwhile.
+    pub fn map(&self) -> io::Result<Mapping> {
+        Mapping::new(self.fd.as_fd(), self.offset, self.len)
+    }
+
+    /// The descriptor, for the caller to keep.
+    pub fn into_fd(self) -> OwnedFd {
+        self.fd
+    }
+}
+
+/// What a local read got: the node's file, or the bytes when it could not give one.
+#[derive(Debug)]
+pub enum Local {
+    File(LocalFile),
+    Bytes(Vec<u8>, ObjectMeta),
+}
+
+/// Read-only mapped bytes of a file; unmapped on drop.
+pub struct Mapping {
+    /// Start of the mapping (page aligned); null for an empty one.
+    base: *mut libc::c_void,
+    map_len: usize,
+    /// Where the asked bytes start within the mapping.
+    skip: usize,
+    len: usize,
+}
+
+// SAFETY: the mapping is read-only and owned: shared references read immutable memory.
+unsafe impl Send for Mapping {}
+// SAFETY: as above.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    fn new(fd: BorrowedFd<'_>, offset: u64, len: u64) -> io::Result<Mapping> {
+        use std::os::fd::AsRawFd;
+        let len = usize::try_from(len).map_err(io::Error::other)?;
+        if len == 0 {
+            return Ok(Mapping {
+                base: std::ptr::null_mut(),
+                map_len: 0,
+                skip: 0,
+                len: 0,
+            });
+        }
+        // SAFETY: sysconf reads a constant.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64;
+        let start = offset / page * page;
+        let skip = (offset - start) as usize;
+        let map_len = skip + len;
+        // SAFETY: a fresh shared read-only mapping of the descriptor's file; the kernel
+        // checks the range and the descriptor's access mode.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                start as libc::off_t,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        // Shards are read front to back: ask for read-ahead. Advice only; ignore failure.
+        // SAFETY: advice on the mapping just made.
+        unsafe { libc::madvise(base, map_len, libc::MADV_SEQUENTIAL) };
+        Ok(Mapping {
+            base,
+            map_len,
+            skip,
+            len,
+        })
+    }
+}
+
+impl std::ops::Deref for Mapping {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: `skip + len` bytes from `base` are mapped readable while self lives.
+        unsafe { std::slice::from_raw_parts(self.base.cast::<u8>().add(self.skip), self.len) }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        if !self.base.is_null() {
+            // SAFETY: unmaps exactly the mapping this value made.
+            unsafe { libc::munmap(self.base, self.map_len) };
+        }
+    }
+}
+
+impl std::fmt::Debug for Mapping {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mapping").field("len", &self.len).finish()
+    }
+}
+
+/// The bytes of a local read: mapped from the node's cache file, or fetched over HTTP.
+#[derive(Debug)]
+pub enum LocalBytes {
+    Mapped(Mapping),
+    Fetched(Vec<u8>),
+}
+
+impl LocalBytes {
+    /// Whether the bytes are the node's file, mapped (no copy was made).
+    pub fn is_mapped(&self) -> bool {
+        matches!(self, LocalBytes::Mapped(_))
+    }
+}
+
+impl std::ops::Deref for LocalBytes {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            LocalBytes::Mapped(m) => m,
+            LocalBytes::Fetched(v) => v,
+        }
+    }
+}
+
+impl Client {
+    /// Local reads go over the node's Unix socket at `path` when it can be reached (the
+    /// node runs on this machine); other calls, and local reads when it cannot, use the
+    /// endpoint.
+    pub fn with_local_socket(mut self, path: impl AsRef<Path>) -> Client {
+        let endpoint = format!("unix:{}", path.as_ref().display());
+        self.local = Client::new(&endpoint).ok().map(|l| {
+            Box::new(
+                l.with_credentials_opt(self.credentials().cloned())
+                    .with_timeout(self.timeout()),
+            )
+        });
+        self
+    }
+
+    /// Reads an object (a range, a member, a transform result, as `opts` says) as a
+    /// descriptor of the node's cache file where one can be had, else as bytes over HTTP.
+    pub fn open_local(&mut self, bucket: &str, key: &str, opts: &GetOptions) -> Result<Local> {
+        if let Some(mut local) = self.local.take() {
+            let got = local.ask_local(bucket, key, opts);
+            self.local = Some(local);
+            match got {
+                // The socket is not there (another machine) or went away: read over HTTP.
+                Err(Error::Io { .. }) => {}
+                other => return other,
+            }
+        } else if self.endpoint().starts_with("unix:") {
+            return self.ask_local(bucket, key, opts);
+        }
+        let mut bytes = Vec::new();
+        let meta = self.get_with_into(bucket, key, opts, &mut bytes)?;
+        Ok(Local::Bytes(bytes, meta))
+    }
+
+    /// Reads a whole object, mapped from the node's cache file where possible.
+    pub fn get_local(&mut self, bucket: &str, key: &str) -> Result<LocalBytes> {
+        self.get_local_with(bucket, key, &GetOptions::default())
+    }
+
+    /// Reads what `opts` asks for, mapped from the node's cache file where possible.
+    pub fn get_local_with(
+        &mut self,
+        bucket: &str,
+        key: &str,
+        opts: &GetOptions,
+    ) -> Result<LocalBytes> {
+        match self.open_local(bucket, key, opts)? {
+            Local::File(f) => f.map().map(LocalBytes::Mapped).map_err(|e| self.io(e)),
+            Local::Bytes(b, _) => Ok(LocalBytes::Fetched(b)),
+        }
+    }
+
+    /// Asks this client's node for a descriptor.
+    fn ask_local(&mut self, bucket: &str, key: &str, opts: &GetOptions) -> Result<Local> {
+        let req = get_request(bucket, key, opts)?.header(LOCAL, "fd");
+        let (h, mut body) = self.call(req)?;
+        let meta = ObjectMeta::from_head(&h);
+        if h.header(LOCAL) != Some("fd") {
+            let bytes = body.read_all(MAX_FETCHED).map_err(|e| self.io(e))?;
+            self.done(body);
+            return Ok(Local::Bytes(bytes, meta));
+        }
+        let fd = body.take_fds().pop();
+        self.done(body);
+        let number = |name: &str| -> Result<u64> {
+            h.header(name)
+                .and_then(|v| v.parse().ok())
+                .ok_or_else(|| Error::Protocol(format!("a descriptor answer without {name}")))
+        };
+        let (offset, len) = (
+            number("x-granary-local-offset")?,
+            number("x-granary-local-length")?,
+        );
+        let fd = fd.ok_or_else(|| {
+            Error::Protocol("the node answered with a descriptor, but none arrived".into())
+        })?;
+        Ok(Local::File(LocalFile {
+            fd,
+            offset,
+            len,
+            meta: ObjectMeta { size: len, ..meta },
+        }))
+    }
+}
