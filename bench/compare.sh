@@ -10,6 +10,9 @@
 #   P6  peak RSS of the node while serving 8 x 1 GiB streams (cold, then warm)
 #   P8  256 random samples out of tar shards: one GetBatch / 256 single archpath GETs
 #   P9  a first epoch (S3 backend, moto) after a prefetch / the same epoch cold
+#   P11 the 256 MiB object on the node's machine: a local read (descriptor + mmap) / HTTP
+#       over the Unix socket / HTTP over TCP loopback / read(2) of the file (ceiling),
+#       MB/s and CPU s per GiB, with --verify-reads true (default) and false
 #
 # Usage: bench/compare.sh [--quick] [--rounds N] [--duration 5s] [--out DIR]
 # Installs what it lacks (nginx and wrk from Debian with apt-get, moto from PyPI into
@@ -300,6 +303,16 @@ for r in $(seq "$rounds"); do
 done
 unset AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY
 
+# --- P11: delivery on the node's machine ---------------------------------------------
+log "P11: the $big object read on the node's machine: local fd, Unix socket, TCP"
+for v in true false; do
+  start_granary "g-p11-$v" --backend "fs:$work/origin" --listen-unix "$work/g-p11-$v.sock" \
+    --verify-reads "$v"
+  b local --endpoint "$g_url" --socket "$work/g-p11-$v.sock" --bucket bench --key big.bin \
+    --rounds "$((rounds * 4))" --direct "$work/origin/bench/big.bin" --json "$out/p11-$v.json"
+  stop_granary
+done
+
 # --- P6: memory while serving 8 x 1 GiB streams ------------------------------------
 log "P6: 8 x $p6_size streams, cold then warm"
 start_granary g-p6 --backend "fs:$work/origin"
@@ -425,6 +438,15 @@ print(f"\nP9: first epoch over {p9[0]['objects']} x 1 MiB (S3 backend, 8 workers
       + " / ".join(f"{x['prefetch_s']:.2f}" for x in p9) + " s). Cold / prefetched "
       f"**{med([x['cold_over_warm'] for x in p9]):.2f}**; prefetch + epoch / cold "
       f"{med([x['prefetch_plus_epoch_over_cold'] for x in p9]):.2f}.")
+for v in ("true", "false"):
+    p11 = j(f"p11-{v}")
+    res[f"p11_verify_{v}"] = p11
+    print(f"\nP11 (--verify-reads {v}): {p11['object_bytes'] >> 20} MiB on the node's machine, "
+          f"{p11['rounds']} reads each: "
+          + "; ".join(f"{w['name']} {w['mb_per_s_median']:.0f} MB/s, {w['total_cpu_s_per_gib']:.2f} CPU s/GiB"
+                      for w in p11["ways"])
+          + f". Local / TCP **{p11['local_over_tcp']:.2f}**, local / Unix HTTP "
+          f"**{p11['local_over_unix']:.2f}**; CPU per GiB TCP / local **{p11['tcp_cpu_over_local']:.2f}**.")
 with open(f"{out}/results.json", "w") as f:
     json.dump(res, f, indent=2)
 EOF

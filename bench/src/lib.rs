@@ -14,6 +14,7 @@
 
 pub mod http;
 pub mod listing;
+pub mod local;
 pub mod plot;
 pub mod report;
 pub mod ringsim;

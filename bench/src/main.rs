@@ -50,6 +50,30 @@ enum Command {
     /// Transformed reads (`?transform=`): first against repeated, and `--jobs` jobs
     /// sharing the node's results against the same jobs each transforming for itself.
     Transform(TransformArgs),
+    /// One cached object read on the node's machine: HTTP over TCP loopback, HTTP over
+    /// the node's Unix socket, and a local read (a descriptor of the cache file, mapped),
+    /// with `--direct FILE` the page-cache ceiling: MB/s and CPU seconds per GiB.
+    Local(LocalArgs),
+}
+
+#[derive(Args)]
+struct LocalArgs {
+    #[command(flatten)]
+    common: Common,
+    /// The node's Unix socket (its `--listen-unix`).
+    #[arg(long)]
+    socket: PathBuf,
+    #[arg(long)]
+    bucket: String,
+    #[arg(long)]
+    key: String,
+    /// Timed reads per way.
+    #[arg(long, default_value_t = 8)]
+    rounds: usize,
+    /// The same bytes as a plain file (e.g. the backend's), read with read(2) from the
+    /// page cache as the ceiling.
+    #[arg(long)]
+    direct: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -251,6 +275,7 @@ fn main() -> anyhow::Result<()> {
         Command::Run(a) => a.common.threads,
         Command::Get(a) => a.common.threads,
         Command::Ring(a) => return ring(a),
+        Command::Local(a) => return local(a),
         Command::Batch(a) => a.common.threads,
         Command::Prefetch(a) => a.common.threads,
         Command::Transform(a) => a.common.threads,
@@ -264,7 +289,9 @@ fn main() -> anyhow::Result<()> {
         match cli.command {
             Command::Run(a) => run(a).await,
             Command::Get(a) => get(a).await,
-            Command::Ring(_) => unreachable!("handled before the runtime starts"),
+            Command::Ring(_) | Command::Local(_) => {
+                unreachable!("handled before the runtime starts")
+            }
             Command::Batch(a) => {
                 let t = target(&a.common)?;
                 let r = granary_bench::samples::batch(
@@ -338,6 +365,53 @@ fn write_json(common: &Common, report: &impl serde::Serialize) -> anyhow::Result
         std::fs::write(path, json + "\n").with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
+}
+
+fn local(a: &LocalArgs) -> anyhow::Result<()> {
+    use granary_bench::local::{run, LocalTarget};
+    let c = &a.common;
+    let t = LocalTarget {
+        endpoint: c.endpoint.clone(),
+        socket: a.socket.clone(),
+        bucket: a.bucket.clone(),
+        key: a.key.clone(),
+        direct: a.direct.clone(),
+        credentials: c
+            .access_key
+            .clone()
+            .zip(c.secret_key.clone())
+            .map(|(k, s)| (k, s, c.region.clone())),
+    };
+    let r = run(&t, a.rounds)?;
+    println!(
+        "{} bytes, {} rounds each:\n{:<46} {:>9} {:>9} {:>9} {:>12} {:>12} {:>12}",
+        r.object_bytes,
+        r.rounds,
+        "way",
+        "MB/s",
+        "min",
+        "max",
+        "client s/GiB",
+        "node s/GiB",
+        "total s/GiB"
+    );
+    for w in &r.ways {
+        println!(
+            "{:<46} {:>9.0} {:>9.0} {:>9.0} {:>12.3} {:>12.3} {:>12.3}",
+            w.name,
+            w.mb_per_s_median,
+            w.mb_per_s_min,
+            w.mb_per_s_max,
+            w.client_cpu_s_per_gib,
+            w.node_cpu_s_per_gib,
+            w.total_cpu_s_per_gib
+        );
+    }
+    println!(
+        "local / TCP = {:.2}, local / Unix HTTP = {:.2}, Unix HTTP / TCP = {:.2}; CPU per GiB, TCP / local = {:.2}",
+        r.local_over_tcp, r.local_over_unix, r.unix_over_tcp, r.tcp_cpu_over_local
+    );
+    write_json(c, &r)
 }
 
 fn ring(a: &RingArgs) -> anyhow::Result<()> {

@@ -57,7 +57,7 @@ use cudarc::driver::{
     PinnedHostSlice,
 };
 
-use crate::{BatchItem, Client, Error, GetOptions, Missing};
+use crate::{BatchItem, Client, Error, GetOptions, Missing, TarReader};
 
 /// The cudarc version this module is built with, for handing [`DeviceBuf`]s to kernels.
 pub use cudarc;
@@ -589,21 +589,21 @@ fn deliver_batch<S: Stage>(
 ) -> Result<(u64, Members), GpuError> {
     let mut pipe = Pipe::new(stage)?;
     let mut members = Vec::with_capacity(expected_members);
-    while let Some(entry) = tar_headers::next_entry(src).map_err(batch_error)? {
+    let mut tar = TarReader::new(src);
+    while let Some((name, size)) = tar.next_header().map_err(batch_error)? {
         let start = pipe.total();
-        let got = pipe.pull(src, entry.size)?;
-        if got != entry.size {
+        let got = pipe.pull(&mut tar.data(), size)?;
+        if got != size {
             return Err(GpuError::Short {
-                what: format!("batch member {}", entry.name),
-                expected: entry.size,
+                what: format!("batch member {name}"),
+                expected: size,
                 got,
             });
         }
-        tar_headers::skip(src, tar_headers::padding(entry.size)).map_err(batch_error)?;
-        members.push((entry.name, start..start + entry.size));
+        members.push((name, start..start + size));
     }
     // The end-of-archive blocks, and a failure the node may report after them.
-    io::copy(src, &mut io::sink())?;
+    io::copy(tar.get_mut(), &mut io::sink())?;
     Ok((pipe.finish()?, members))
 }
 
@@ -614,203 +614,6 @@ fn batch_error(e: io::Error) -> GpuError {
             GpuError::Client(Error::Protocol(format!("batch answer: {e}")))
         }
         _ => GpuError::Io(e),
-    }
-}
-
-/// Tar headers parsed as they stream, for members whose data goes elsewhere than a `Vec`
-/// (the rules of [`TarReader`](crate::TarReader): GNU long names, pax `path`/`size`,
-/// checksums checked, non-file entries skipped).
-mod tar_headers {
-    use std::io::{self, Read};
-
-    const BLOCK: u64 = 512;
-    /// Largest long-name or pax entry read.
-    const MAX_META: u64 = 1 << 20;
-
-    /// A regular file: its full name and size. Its data comes next in the stream, then
-    /// [`padding`] bytes.
-    #[derive(Debug, Clone, PartialEq, Eq)]
-    pub(super) struct Entry {
-        pub name: String,
-        pub size: u64,
-    }
-
-    fn invalid(msg: impl Into<String>) -> io::Error {
-        io::Error::new(io::ErrorKind::InvalidData, msg.into())
-    }
-
-    fn cut_short(what: &str) -> io::Error {
-        io::Error::new(io::ErrorKind::UnexpectedEof, format!("{what} cut short"))
-    }
-
-    /// The zero bytes after `size` bytes of entry data, up to the next block.
-    pub(super) fn padding(size: u64) -> u64 {
-        (BLOCK - size % BLOCK) % BLOCK
-    }
-
-    /// Reads and drops `n` bytes.
-    pub(super) fn skip(src: &mut dyn Read, n: u64) -> io::Result<()> {
-        if io::copy(&mut (&mut *src).take(n), &mut io::sink())? != n {
-            return Err(cut_short("tar entry"));
-        }
-        Ok(())
-    }
-
-    /// One header block; `false` at a clean end of stream.
-    fn read_block(src: &mut dyn Read, block: &mut [u8; 512]) -> io::Result<bool> {
-        let mut got = 0;
-        while got < block.len() {
-            match src.read(&mut block[got..]) {
-                Ok(0) if got == 0 => return Ok(false),
-                Ok(0) => return Err(cut_short("tar header")),
-                Ok(n) => got += n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(true)
-    }
-
-    /// A long-name or pax entry's data (and its padding).
-    fn read_meta(src: &mut dyn Read, size: u64) -> io::Result<Vec<u8>> {
-        if size > MAX_META {
-            return Err(invalid(format!("tar metadata entry of {size} bytes")));
-        }
-        let mut data = Vec::with_capacity(size as usize);
-        (&mut *src).take(size).read_to_end(&mut data)?;
-        if data.len() as u64 != size {
-            return Err(cut_short("tar metadata entry"));
-        }
-        skip(src, padding(size))?;
-        Ok(data)
-    }
-
-    fn cstr(field: &[u8]) -> &[u8] {
-        let end = field.iter().position(|&b| b == 0).unwrap_or(field.len());
-        &field[..end]
-    }
-
-    /// An octal field, or base-256 when its first byte has the high bit set.
-    pub(super) fn number(field: &[u8]) -> io::Result<u64> {
-        if let Some((&first, rest)) = field.split_first() {
-            if first & 0x80 != 0 {
-                return rest.iter().try_fold(u64::from(first & 0x7f), |n, &b| {
-                    n.checked_mul(256)
-                        .and_then(|n| n.checked_add(u64::from(b)))
-                        .ok_or_else(|| invalid("tar size field overflows"))
-                });
-            }
-        }
-        let text = std::str::from_utf8(cstr(field)).map_err(|_| invalid("tar number field"))?;
-        let text = text.trim_matches(|c: char| c == ' ' || c == '\0');
-        if text.is_empty() {
-            return Ok(0);
-        }
-        u64::from_str_radix(text, 8).map_err(|_| invalid(format!("tar number field `{text}`")))
-    }
-
-    fn checksum_ok(block: &[u8; 512]) -> io::Result<bool> {
-        let want = number(&block[148..156])?;
-        let (mut unsigned, mut signed) = (0u64, 0i64);
-        for (i, &b) in block.iter().enumerate() {
-            let b = if (148..156).contains(&i) { b' ' } else { b };
-            unsigned += u64::from(b);
-            signed += i64::from(b as i8);
-        }
-        Ok(want == unsigned || want as i64 == signed)
-    }
-
-    /// The name the header holds itself (ustar prefix joined on).
-    fn header_name(block: &[u8; 512]) -> String {
-        let name = String::from_utf8_lossy(cstr(&block[0..100]));
-        let prefix = if &block[257..263] == b"ustar\0" {
-            cstr(&block[345..500])
-        } else {
-            &[][..]
-        };
-        if prefix.is_empty() {
-            name.into_owned()
-        } else {
-            format!("{}/{name}", String::from_utf8_lossy(prefix))
-        }
-    }
-
-    /// `path` and `size` of pax records (`LEN key=value\n`).
-    pub(super) fn parse_pax(data: &[u8]) -> io::Result<(Option<String>, Option<u64>)> {
-        let (mut path, mut size) = (None, None);
-        let mut rest = data;
-        while !rest.is_empty() {
-            let space = rest
-                .iter()
-                .position(|&b| b == b' ')
-                .ok_or_else(|| invalid("pax record without a length"))?;
-            let len: usize = std::str::from_utf8(&rest[..space])
-                .ok()
-                .and_then(|s| s.parse().ok())
-                .filter(|&n| n > space + 1 && n <= rest.len())
-                .ok_or_else(|| invalid("pax record length"))?;
-            let record = &rest[space + 1..len];
-            let record = record.strip_suffix(b"\n").unwrap_or(record);
-            if let Some(eq) = record.iter().position(|&b| b == b'=') {
-                let value = &record[eq + 1..];
-                match &record[..eq] {
-                    b"path" => path = Some(String::from_utf8_lossy(value).into_owned()),
-                    b"size" => size = std::str::from_utf8(value).ok().and_then(|s| s.parse().ok()),
-                    _ => {}
-                }
-            }
-            rest = &rest[len..];
-        }
-        Ok((path, size))
-    }
-
-    /// The next regular file's header, leaving `src` at its data; `None` at the end of the
-    /// archive.
-    pub(super) fn next_entry(src: &mut dyn Read) -> io::Result<Option<Entry>> {
-        let (mut long_name, mut pax_path, mut pax_size) = (None, None::<String>, None);
-        let mut block = [0u8; 512];
-        loop {
-            if !read_block(src, &mut block)? || block.iter().all(|&b| b == 0) {
-                return Ok(None);
-            }
-            if !checksum_ok(&block)? {
-                return Err(invalid(
-                    "tar header checksum mismatch (not a tar, or corrupt)",
-                ));
-            }
-            let size = match pax_size.take() {
-                Some(s) => s,
-                None => number(&block[124..136])?,
-            };
-            match block[156] {
-                b'L' => {
-                    let name = read_meta(src, size)?;
-                    long_name = Some(String::from_utf8_lossy(cstr(&name)).into_owned());
-                }
-                b'x' => {
-                    let (path, size) = parse_pax(&read_meta(src, size)?)?;
-                    pax_path = path.or(pax_path);
-                    pax_size = size;
-                }
-                b'0' | b'\0' | b'7' => {
-                    let name = pax_path
-                        .take()
-                        .or(long_name.take())
-                        .unwrap_or_else(|| header_name(&block));
-                    return Ok(Some(Entry { name, size }));
-                }
-                // Long link names and global pax headers: nothing used here.
-                b'K' | b'g' => skip(src, size + padding(size))?,
-                kind => {
-                    // Links and devices carry no data; directories and the rest may.
-                    if !matches!(kind, b'1' | b'2' | b'3' | b'4' | b'5' | b'6') {
-                        skip(src, size + padding(size))?;
-                    }
-                    long_name = None;
-                    pax_path = None;
-                }
-            }
-        }
     }
 }
 
@@ -983,84 +786,26 @@ mod tests {
     }
 
     #[test]
-    fn the_streaming_tar_parser_matches_tar_reader() {
-        let long = format!("shard.tar/{}x.jpg", "deep/".repeat(40));
-        let big = pattern(5000);
-        let bytes = tar_of(&[("a.bin", b"AAA"), (&long, &big), ("__404__/gone", b"")]);
-        let mut src = &bytes[..];
-        let mut seen = Vec::new();
-        while let Some(e) = tar_headers::next_entry(&mut src).unwrap() {
-            let mut data = vec![0u8; e.size as usize];
-            src.read_exact(&mut data).unwrap();
-            tar_headers::skip(&mut src, tar_headers::padding(e.size)).unwrap();
-            seen.push((e.name, data));
-        }
-        let want: Vec<_> = crate::TarReader::new(&bytes[..])
-            .collect::<io::Result<_>>()
-            .unwrap();
-        assert_eq!(seen, want);
-        assert_eq!(seen[1].0, long);
-    }
-
-    /// A tar of one member whose name comes in a pax `path` record.
-    fn pax_tar(name: &str, data: &[u8]) -> Vec<u8> {
-        let body = format!(" path={name}\n");
-        // The length counts its own digits.
-        let mut len = body.len() + 1;
-        while body.len() + len.to_string().len() != len {
-            len = body.len() + len.to_string().len();
-        }
-        let record = format!("{len}{body}");
-        let mut b = ::tar::Builder::new(Vec::new());
-        let mut x = ::tar::Header::new_ustar();
-        x.set_entry_type(::tar::EntryType::XHeader);
-        x.set_size(record.len() as u64);
-        x.set_path("PaxHeaders/x").unwrap();
-        x.set_cksum();
-        b.append(&x, record.as_bytes()).unwrap();
-        let mut h = ::tar::Header::new_ustar();
-        h.set_path("short").unwrap();
-        h.set_size(data.len() as u64);
-        h.set_cksum();
-        b.append(&h, data).unwrap();
-        b.into_inner().unwrap()
-    }
-
-    #[test]
-    fn pax_paths_and_sizes_are_read() {
-        assert_eq!(
-            tar_headers::parse_pax(b"16 path=a/b.txt\n11 size=42\n").unwrap(),
-            (Some("a/b.txt".to_owned()), Some(42))
-        );
-        assert!(tar_headers::parse_pax(b"99 path=x\n").is_err());
-        let name = format!("{}.bin", "p".repeat(300));
-        let bytes = pax_tar(&name, b"pax");
-        let mut src = &bytes[..];
-        let e = tar_headers::next_entry(&mut src).unwrap().unwrap();
-        assert_eq!(e, tar_headers::Entry { name, size: 3 });
-        assert_eq!(tar_headers::padding(3), 509);
-        assert_eq!(tar_headers::padding(512), 0);
-        assert_eq!(tar_headers::number(b"0000644\0").unwrap(), 0o644);
-    }
-
-    #[test]
     fn garbage_and_cut_tars_are_errors() {
         let garbage = vec![b'x'; 1024];
-        let err = tar_headers::next_entry(&mut &garbage[..]).unwrap_err();
-        assert_eq!(err.kind(), io::ErrorKind::InvalidData);
-        assert!(matches!(
-            batch_error(err),
-            GpuError::Client(Error::Protocol(_))
-        ));
+        let mut stage = FakeStage::new(256, 1024);
+        let err = deliver_batch(&mut stage, &mut &garbage[..], 1).unwrap_err();
+        assert!(
+            matches!(&err, GpuError::Client(Error::Protocol(m)) if m.starts_with("batch answer: tar")),
+            "{err:?}"
+        );
         let bytes = tar_of(&[("a", &[1u8; 4000])]);
         let mut stage = FakeStage::new(256, 1024);
         let err = deliver_batch(&mut stage, &mut &bytes[..2000], 1).unwrap_err();
         assert!(
-            matches!(&err, GpuError::Short { expected: 4000, got: 1488, what } if what == "batch member a"),
+            matches!(&err, GpuError::Io(e) if e.kind() == io::ErrorKind::UnexpectedEof),
             "{err:?}"
         );
-        assert!(tar_headers::next_entry(&mut &bytes[..300]).is_err());
-        assert!(tar_headers::next_entry(&mut &[][..]).unwrap().is_none());
+        let mut stage = FakeStage::new(256, 1024);
+        assert!(deliver_batch(&mut stage, &mut &bytes[..300], 1).is_err());
+        let mut stage = FakeStage::new(256, 1024);
+        let (n, members) = deliver_batch(&mut stage, &mut &[][..], 0).unwrap();
+        assert_eq!((n, members.len()), (0, 0));
     }
 
     #[test]

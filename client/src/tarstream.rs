@@ -1,5 +1,6 @@
 //! A streaming tar reader: one pass over any `Read`, no seeking, each regular file handed
-//! out whole with its full name.
+//! out whole with its full name ([`TarReader::next_file`]), or its header first and its
+//! bytes as they stream ([`TarReader::next_header`], [`TarReader::data`]).
 //!
 //! Names longer than a header holds come as GNU long-name entries (`L`) or pax extended
 //! headers (`x`, `path=`); both are resolved. Sizes beyond 8 GiB (base-256 or pax `size=`)
@@ -19,6 +20,33 @@ const MAX_PAX: u64 = 1 << 20;
 pub struct TarReader<R> {
     inner: R,
     done: bool,
+    /// Data bytes of the current file not yet read, and the padding after them.
+    left: u64,
+    pad: u64,
+}
+
+/// The bytes of a tar stream's current file (see [`TarReader::data`]).
+pub struct TarData<'a, R> {
+    tar: &'a mut TarReader<R>,
+}
+
+impl<R: Read> Read for TarData<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let t = &mut *self.tar;
+        if t.left == 0 || buf.is_empty() {
+            return Ok(0);
+        }
+        let want = buf.len().min(t.left.min(usize::MAX as u64) as usize);
+        let n = t.inner.read(&mut buf[..want])?;
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!("tar entry cut short: {} bytes missing", t.left),
+            ));
+        }
+        t.left -= n as u64;
+        Ok(n)
+    }
 }
 
 fn invalid(msg: impl Into<String>) -> io::Error {
@@ -114,10 +142,20 @@ fn parse_pax(data: &[u8]) -> io::Result<(Option<String>, Option<u64>)> {
     Ok((path, size))
 }
 
+/// The zero bytes after `size` bytes of entry data, up to the next block.
+fn padding(size: u64) -> u64 {
+    (BLOCK as u64 - size % BLOCK as u64) % BLOCK as u64
+}
+
 impl<R: Read> TarReader<R> {
     /// Reads the archive `inner` holds, from its first header.
     pub fn new(inner: R) -> TarReader<R> {
-        TarReader { inner, done: false }
+        TarReader {
+            inner,
+            done: false,
+            left: 0,
+            pad: 0,
+        }
     }
 
     /// The stream being read (positioned after what has been read).
@@ -145,12 +183,13 @@ impl<R: Read> TarReader<R> {
         Ok(true)
     }
 
-    /// Reads `size` bytes of entry data (at most `limit` kept) and the padding after them.
-    fn read_data(&mut self, size: u64, limit: Option<u64>) -> io::Result<Vec<u8>> {
-        if limit.is_some_and(|l| size > l) {
+    /// Reads a long-name or pax entry's `size` bytes (at most `limit`) and the padding
+    /// after them.
+    fn read_meta(&mut self, size: u64, limit: u64) -> io::Result<Vec<u8>> {
+        if size > limit {
             return Err(invalid(format!("tar metadata entry of {size} bytes")));
         }
-        let mut data = Vec::with_capacity(size.min(8 << 20) as usize);
+        let mut data = Vec::with_capacity(size as usize);
         (&mut self.inner).take(size).read_to_end(&mut data)?;
         if data.len() as u64 != size {
             return Err(io::Error::new(
@@ -174,11 +213,25 @@ impl<R: Read> TarReader<R> {
     }
 
     fn skip_padding(&mut self, size: u64) -> io::Result<()> {
-        self.skip((BLOCK as u64 - size % BLOCK as u64) % BLOCK as u64)
+        self.skip(padding(size))
     }
 
     /// The next regular file: its name and bytes; `None` at the end of the archive.
     pub fn next_file(&mut self) -> io::Result<Option<(String, Vec<u8>)>> {
+        let Some((name, size)) = self.next_header()? else {
+            return Ok(None);
+        };
+        let mut data = Vec::with_capacity(size.min(8 << 20) as usize);
+        self.data().read_to_end(&mut data)?;
+        Ok(Some((name, data)))
+    }
+
+    /// The next regular file's name and size, its bytes left to read with
+    /// [`TarReader::data`] (what is not read is skipped by the next call); `None` at the
+    /// end of the archive.
+    pub fn next_header(&mut self) -> io::Result<Option<(String, u64)>> {
+        self.skip(self.left + self.pad)?;
+        (self.left, self.pad) = (0, 0);
         let mut long_name: Option<String> = None;
         let mut pax_path: Option<String> = None;
         let mut pax_size: Option<u64> = None;
@@ -203,11 +256,11 @@ impl<R: Read> TarReader<R> {
             };
             match block[156] {
                 b'L' => {
-                    let name = self.read_data(size, Some(MAX_LONG_NAME))?;
+                    let name = self.read_meta(size, MAX_LONG_NAME)?;
                     long_name = Some(String::from_utf8_lossy(cstr(&name)).into_owned());
                 }
                 b'x' => {
-                    let data = self.read_data(size, Some(MAX_PAX))?;
+                    let data = self.read_meta(size, MAX_PAX)?;
                     let (path, size) = parse_pax(&data)?;
                     pax_path = path.or(pax_path);
                     pax_size = size;
@@ -222,8 +275,8 @@ impl<R: Read> TarReader<R> {
                         .take()
                         .or(long_name.take())
                         .unwrap_or_else(|| header_name(&block));
-                    let data = self.read_data(size, None)?;
-                    return Ok(Some((name, data)));
+                    (self.left, self.pad) = (size, padding(size));
+                    return Ok(Some((name, size)));
                 }
                 _ => {
                     // Directories, links, devices: no file bytes to hand out.
@@ -237,6 +290,11 @@ impl<R: Read> TarReader<R> {
                 }
             }
         }
+    }
+
+    /// The bytes of the file [`TarReader::next_header`] returned, as they stream.
+    pub fn data(&mut self) -> TarData<'_, R> {
+        TarData { tar: self }
     }
 }
 
@@ -339,6 +397,44 @@ mod tests {
         assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof);
         // An empty stream is an empty archive.
         assert!(TarReader::new(&[][..]).next_file().unwrap().is_none());
+    }
+
+    #[test]
+    fn headers_then_data_as_it_streams() {
+        let long = format!("{}x.bin", "deep/".repeat(40));
+        let mut b = tar::Builder::new(Vec::new());
+        gnu(&mut b, "a.bin", b"AAA");
+        gnu(&mut b, &long, &[7u8; 5000]);
+        gnu(&mut b, "skipped", &[1u8; 700]);
+        gnu(&mut b, "last", b"z");
+        let bytes = b.into_inner().unwrap();
+        let mut tar = TarReader::new(bytes.as_slice());
+        assert_eq!(tar.next_header().unwrap(), Some(("a.bin".to_owned(), 3)));
+        let mut got = Vec::new();
+        tar.data().read_to_end(&mut got).unwrap();
+        assert_eq!(got, b"AAA");
+        assert_eq!(tar.next_header().unwrap(), Some((long, 5000)));
+        let mut part = [0u8; 100];
+        tar.data().read_exact(&mut part).unwrap();
+        assert_eq!(part, [7u8; 100]);
+        // Unread data (the rest of this file, all of the next) is skipped.
+        assert_eq!(
+            tar.next_header().unwrap(),
+            Some(("skipped".to_owned(), 700))
+        );
+        assert_eq!(
+            tar.next_file().unwrap(),
+            Some(("last".to_owned(), b"z".to_vec()))
+        );
+        assert_eq!(tar.next_header().unwrap(), None);
+        let cut = &bytes[..1200];
+        let mut tar = TarReader::new(cut);
+        tar.next_header().unwrap();
+        let err = tar.next_header().map(|_| ()).and_then(|()| {
+            let mut sink = Vec::new();
+            tar.data().read_to_end(&mut sink).map(|_| ())
+        });
+        assert_eq!(err.unwrap_err().kind(), io::ErrorKind::UnexpectedEof);
     }
 
     #[test]

@@ -478,7 +478,8 @@ impl Cache {
     }
 
     /// Checks the blocks of an entry's file holding `start..end` against their
-    /// checksums; marks the entry verified when that is all of it.
+    /// checksums, through a mapping (no copy); marks the entry verified when that is all
+    /// of it.
     fn check_blocks(
         &self,
         ikey: &str,
@@ -487,28 +488,33 @@ impl Cache {
         start: u64,
         end: u64,
     ) -> io::Result<()> {
-        use std::os::unix::fs::FileExt;
         let size = entry.meta.size;
         let block = entry.block();
-        let mut buf = vec![0u8; store::READ as usize];
-        let mut pos = start / block * block;
+        let first = start / block;
         let stop = end.div_ceil(block).saturating_mul(block).min(size);
-        while pos < stop {
-            let len = (stop - pos).min(store::READ) as usize;
-            let got = &mut buf[..len];
-            if let Err(e) = file.read_exact_at(got, pos) {
+        let from = first * block;
+        // A mapping past the end of the file faults when touched: check the length first
+        // (the node never shortens an entry file; only damage does).
+        let long_enough = file.metadata().map(|m| m.len() >= stop);
+        if !matches!(long_enough, Ok(true)) {
+            self.drop_entry(ikey, entry);
+            return Err(io::Error::other("cache entry is shorter than its size"));
+        }
+        // Blocks are 64 KiB or 1 MiB: multiples of the page size.
+        let bytes = match store::Mapped::new(file, from, (stop - from) as usize) {
+            Ok(m) => m,
+            Err(e) => {
                 self.drop_entry(ikey, entry);
                 return Err(io::Error::other(format!("cache entry is unreadable: {e}")));
             }
-            let first = (pos / block) as usize;
-            for (i, chunk) in got.chunks(block as usize).enumerate() {
-                if entry.crcs.get(first + i) != Some(&crc32c::crc32c(chunk)) {
-                    tracing::error!(key = %ikey, block = first + i, "cache entry failed its checksum; dropping it");
-                    self.drop_entry(ikey, entry);
-                    return Err(io::Error::other("cache entry failed its checksum"));
-                }
+        };
+        for (i, chunk) in bytes.chunks(block as usize).enumerate() {
+            let n = first as usize + i;
+            if entry.crcs.get(n) != Some(&crc32c::crc32c(chunk)) {
+                tracing::error!(key = %ikey, block = n, "cache entry failed its checksum; dropping it");
+                self.drop_entry(ikey, entry);
+                return Err(io::Error::other("cache entry failed its checksum"));
             }
-            pos += len as u64;
         }
         if start == 0 && end == size {
             entry.verified.store(true, Ordering::Relaxed);
