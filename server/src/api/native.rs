@@ -370,28 +370,23 @@ fn metrics_text(state: &AppState) -> String {
         ),
         ("cache_objects", "objects in the cache", u.objects),
     ];
-    let _ = writeln!(
-        out,
-        "# HELP granary_transform_cpu_seconds_total CPU time spent in transforms"
-    );
-    let _ = writeln!(out, "# TYPE granary_transform_cpu_seconds_total counter");
-    let _ = writeln!(
-        out,
-        "granary_transform_cpu_seconds_total{{node=\"{}\"}} {}",
-        state.node_id,
-        transform_cpu_seconds(&s)
-    );
-    let _ = writeln!(
-        out,
-        "# HELP granary_process_cpu_seconds_total user and system CPU time of the node"
-    );
-    let _ = writeln!(out, "# TYPE granary_process_cpu_seconds_total counter");
-    let _ = writeln!(
-        out,
-        "granary_process_cpu_seconds_total{{node=\"{}\"}} {}",
-        state.node_id,
-        crate::stats::rusage_us(libc::RUSAGE_SELF) as f64 / 1e6
-    );
+    let seconds = [
+        (
+            "transform_cpu_seconds_total",
+            "CPU time spent in transforms",
+            transform_cpu_seconds(&s),
+        ),
+        (
+            "process_cpu_seconds_total",
+            "user and system CPU time of the node",
+            crate::stats::rusage_us(libc::RUSAGE_SELF) as f64 / 1e6,
+        ),
+    ];
+    for (name, help, v) in seconds {
+        let _ = writeln!(out, "# HELP granary_{name} {help}");
+        let _ = writeln!(out, "# TYPE granary_{name} counter");
+        let _ = writeln!(out, "granary_{name}{{node=\"{}\"}} {v}", state.node_id);
+    }
     let (counts, sum) = state.stats.latency.cumulative();
     let _ = writeln!(
         out,
