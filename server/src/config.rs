@@ -46,6 +46,14 @@ pub struct Config {
     pub tls_key: Option<PathBuf>,
     /// How cache entries are read from disk.
     pub read_engine: crate::io::EngineChoice,
+    /// Requests served at once; beyond them `503 SlowDown`. 0: no limit.
+    pub max_requests: usize,
+    /// Backend reads in flight at once; a read that waits longer than a moment for a
+    /// place is answered `503 SlowDown`. 0: no limit.
+    pub max_backend_fetches: usize,
+    /// A connection with no byte read or written for this long is closed.
+    #[serde(deserialize_with = "de_duration")]
+    pub idle_timeout: std::time::Duration,
     /// Named on-node transforms (`[transforms.NAME]` in the TOML file).
     pub transforms: std::collections::BTreeMap<String, crate::transform::TransformSpec>,
 }
@@ -70,6 +78,9 @@ impl Default for Config {
             tls_cert: None,
             tls_key: None,
             read_engine: crate::io::EngineChoice::Auto,
+            max_requests: 1024,
+            max_backend_fetches: 64,
+            idle_timeout: std::time::Duration::from_secs(120),
             transforms: Default::default(),
         }
     }
@@ -181,6 +192,12 @@ impl Config {
                 message: "--access-key and --secret-key go together".into(),
             });
         }
+        if self.idle_timeout.is_zero() {
+            return Err(ConfigError::Invalid {
+                field: "idle-timeout",
+                message: "must be more than 0".into(),
+            });
+        }
         if self.tls_cert.is_some() != self.tls_key.is_some() {
             return Err(ConfigError::Invalid {
                 field: "tls-cert",
@@ -188,7 +205,15 @@ impl Config {
             });
         }
         for p in &self.peer {
-            parse_peer(p)?;
+            let (id, url) = parse_peer(p)?;
+            if url.starts_with("https://") && self.tls_cert.is_none() {
+                return Err(ConfigError::Invalid {
+                    field: "peer",
+                    message: format!(
+                        "peer `{id}` is https: members trust the certificates of --tls-cert, so set it"
+                    ),
+                });
+            }
         }
         for (name, def) in &self.transforms {
             def.validate().map_err(|message| ConfigError::Invalid {
@@ -242,6 +267,38 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         return Err(format!("`{s}` is out of range"));
     }
     Ok(v as u64)
+}
+
+/// `120`, `120s`, `500ms`, `2m`, `1h`: a duration (a bare number is seconds).
+pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let bad = || format!("`{s}` is not a duration (e.g. 30s, 500ms, 2m)");
+    let num: f64 = num.parse().map_err(|_| bad())?;
+    let secs = match unit.trim() {
+        "" | "s" => num,
+        "ms" => num / 1e3,
+        "m" => num * 60.0,
+        "h" => num * 3600.0,
+        _ => return Err(bad()),
+    };
+    std::time::Duration::try_from_secs_f64(secs).map_err(|_| bad())
+}
+
+fn de_duration<'de, D: Deserializer<'de>>(d: D) -> Result<std::time::Duration, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Dur {
+        Secs(u64),
+        Text(String),
+    }
+    match Dur::deserialize(d)? {
+        Dur::Secs(n) => Ok(std::time::Duration::from_secs(n)),
+        Dur::Text(s) => parse_duration(&s).map_err(serde::de::Error::custom),
+    }
 }
 
 fn de_opt_size<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {

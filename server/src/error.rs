@@ -44,6 +44,7 @@ pub enum S3Code {
     RequestTimeTooSkewed,
     ServiceUnavailable,
     SignatureDoesNotMatch,
+    SlowDown,
     XAmzContentSHA256Mismatch,
 }
 
@@ -83,6 +84,7 @@ impl S3Code {
             RequestTimeTooSkewed => "RequestTimeTooSkewed",
             ServiceUnavailable => "ServiceUnavailable",
             SignatureDoesNotMatch => "SignatureDoesNotMatch",
+            SlowDown => "SlowDown",
             XAmzContentSHA256Mismatch => "XAmzContentSHA256Mismatch",
         }
     }
@@ -102,7 +104,7 @@ impl S3Code {
             PreconditionFailed => StatusCode::PRECONDITION_FAILED,
             RequestHeaderSectionTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             InternalError => StatusCode::INTERNAL_SERVER_ERROR,
-            ServiceUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ServiceUnavailable | SlowDown => StatusCode::SERVICE_UNAVAILABLE,
             AuthorizationHeaderMalformed
             | AuthorizationQueryParametersError
             | BadDigest

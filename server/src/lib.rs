@@ -12,8 +12,10 @@ pub mod config;
 pub mod error;
 pub mod io;
 pub mod jobs;
+pub mod limits;
 pub mod local;
 pub mod stats;
+pub mod tls;
 pub mod transform;
 
 use std::sync::Arc;
@@ -24,8 +26,16 @@ use backend::fs::FsBackend;
 use backend::Backend;
 use config::{BackendSpec, Config};
 
-/// Opens the configured backend.
+/// Opens the configured backend, its reads capped at `--max-backend-fetches`.
 pub async fn open_backend(config: &Config) -> anyhow::Result<Arc<dyn Backend>> {
+    let backend = open_store(config).await?;
+    Ok(backend::limit::Limited::wrap(
+        backend,
+        config.max_backend_fetches,
+    ))
+}
+
+async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Backend>> {
     match config.backend_spec()? {
         BackendSpec::Fs(dir) => {
             let fs = FsBackend::open(&dir)
@@ -44,9 +54,10 @@ pub async fn open_backend(config: &Config) -> anyhow::Result<Arc<dyn Backend>> {
 /// Serves until SIGINT or SIGTERM.
 pub async fn run(config: Config) -> anyhow::Result<()> {
     config.validate()?;
-    if config.tls_cert.is_some() {
-        anyhow::bail!("this build of granary serves plain HTTP only; TLS is a later release");
-    }
+    let tls = match (&config.tls_cert, &config.tls_key) {
+        (Some(cert), Some(key)) => Some(tls::acceptor(cert, key)?),
+        _ => None,
+    };
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("cannot create the data dir {}", config.data_dir.display()))?;
     let backend = open_backend(&config).await?;
@@ -94,6 +105,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     cluster::membership::spawn(cluster.clone());
     let listen = config.listen;
     let unix = config.listen_unix.clone();
+    let idle = config.idle_timeout;
     let state = api::AppState::new(config, backend, cache, stats, cluster);
     let app = api::router(state.clone());
 
@@ -105,11 +117,13 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         node_id = %state.node_id,
         backend = %state.backend.describe(),
         auth = state.creds.is_some(),
+        tls = tls.is_some(),
         "granary serving"
     );
     if let Some(path) = unix {
         let ul = local::FdListener::bind(&path)
             .with_context(|| format!("cannot listen on {}", path.display()))?;
+        let ul = limits::Timed::new(ul, idle);
         tracing::info!(path = %path.display(), "also serving on a Unix socket");
         let app = app
             .clone()
@@ -123,6 +137,14 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             }
         });
     }
+    if let Some(acceptor) = tls {
+        let listener = limits::Timed::new(tls::TlsListener::new(listener, acceptor), idle);
+        axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown())
+            .await?;
+        tracing::info!("granary stopped");
+        return Ok(());
+    }
     // Headers and body leave in separate writes: without TCP_NODELAY a small body waits
     // on the client's delayed ACK of the headers (tens of ms on a keep-alive connection).
     let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
@@ -130,6 +152,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             tracing::debug!(error = %e, "TCP_NODELAY not set");
         }
     });
+    let listener = limits::Timed::new(listener, idle);
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown())
         .await?;

@@ -49,11 +49,11 @@ impl FdSender {
     }
 }
 
-impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, FdListener>>
-    for FdSender
-{
-    fn connect_info(stream: axum::serve::IncomingStream<'_, FdListener>) -> Self {
-        stream.io().sender.clone()
+type Incoming<'a> = axum::serve::IncomingStream<'a, crate::limits::Timed<FdListener>>;
+
+impl axum::extract::connect_info::Connected<Incoming<'_>> for FdSender {
+    fn connect_info(stream: Incoming<'_>) -> Self {
+        stream.io().inner().sender.clone()
     }
 }
 

@@ -82,6 +82,17 @@ struct ServeArgs {
     /// How cache entries are read from disk: auto (io_uring, else std), io-uring, std [default: auto].
     #[arg(long, env = "GRANARY_READ_ENGINE", value_enum)]
     read_engine: Option<granary_server::io::EngineChoice>,
+    /// Requests served at once; beyond them 503 SlowDown (0: no limit) [default: 1024].
+    #[arg(long, env = "GRANARY_MAX_REQUESTS")]
+    max_requests: Option<usize>,
+    /// Backend reads in flight at once; one that cannot start within 2 s is answered
+    /// 503 SlowDown (0: no limit) [default: 64].
+    #[arg(long, env = "GRANARY_MAX_BACKEND_FETCHES")]
+    max_backend_fetches: Option<usize>,
+    /// Close a connection after this long with no byte read or written (`120s`, `2m`)
+    /// [default: 120s].
+    #[arg(long, env = "GRANARY_IDLE_TIMEOUT", value_parser = granary_server::config::parse_duration)]
+    idle_timeout: Option<std::time::Duration>,
 }
 
 impl ServeArgs {
@@ -102,7 +113,10 @@ impl ServeArgs {
             cache_policy,
             route,
             verify_reads,
-            read_engine
+            read_engine,
+            max_requests,
+            max_backend_fetches,
+            idle_timeout
         );
         set_opt!(
             backend,

@@ -81,6 +81,8 @@ pub struct Stats {
     pub transform_cpu_us: AtomicU64,
     /// Object reads answered with a descriptor of the cache file (over the Unix socket).
     pub local_reads: AtomicU64,
+    /// Requests refused with `503 SlowDown` at `--max-requests`.
+    pub slowdowns: AtomicU64,
 }
 
 /// A point-in-time copy of the counters.
@@ -101,6 +103,7 @@ pub struct Snapshot {
     pub transform_errors: u64,
     pub transform_cpu_us: u64,
     pub local_reads: u64,
+    pub slowdowns: u64,
     pub bytes_to_peers: u64,
     pub peer_serves: u64,
     pub proxied: u64,
@@ -130,6 +133,7 @@ impl Stats {
             transform_errors: r(&self.transform_errors),
             transform_cpu_us: r(&self.transform_cpu_us),
             local_reads: r(&self.local_reads),
+            slowdowns: r(&self.slowdowns),
         }
     }
 }

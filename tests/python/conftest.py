@@ -225,7 +225,7 @@ def pytest_runtest_makereport(item, call):
 # --------------------------------------------------------------------------
 def make_s3_client(endpoint: str, *, access_key: str = ACCESS_KEY,
                    secret_key: str = SECRET_KEY, signature_version: str | None = None,
-                   max_attempts: int = 1):
+                   max_attempts: int = 1, verify: str | bool | None = None):
     import boto3
     from botocore.config import Config
 
@@ -244,7 +244,8 @@ def make_s3_client(endpoint: str, *, access_key: str = ACCESS_KEY,
         aws_secret_access_key=secret_key,
         region_name=REGION,
     )
-    return session.client("s3", endpoint_url=endpoint, config=Config(**cfg_kwargs))
+    return session.client("s3", endpoint_url=endpoint, config=Config(**cfg_kwargs),
+                          verify=verify)
 
 
 @pytest.fixture(scope="session")

@@ -12,6 +12,7 @@
 
 pub mod ctl;
 mod data;
+pub mod faults;
 mod http;
 mod sdk;
 mod server;
@@ -22,6 +23,7 @@ pub use data::{
     bucket_name, encode_key, etag_of, gzip, md5_hex, multipart_etag, random_bytes, tar_of, untar,
     Pattern,
 };
+pub use faults::{Fault, FaultProxy};
 pub use http::{
     raw_request, raw_request_blocking, raw_request_with_timeout, read_response_head, request_bytes,
     RawResponse,

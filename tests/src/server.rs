@@ -139,6 +139,11 @@ impl Moto {
         format!("http://{}", self.addr)
     }
 
+    /// `127.0.0.1:PORT` of the server.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
     /// An S3 client talking to moto directly.
     pub fn client(&self) -> aws_sdk_s3::Client {
         let creds = Credentials::new("testing", "testing", None, None, "granary-tests");

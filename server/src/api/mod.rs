@@ -43,6 +43,8 @@ pub struct AppState {
     pub cluster: Arc<Cluster>,
     pub jobs: crate::jobs::Jobs,
     pub transforms: crate::transform::Transforms,
+    /// Requests in progress, against `--max-requests`.
+    pub requests: crate::limits::RequestLimit,
     /// This state itself, for work that outlives a borrow (transforms read their
     /// sources through the node).
     me: std::sync::Weak<AppState>,
@@ -65,6 +67,7 @@ impl AppState {
             stats,
             cluster,
             transforms: crate::transform::Transforms::new(&config.transforms),
+            requests: crate::limits::RequestLimit::new(config.max_requests),
             config,
             jobs: Default::default(),
             me: me.clone(),
@@ -106,6 +109,31 @@ async fn entry(State(state): State<Arc<AppState>>, req: Request) -> Response {
         bytes = Empty,
     );
     let started = Instant::now();
+    // Health probes (members judge each other by them) and the counters are answered
+    // whatever the load.
+    let exempt = matches!(
+        req.uri().path(),
+        "/_granary/health" | "/_granary/stats" | "/_granary/metrics"
+    );
+    let permit = if exempt {
+        None
+    } else {
+        match state.requests.admit() {
+            Ok(p) => p,
+            Err(crate::limits::AtLimit) => {
+                state.stats.slowdowns.fetch_add(1, Ordering::Relaxed);
+                let resp = S3Error::new(
+                    S3Code::SlowDown,
+                    format!(
+                        "the node is serving {} requests, its most; retry",
+                        state.config.max_requests
+                    ),
+                )
+                .into_response();
+                return finish(&state, span, started, resp, None);
+            }
+        }
+    };
     let resp = async {
         let header_bytes: usize = req
             .headers()
@@ -136,11 +164,18 @@ async fn entry(State(state): State<Arc<AppState>>, req: Request) -> Response {
     }
     .instrument(span.clone())
     .await;
-    finish(&state, span, started, resp)
+    finish(&state, span, started, resp, permit)
 }
 
-/// Records the status, and counts the body's bytes as they leave.
-fn finish(state: &Arc<AppState>, span: Span, started: Instant, resp: Response) -> Response {
+/// Records the status, and counts the body's bytes as they leave; the request's place
+/// (`permit`) is given back when the body is done.
+fn finish(
+    state: &Arc<AppState>,
+    span: Span,
+    started: Instant,
+    resp: Response,
+    permit: Option<tokio::sync::OwnedSemaphorePermit>,
+) -> Response {
     let status = resp.status();
     span.record("status", status.as_u16());
     state.stats.requests.fetch_add(1, Ordering::Relaxed);
@@ -163,6 +198,7 @@ fn finish(state: &Arc<AppState>, span: Span, started: Instant, resp: Response) -
         started,
         bytes: 0,
         state: state.clone(),
+        _permit: permit,
     };
     let stream = body.into_data_stream().map(move |item| {
         let t = &mut tally;
@@ -180,6 +216,7 @@ struct Tally {
     started: Instant,
     bytes: u64,
     state: Arc<AppState>,
+    _permit: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 impl Drop for Tally {

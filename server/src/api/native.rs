@@ -258,6 +258,7 @@ fn stats_json(state: &AppState) -> serde_json::Value {
         "transform_errors": s.transform_errors,
         "transform_cpu_seconds": transform_cpu_seconds(&s),
         "local_reads": s.local_reads,
+        "slowdowns": s.slowdowns,
         "process_cpu_seconds": crate::stats::rusage_us(libc::RUSAGE_SELF) as f64 / 1e6,
         "requests": s.requests,
         "errors": s.errors,
@@ -340,6 +341,11 @@ fn metrics_text(state: &AppState) -> String {
             "transform_errors_total",
             "transforms that failed",
             s.transform_errors,
+        ),
+        (
+            "slowdowns_total",
+            "requests refused with 503 SlowDown at the request limit",
+            s.slowdowns,
         ),
         (
             "local_reads_total",

@@ -4,6 +4,7 @@
 
 pub mod fs;
 pub mod keypath;
+pub mod limit;
 pub mod s3;
 
 use std::io;

@@ -161,6 +161,35 @@ impl S3Backend {
 
     /// GETs `resolved` (all of it when `None`) of the version `meta` names, pinned with
     /// `If-Match`; `None` when that version is gone (replaced or deleted meanwhile).
+    /// How a read of `bucket/key` (version `etag`) up to byte `end` is resumed from an
+    /// offset: a ranged GET pinned with `If-Match`, whose length must be the rest.
+    fn reopen(&self, bucket: &str, key: &str, etag: &str, end: u64) -> Option<body::Reopen> {
+        if end == 0 {
+            return None;
+        }
+        let (client, bucket, key) = (self.client.clone(), bucket.to_owned(), key.to_owned());
+        let etag = format!("\"{etag}\"");
+        Some(Box::new(move |from: u64| {
+            let req = client
+                .get_object()
+                .bucket(&bucket)
+                .key(&key)
+                .if_match(&etag)
+                .range(format!("bytes={from}-{}", end - 1));
+            Box::pin(async move {
+                let out = req.send().await.map_err(|e| io::Error::other(causes(&e)))?;
+                let got = size(out.content_length());
+                if got != end - from {
+                    return Err(io::Error::other(format!(
+                        "{got} bytes answered for the {} left",
+                        end - from
+                    )));
+                }
+                Ok(out.body)
+            })
+        }))
+    }
+
     async fn get_version(
         &self,
         bucket: &str,
@@ -191,7 +220,8 @@ impl S3Backend {
                         self.location()
                     )));
                 }
-                let body = download(out.body, len, self.location().to_owned());
+                let reopen = self.reopen(bucket, key, &meta.etag, start + len);
+                let body = download(out.body, start, len, self.location().to_owned(), reopen);
                 Ok(Some((GetObject { meta, body }, resolved)))
             }
             Err(e) => match self.map_err(e, Target::Object(bucket, key)) {
@@ -490,7 +520,8 @@ impl Backend for S3Backend {
                 }
             }
             _ => {
-                let body = download(out.body, meta.size, self.location().to_owned());
+                let reopen = self.reopen(bucket, key, &meta.etag, meta.size);
+                let body = download(out.body, 0, meta.size, self.location().to_owned(), reopen);
                 Ok((GetObject { meta, body }, resolved))
             }
         }

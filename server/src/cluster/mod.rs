@@ -90,7 +90,12 @@ impl Cluster {
             .map(|p| parse_peer(p))
             .collect::<Result<_, _>>()?;
         if list.is_empty() {
-            list.push((node_id.to_owned(), format!("http://{}", config.listen)));
+            let scheme = if config.tls_cert.is_some() {
+                "https"
+            } else {
+                "http"
+            };
+            list.push((node_id.to_owned(), format!("{scheme}://{}", config.listen)));
         }
         list.sort();
         if let Some(w) = list.windows(2).find(|w| w[0].0 == w[1].0) {
@@ -124,7 +129,8 @@ impl Cluster {
             ring: RwLock::new(Arc::new(Ring::new([]))),
             route: config.route,
             creds: Credentials::from_config(config),
-            http: peer::http_client(),
+            http: peer::http_client(config.tls_cert.as_deref())
+                .map_err(|e| invalid(format!("{e:#}")))?,
             stats,
             on_rejoin: std::sync::OnceLock::new(),
         };

@@ -14,6 +14,7 @@ use axum::body::Body;
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, Response};
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -31,7 +32,7 @@ pub const PEER_FILL: &str = "x-granary-peer-fill";
 /// here, do not leave it to another.
 pub const SPILL: &str = "x-granary-spill";
 
-pub type HttpClient = Client<HttpConnector, Body>;
+pub type HttpClient = Client<HttpsConnector<HttpConnector>, Body>;
 
 /// How long a forwarded read waits for the owner's response headers before the owner
 /// counts as gone (a hung process still accepts connections).
@@ -43,13 +44,41 @@ const PEER_FILL_TIMEOUT: Duration = Duration::from_secs(2);
 /// before a membership change or while this node was down.
 const PEER_FILL_CANDIDATES: usize = 2;
 
-pub fn http_client() -> HttpClient {
+/// The client members speak to each other with: `http://` peers in plain HTTP, `https://`
+/// peers over TLS, trusting the certificates of `trust` (the node's own `--tls-cert`: the
+/// members of a cluster share a certificate or its issuer) and nothing else.
+pub fn http_client(trust: Option<&std::path::Path>) -> anyhow::Result<HttpClient> {
+    use anyhow::Context as _;
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    if let Some(path) = trust {
+        let certs = rustls::pki_types::CertificateDer::pem_file_iter(path)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        for cert in certs {
+            let cert = cert.with_context(|| format!("bad PEM in {}", path.display()))?;
+            roots.add(cert).with_context(|| {
+                format!("a certificate of {} cannot be trusted", path.display())
+            })?;
+        }
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .context("TLS protocol versions")?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
     let mut conn = HttpConnector::new();
     conn.set_connect_timeout(Some(Duration::from_secs(1)));
     conn.set_nodelay(true);
-    Client::builder(TokioExecutor::new())
+    conn.enforce_http(false);
+    let https = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(conn);
+    Ok(Client::builder(TokioExecutor::new())
         .pool_idle_timeout(Duration::from_secs(30))
-        .build(conn)
+        .build(https))
 }
 
 /// Unreserved characters stay, `/` too: a key's path as S3 clients encode it.

@@ -146,30 +146,60 @@ impl http_body::Body for UploadBody {
     }
 }
 
+/// Opens the same version of the object again from an offset (`If-Match` on its ETag),
+/// for a read that broke off: the new answer's body, which must hold the rest.
+pub(super) type Reopen = Box<
+    dyn Fn(u64) -> futures::future::BoxFuture<'static, io::Result<SdkByteStream>> + Send + Sync,
+>;
+
+/// How often one read is resumed after the store or the network broke it off.
+const RESUMES: u32 = 3;
+
 /// The SDK's response body as our `ByteStream`, chunk by chunk, failing unless exactly
-/// `expected` bytes arrive.
-pub(super) fn download(body: SdkByteStream, expected: u64, backend: String) -> ByteStream {
+/// `expected` bytes arrive. The body holds the object's bytes from `start`; when it breaks
+/// off (a reset, a close before its length), `reopen` asks for the rest of the same
+/// version, up to [`RESUMES`] times, so a cache fill survives a dropped connection. A
+/// version that changed meanwhile, or a store that keeps failing, fails the stream.
+pub(super) fn download(
+    body: SdkByteStream,
+    start: u64,
+    expected: u64,
+    backend: String,
+    reopen: Option<Reopen>,
+) -> ByteStream {
     Box::pin(async_stream::try_stream! {
         let mut body = body;
         let mut got = 0u64;
-        while let Some(chunk) = body.next().await {
-            // The store or the network broke off: its side; the client may retry.
-            let chunk = chunk.map_err(|e| io::Error::other(format!(
-                "the S3 backend at {backend} broke off after {got} of {expected} bytes: {}",
-                causes(&e)
-            )))?;
-            got += chunk.len() as u64;
-            if got > expected {
-                Err(io::Error::other(format!(
-                    "the S3 backend at {backend} sent more than the {expected} bytes it announced"
-                )))?;
+        let mut resumed = 0;
+        loop {
+            let broke = match body.next().await {
+                Some(Ok(chunk)) => {
+                    got += chunk.len() as u64;
+                    if got > expected {
+                        Err(io::Error::other(format!(
+                            "the S3 backend at {backend} sent more than the {expected} bytes it announced"
+                        )))?;
+                    }
+                    yield chunk;
+                    continue;
+                }
+                None if got == expected => break,
+                None => format!("ended after {got} of {expected} bytes"),
+                // The store or the network broke off: its side; a retry may help.
+                Some(Err(e)) => format!("broke off after {got} of {expected} bytes: {}", causes(&e)),
+            };
+            match &reopen {
+                Some(reopen) if resumed < RESUMES => {
+                    resumed += 1;
+                    tracing::warn!(backend = %backend, at = start + got, attempt = resumed, why = %broke, "resuming a backend read");
+                    body = reopen(start + got).await.map_err(|e| io::Error::other(format!(
+                        "the S3 backend at {backend} {broke}, and resuming failed: {e}"
+                    )))?;
+                }
+                _ => Err(io::Error::new(io::ErrorKind::UnexpectedEof, format!(
+                    "the S3 backend at {backend} {broke}"
+                )))?,
             }
-            yield chunk;
-        }
-        if got != expected {
-            Err(io::Error::new(io::ErrorKind::UnexpectedEof, format!(
-                "the S3 backend at {backend} ended after {got} of {expected} bytes"
-            )))?;
         }
     })
 }

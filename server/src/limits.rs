@@ -1,0 +1,221 @@
+//! Load limits: how many requests a node serves at once (`--max-requests`; beyond it S3's
+//! `503 SlowDown`, which S3 clients back off and retry), and how long a connection may
+//! make no progress (`--idle-timeout`: no byte read or written, whether the client is
+//! idle between requests, sends its headers a byte a minute, or stops reading an answer).
+//! Backend fetches are capped in `backend::limit`.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::{Instant, Sleep};
+
+/// Every place of the request limit is taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AtLimit;
+
+/// Requests in progress, counted from the head's arrival to the last byte of the answer.
+pub struct RequestLimit {
+    permits: Option<Arc<Semaphore>>,
+}
+
+impl RequestLimit {
+    /// At most `max` at once; `0` means no limit.
+    pub fn new(max: usize) -> RequestLimit {
+        RequestLimit {
+            permits: (max > 0).then(|| Arc::new(Semaphore::new(max))),
+        }
+    }
+
+    /// A place for one more request, or `Err(AtLimit)` when the node is at its limit.
+    /// Without a limit the permit is `None`.
+    pub fn admit(&self) -> Result<Option<OwnedSemaphorePermit>, AtLimit> {
+        match &self.permits {
+            None => Ok(None),
+            Some(s) => s.clone().try_acquire_owned().map(Some).map_err(|_| AtLimit),
+        }
+    }
+}
+
+/// A listener whose connections end after `idle` without progress.
+pub struct Timed<L> {
+    inner: L,
+    idle: Duration,
+}
+
+impl<L> Timed<L> {
+    pub fn new(inner: L, idle: Duration) -> Timed<L> {
+        Timed { inner, idle }
+    }
+}
+
+impl<L: axum::serve::Listener> axum::serve::Listener for Timed<L> {
+    type Io = IdleIo<L::Io>;
+    type Addr = L::Addr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        let (io, addr) = self.inner.accept().await;
+        (IdleIo::new(io, self.idle), addr)
+    }
+
+    fn local_addr(&self) -> io::Result<Self::Addr> {
+        self.inner.local_addr()
+    }
+}
+
+/// A connection that fails with `TimedOut` once neither a read nor a write has moved a
+/// byte for `idle` while one of them waits.
+pub struct IdleIo<T> {
+    inner: T,
+    idle: Duration,
+    deadline: Pin<Box<Sleep>>,
+}
+
+impl<T> IdleIo<T> {
+    fn new(inner: T, idle: Duration) -> IdleIo<T> {
+        IdleIo {
+            inner,
+            idle,
+            deadline: Box::pin(tokio::time::sleep(idle)),
+        }
+    }
+
+    /// The connection under the timer.
+    pub fn inner(&self) -> &T {
+        &self.inner
+    }
+
+    fn progressed(&mut self) {
+        let at = Instant::now() + self.idle;
+        self.deadline.as_mut().reset(at);
+    }
+
+    /// While waiting: an error once the deadline has passed.
+    fn expired(&mut self, cx: &mut Context<'_>) -> Poll<io::Error> {
+        match self.deadline.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("no progress on the connection for {:?}", self.idle),
+            )),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+use std::future::Future;
+
+impl<T: AsyncRead + Unpin> AsyncRead for IdleIo<T> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        match Pin::new(&mut this.inner).poll_read(cx, buf) {
+            Poll::Ready(r) => {
+                if buf.filled().len() > before {
+                    this.progressed();
+                }
+                Poll::Ready(r)
+            }
+            Poll::Pending => this.expired(cx).map(Err),
+        }
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for IdleIo<T> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        match Pin::new(&mut this.inner).poll_write(cx, buf) {
+            Poll::Ready(r) => {
+                if matches!(r, Ok(n) if n > 0) {
+                    this.progressed();
+                }
+                Poll::Ready(r)
+            }
+            Poll::Pending => this.expired(cx).map(Err),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        match Pin::new(&mut this.inner).poll_write_vectored(cx, bufs) {
+            Poll::Ready(r) => {
+                if matches!(r, Ok(n) if n > 0) {
+                    this.progressed();
+                }
+                Poll::Ready(r)
+            }
+            Poll::Pending => this.expired(cx).map(Err),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        match Pin::new(&mut this.inner).poll_flush(cx) {
+            Poll::Pending => this.expired(cx).map(Err),
+            ready => ready,
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[tokio::test]
+    async fn a_connection_without_progress_times_out() {
+        let (a, mut b) = tokio::io::duplex(64);
+        let mut io = IdleIo::new(a, Duration::from_millis(300));
+        b.write_all(b"hi").await.unwrap();
+        let mut buf = [0u8; 8];
+        assert_eq!(io.read(&mut buf).await.unwrap(), 2);
+        // Nothing more comes: the read fails once 300 ms pass without a byte.
+        let started = Instant::now();
+        let err = io.read(&mut buf).await.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+        assert!(started.elapsed() >= Duration::from_millis(290));
+    }
+
+    #[tokio::test]
+    async fn a_reader_that_stops_reading_times_the_writer_out() {
+        let (a, _b) = tokio::io::duplex(16);
+        let mut io = IdleIo::new(a, Duration::from_millis(300));
+        let err = io.write_all(&[7u8; 1024]).await.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+    }
+
+    #[test]
+    fn the_request_limit_admits_up_to_its_size() {
+        let limit = RequestLimit::new(2);
+        let a = limit.admit().unwrap();
+        let b = limit.admit().unwrap();
+        assert!(limit.admit().is_err());
+        drop(a);
+        assert!(limit.admit().is_ok());
+        drop(b);
+        assert!(RequestLimit::new(0).admit().unwrap().is_none());
+    }
+}
