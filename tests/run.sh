@@ -29,6 +29,20 @@ step "build (release, all targets)"
 cargo build --release --workspace --all-targets
 export GRANARY_BIN="$root/target/release/granary"
 
+step "fuzz targets: each run briefly over a copy of its corpus (longer runs: docs/reliability.md)"
+fuzz_tmp=$(mktemp -d)
+for t in fuzz/corpus/*/; do
+  name=$(basename "$t")
+  mkdir -p "$fuzz_tmp/$name"
+  # Not coverage-instrumented in this build (cargo fuzz builds that): libFuzzer says so
+  # and mutates blindly; a crash still fails the step.
+  "target/release/$name" -runs=20000 -rss_limit_mb=2048 -artifact_prefix="$fuzz_tmp/" \
+    "$fuzz_tmp/$name" "$t" 2>"$fuzz_tmp/$name.log" \
+    || { tail -40 "$fuzz_tmp/$name.log"; exit 1; }
+  grep -E '^Done [0-9]+ runs' "$fuzz_tmp/$name.log" | sed "s/^/$name: /"
+done
+rm -rf "$fuzz_tmp"
+
 step "Python venv for the real clients (boto3, AWS CLI, moto)"
 venv="$root/tests/.venv"
 if [ ! -x "$venv/bin/python" ]; then

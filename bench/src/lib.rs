@@ -21,6 +21,7 @@ pub mod ringsim;
 pub mod samples;
 pub mod sigv4;
 pub mod size;
+pub mod soak;
 pub mod stall;
 pub mod transforms;
 pub mod workload;

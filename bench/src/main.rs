@@ -54,6 +54,51 @@ enum Command {
     /// the node's Unix socket, and a local read (a descriptor of the cache file, mapped),
     /// with `--direct FILE` the page-cache ceiling: MB/s and CPU seconds per GiB.
     Local(LocalArgs),
+    /// A bounded soak: GETs, PUTs and DELETEs over a key space while the node (started
+    /// by the bench with --granary) is killed and restarted; every byte read is checked
+    /// against what was written, and the node's memory is sampled.
+    Soak(SoakArgs),
+}
+
+#[derive(Args)]
+struct SoakArgs {
+    /// The node, `http://host:port`.
+    #[arg(long, default_value = "http://127.0.0.1:7070")]
+    endpoint: String,
+    #[arg(long, default_value = "soak")]
+    bucket: String,
+    /// How long to run (`10m`).
+    #[arg(long, value_parser = parse_duration, default_value = "60s")]
+    duration: Duration,
+    #[arg(long, default_value_t = 8)]
+    workers: usize,
+    /// Keys in play (each worker owns an equal share).
+    #[arg(long, default_value_t = 2000)]
+    keys: usize,
+    /// Object sizes are drawn from this range.
+    #[arg(long, value_parser = parse_size_range, default_value = "1KiB-1MiB")]
+    object_size: SizeRange,
+    #[arg(long, default_value_t = 30)]
+    pct_put: u32,
+    #[arg(long, default_value_t = 10)]
+    pct_delete: u32,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Start the node from this binary (`granary`), kill and restart it, sample its RSS.
+    #[arg(long)]
+    granary: Option<PathBuf>,
+    /// An argument for `granary serve` (repeat); its --listen must match --endpoint.
+    #[arg(long = "serve-arg", allow_hyphen_values = true, requires = "granary")]
+    serve_args: Vec<String>,
+    /// The node's log file.
+    #[arg(long, default_value = "soak-node.log")]
+    node_log: PathBuf,
+    /// SIGKILL and restart the node this often.
+    #[arg(long, value_parser = parse_duration, requires = "granary")]
+    restart_every: Option<Duration>,
+    /// Write the report as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -276,6 +321,7 @@ fn main() -> anyhow::Result<()> {
         Command::Get(a) => a.common.threads,
         Command::Ring(a) => return ring(a),
         Command::Local(a) => return local(a),
+        Command::Soak(a) => return soak(a),
         Command::Batch(a) => a.common.threads,
         Command::Prefetch(a) => a.common.threads,
         Command::Transform(a) => a.common.threads,
@@ -289,7 +335,7 @@ fn main() -> anyhow::Result<()> {
         match cli.command {
             Command::Run(a) => run(a).await,
             Command::Get(a) => get(a).await,
-            Command::Ring(_) | Command::Local(_) => {
+            Command::Ring(_) | Command::Local(_) | Command::Soak(_) => {
                 unreachable!("handled before the runtime starts")
             }
             Command::Batch(a) => {
@@ -412,6 +458,69 @@ fn local(a: &LocalArgs) -> anyhow::Result<()> {
         r.local_over_tcp, r.local_over_unix, r.unix_over_tcp, r.tcp_cpu_over_local
     );
     write_json(c, &r)
+}
+
+fn soak(a: &SoakArgs) -> anyhow::Result<()> {
+    use granary_bench::soak::{run, NodeCmd, SoakPlan};
+    anyhow::ensure!(
+        a.pct_put + a.pct_delete <= 100,
+        "--pct-put + --pct-delete > 100"
+    );
+    let plan = SoakPlan {
+        endpoint: a.endpoint.clone(),
+        bucket: a.bucket.clone(),
+        duration: a.duration,
+        workers: a.workers,
+        keys: a.keys,
+        min_size: a.object_size.min,
+        max_size: a.object_size.max,
+        pct_put: a.pct_put,
+        pct_delete: a.pct_delete,
+        seed: a.seed,
+        node: a.granary.clone().map(|binary| NodeCmd {
+            binary,
+            args: a.serve_args.clone(),
+            log: a.node_log.clone(),
+        }),
+        restart_every: a.restart_every,
+    };
+    let r = run(&plan)?;
+    println!(
+        "{:.0} s: {} GETs, {} PUTs, {} DELETEs; {:.1} GB read, {:.1} GB written; {} restarts",
+        r.seconds,
+        r.gets,
+        r.puts,
+        r.deletes,
+        r.bytes_read as f64 / 1e9,
+        r.bytes_written as f64 / 1e9,
+        r.restarts
+    );
+    println!(
+        "mismatched reads {}, lost acknowledged writes {}, unavailable {}, other errors {}",
+        r.mismatches, r.lost_writes, r.unavailable, r.errors
+    );
+    if r.rss_max_kib > 0 {
+        println!(
+            "node RSS: {} MiB after the first minute, {} MiB at most; per-minute highs (MiB): {:?}",
+            r.rss_warm_kib / 1024,
+            r.rss_max_kib / 1024,
+            r.rss_per_minute_max_kib
+                .iter()
+                .map(|k| k / 1024)
+                .collect::<Vec<_>>()
+        );
+    }
+    for p in &r.first_problems {
+        println!("  {p}");
+    }
+    if let Some(path) = &a.json {
+        std::fs::write(path, serde_json::to_string_pretty(&r)? + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if r.mismatches > 0 || r.lost_writes > 0 || r.errors > 0 {
+        anyhow::bail!("the soak found problems");
+    }
+    Ok(())
 }
 
 fn ring(a: &RingArgs) -> anyhow::Result<()> {

@@ -64,10 +64,12 @@ pub fn normalize(name: &str) -> &str {
     }
 }
 
-/// Indexes the tar at the start of `file` (a cache entry: the tar's end-of-archive
-/// blocks come before the entry's footer, so parsing stops there).
-pub fn index_tar(file: &File) -> io::Result<TarIndex> {
-    let mut archive = tar::Archive::new(file);
+/// Indexes the tar held in the first `size` bytes of `file` (a cache entry: the object,
+/// then its footer). Parsing never reads past the object, and a member whose data runs
+/// past it (a shard cut short) makes the whole shard unreadable as a tar rather than
+/// indexing bytes that are not the member's.
+pub fn index_tar(file: &File, size: u64) -> io::Result<TarIndex> {
+    let mut archive = tar::Archive::new(Bounded { file, size, pos: 0 });
     let mut index = TarIndex::new();
     for entry in archive.entries_with_seek()? {
         let entry = entry?;
@@ -75,15 +77,50 @@ pub fn index_tar(file: &File) -> io::Result<TarIndex> {
             continue;
         }
         let name = entry.path()?.to_string_lossy().into_owned();
-        index.insert(
-            normalize(&name).to_owned(),
-            Member {
-                offset: entry.raw_file_position(),
-                size: entry.size(),
-            },
-        );
+        let m = Member {
+            offset: entry.raw_file_position(),
+            size: entry.size(),
+        };
+        if m.offset.checked_add(m.size).is_none_or(|end| end > size) {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!("member `{name}` runs past the end of the shard ({size} bytes)"),
+            ));
+        }
+        index.insert(normalize(&name).to_owned(), m);
     }
     Ok(index)
+}
+
+/// The first `size` bytes of a file, readable and seekable, for the tar parser.
+struct Bounded<'a> {
+    file: &'a File,
+    size: u64,
+    pos: u64,
+}
+
+impl Read for Bounded<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        use std::os::unix::fs::FileExt;
+        let left = self.size.saturating_sub(self.pos);
+        let want = buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+        let n = self.file.read_at(&mut buf[..want], self.pos)?;
+        self.pos += n as u64;
+        Ok(n)
+    }
+}
+
+impl io::Seek for Bounded<'_> {
+    fn seek(&mut self, to: io::SeekFrom) -> io::Result<u64> {
+        let target = match to {
+            io::SeekFrom::Start(n) => Some(n),
+            io::SeekFrom::End(d) => self.size.checked_add_signed(d),
+            io::SeekFrom::Current(d) => self.pos.checked_add_signed(d),
+        };
+        self.pos = target
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "seek before the start"))?;
+        Ok(self.pos)
+    }
 }
 
 /// Bytes of a member handed on per message while scanning.
@@ -202,7 +239,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("s.tar");
         std::fs::write(&p, &data).unwrap();
-        let idx = index_tar(&File::open(&p).unwrap()).unwrap();
+        let idx = index_tar(&File::open(&p).unwrap(), data.len() as u64).unwrap();
+        // Cut inside the last member: it runs past the end, so there is no index.
+        let last = idx["000.json"];
+        let cut = index_tar(&File::open(&p).unwrap(), last.offset + 1);
+        assert_eq!(cut.unwrap_err().kind(), io::ErrorKind::UnexpectedEof);
         assert_eq!(idx.len(), 3);
         let m = idx["000.jpg"];
         assert_eq!(

@@ -10,6 +10,8 @@ pub mod cache;
 pub mod cluster;
 pub mod config;
 pub mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod io;
 pub mod jobs;
 pub mod limits;

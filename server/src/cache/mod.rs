@@ -237,9 +237,9 @@ impl Cache {
                 return Ok(Some((entry.meta.clone(), idx)));
             }
         }
-        let path = entry.path.clone();
+        let (path, size) = (entry.path.clone(), entry.meta.size);
         let built = tokio::task::spawn_blocking(move || {
-            File::open(&path).and_then(|f| crate::archive::index_tar(&f))
+            File::open(&path).and_then(|f| crate::archive::index_tar(&f, size))
         })
         .await
         .map_err(|e| BackendError::Io(io::Error::other(e)))?;

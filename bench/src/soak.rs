@@ -1,0 +1,551 @@
+//! `granary-bench soak`: a bounded run that mixes GETs, PUTs and DELETEs over a key space
+//! while the node is killed (`SIGKILL`) and restarted, checking every byte read against
+//! what was written.
+//!
+//! Each worker owns the keys `k` with `k % workers == worker`, so writes to one key never
+//! race and the expected state of every key is known exactly: the last acknowledged write
+//! (a version whose bytes are a seeded stream), a deletion, or — when a request's answer
+//! was lost to a restart — either the state before it or after it, settled by the next
+//! read. A GET must return exactly the expected bytes or `404`; anything else is a
+//! mismatch, and an acknowledged version that reads back as an older one (or missing) is
+//! a lost write. Requests that fail while the node is down are counted, not judged.
+//!
+//! With `--granary BIN --serve-arg ...`, the bench starts the node itself, restarts it
+//! every `--restart-every`, and samples its resident memory once a second.
+
+use std::io::{self, Write};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use granary_client::{Client, Error};
+use serde::Serialize;
+
+/// What to run against.
+#[derive(Debug, Clone)]
+pub struct SoakPlan {
+    pub endpoint: String,
+    pub bucket: String,
+    pub duration: Duration,
+    pub workers: usize,
+    pub keys: usize,
+    pub min_size: u64,
+    pub max_size: u64,
+    /// Percentages of PUTs and DELETEs; the rest are GETs.
+    pub pct_put: u32,
+    pub pct_delete: u32,
+    pub seed: u64,
+    /// The node to start and restart, if the bench manages it.
+    pub node: Option<NodeCmd>,
+    pub restart_every: Option<Duration>,
+}
+
+/// How to start the node.
+#[derive(Debug, Clone)]
+pub struct NodeCmd {
+    pub binary: PathBuf,
+    pub args: Vec<String>,
+    pub log: PathBuf,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct SoakReport {
+    pub seconds: f64,
+    pub gets: u64,
+    pub puts: u64,
+    pub deletes: u64,
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+    /// Reads whose bytes (or absence) were not what was written.
+    pub mismatches: u64,
+    /// Acknowledged writes that later read back as older data or as missing.
+    pub lost_writes: u64,
+    /// Requests that failed while the node was down or restarting.
+    pub unavailable: u64,
+    /// Other errors (answers outside 2xx/404).
+    pub errors: u64,
+    pub restarts: u64,
+    /// Resident memory of the node, KiB: after the first minute (warm), the highest, and
+    /// the highest in each minute.
+    pub rss_warm_kib: u64,
+    pub rss_max_kib: u64,
+    pub rss_per_minute_max_kib: Vec<u64>,
+    pub first_problems: Vec<String>,
+}
+
+/// The expected state of one key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Absent,
+    /// Version `v` of `size` bytes.
+    Written {
+        v: u64,
+        size: u64,
+    },
+}
+
+/// What a key may hold: one state once a write was acknowledged (or a read settled it);
+/// several while answers were lost (each lost write or delete may or may not have
+/// landed). `older` keeps the states acknowledged before, to tell a lost write from
+/// garbage.
+#[derive(Debug, Clone)]
+struct Expect {
+    possible: Vec<State>,
+    older: Vec<State>,
+}
+
+impl Expect {
+    fn new() -> Expect {
+        Expect {
+            possible: vec![State::Absent],
+            older: Vec::new(),
+        }
+    }
+
+    /// A write or delete was acknowledged: the key holds `s`.
+    fn acked(&mut self, s: State) {
+        let before = std::mem::replace(&mut self.possible, vec![s]);
+        self.remember(before);
+    }
+
+    /// A write or delete whose answer was lost: `s` becomes possible too.
+    fn maybe(&mut self, s: State) {
+        if !self.possible.contains(&s) {
+            self.possible.push(s);
+        }
+    }
+
+    /// A read saw `s`, one of the possible states: it is the state now.
+    fn settle(&mut self, s: State) {
+        let before = std::mem::replace(&mut self.possible, vec![s]);
+        self.remember(before.into_iter().filter(|x| *x != s).collect());
+    }
+
+    fn remember(&mut self, states: Vec<State>) {
+        self.older.extend(states);
+        let n = self.older.len();
+        if n > 8 {
+            self.older.drain(..n - 8);
+        }
+    }
+}
+
+/// Bytes of version `v` of key `k`, from `offset`.
+fn fill(k: usize, v: u64, offset: u64, out: &mut [u8]) {
+    let mut x = 0u64;
+    // One 64-bit word per 8 bytes, from a hash of its index: any offset is cheap.
+    for (i, b) in out.iter_mut().enumerate() {
+        let pos = offset + i as u64;
+        if i == 0 || pos % 8 == 0 {
+            x = splitmix(((k as u64) << 40) ^ (v << 20) ^ (pos / 8));
+        }
+        *b = (x >> ((pos % 8) * 8)) as u8;
+    }
+}
+
+fn splitmix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// A sink that compares what it is given with version `v` of key `k`.
+struct Checker {
+    k: usize,
+    v: u64,
+    pos: u64,
+    same: bool,
+    buf: Vec<u8>,
+}
+
+impl Write for Checker {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        self.buf.resize(data.len(), 0);
+        fill(self.k, self.v, self.pos, &mut self.buf);
+        self.same &= self.buf == data;
+        self.pos += data.len() as u64;
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A reader of version `v` of key `k`, `size` bytes, for uploads.
+struct Source {
+    k: usize,
+    v: u64,
+    pos: u64,
+    size: u64,
+}
+
+impl io::Read for Source {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = buf.len().min((self.size - self.pos) as usize);
+        fill(self.k, self.v, self.pos, &mut buf[..n]);
+        self.pos += n as u64;
+        Ok(n)
+    }
+}
+
+#[derive(Default)]
+struct Counters {
+    gets: AtomicU64,
+    puts: AtomicU64,
+    deletes: AtomicU64,
+    bytes_read: AtomicU64,
+    bytes_written: AtomicU64,
+    mismatches: AtomicU64,
+    lost: AtomicU64,
+    unavailable: AtomicU64,
+    errors: AtomicU64,
+    problems: Mutex<Vec<String>>,
+}
+
+impl Counters {
+    fn problem(&self, counter: &AtomicU64, what: String) {
+        counter.fetch_add(1, Ordering::Relaxed);
+        let mut p = self.problems.lock().unwrap_or_else(|e| e.into_inner());
+        if p.len() < 20 {
+            p.push(what);
+        }
+    }
+}
+
+/// Whether a failure is the node being away (restarting), not an answer; then the
+/// worker waits a moment rather than spin on refused connections.
+fn away(e: &Error) -> bool {
+    let away = matches!(e, Error::Io { .. } | Error::Protocol(_)) || e.status() == Some(503);
+    if away {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    away
+}
+
+fn key_name(k: usize) -> String {
+    format!("soak/{:02x}/{k:06}", k % 256)
+}
+
+/// One worker's loop over its keys until `stop`.
+fn worker(plan: &SoakPlan, w: usize, stop: &AtomicBool, c: &Counters) {
+    let mut client = match Client::new(&plan.endpoint) {
+        Ok(cl) => cl.with_timeout(Duration::from_secs(30)),
+        Err(e) => {
+            c.problem(&c.errors, format!("worker {w}: {e}"));
+            return;
+        }
+    };
+    let mine: Vec<usize> = (w..plan.keys).step_by(plan.workers).collect();
+    if mine.is_empty() {
+        return;
+    }
+    let mut expect: Vec<Expect> = vec![Expect::new(); mine.len()];
+    let mut rng = splitmix(plan.seed ^ ((w as u64) << 17));
+    let mut next = || {
+        rng = splitmix(rng);
+        rng
+    };
+    let mut version = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let i = (next() % mine.len() as u64) as usize;
+        let k = mine[i];
+        let key = key_name(k);
+        let roll = (next() % 100) as u32;
+        let e = &mut expect[i];
+        if roll < plan.pct_put {
+            version += 1;
+            let v = (w as u64) << 40 | version;
+            let span = plan.max_size - plan.min_size + 1;
+            let size = plan.min_size + next() % span;
+            let mut src = Source { k, v, pos: 0, size };
+            c.puts.fetch_add(1, Ordering::Relaxed);
+            let new = State::Written { v, size };
+            match client.put(&plan.bucket, &key, &mut src, size) {
+                Ok(_) => {
+                    c.bytes_written.fetch_add(size, Ordering::Relaxed);
+                    e.acked(new);
+                }
+                Err(err) if away(&err) => {
+                    c.unavailable.fetch_add(1, Ordering::Relaxed);
+                    e.maybe(new);
+                }
+                Err(err) => c.problem(&c.errors, format!("PUT {key}: {err}")),
+            }
+        } else if roll < plan.pct_put + plan.pct_delete {
+            c.deletes.fetch_add(1, Ordering::Relaxed);
+            match client.delete(&plan.bucket, &key) {
+                Ok(()) => e.acked(State::Absent),
+                Err(err) if away(&err) => {
+                    c.unavailable.fetch_add(1, Ordering::Relaxed);
+                    e.maybe(State::Absent);
+                }
+                Err(err) => c.problem(&c.errors, format!("DELETE {key}: {err}")),
+            }
+        } else {
+            c.gets.fetch_add(1, Ordering::Relaxed);
+            read(&mut client, plan, k, &key, e, c);
+        }
+    }
+}
+
+/// Reads `key` and judges what came against `e`; settles an uncertain state.
+fn read(client: &mut Client, plan: &SoakPlan, k: usize, key: &str, e: &mut Expect, c: &Counters) {
+    // Every version the bytes may be: the possible ones first, then older ones.
+    let written: Vec<(u64, u64)> = e
+        .possible
+        .iter()
+        .chain(&e.older)
+        .filter_map(|s| match s {
+            State::Written { v, size } => Some((*v, *size)),
+            State::Absent => None,
+        })
+        .collect();
+    let mut sinks: Vec<Checker> = written
+        .iter()
+        .map(|&(v, _)| Checker {
+            k,
+            v,
+            pos: 0,
+            same: true,
+            buf: Vec::new(),
+        })
+        .collect();
+    let mut tee = Tee(&mut sinks);
+    let seen = match client.get_into(&plan.bucket, key, &mut tee) {
+        Ok(meta) => {
+            c.bytes_read.fetch_add(meta.size, Ordering::Relaxed);
+            let hit = written
+                .iter()
+                .zip(&sinks)
+                .find(|((_, size), s)| s.same && s.pos == *size);
+            match hit {
+                Some(((v, size), _)) => State::Written { v: *v, size: *size },
+                None => {
+                    let what = format!(
+                        "GET {key}: {} bytes that match no version written",
+                        meta.size
+                    );
+                    return c.problem(&c.mismatches, what);
+                }
+            }
+        }
+        Err(err) if err.is_not_found() => State::Absent,
+        Err(err) if away(&err) => {
+            c.unavailable.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        Err(err) => return c.problem(&c.errors, format!("GET {key}: {err}")),
+    };
+    if e.possible.contains(&seen) {
+        e.settle(seen);
+    } else if e.older.contains(&seen) {
+        c.problem(
+            &c.lost,
+            format!("GET {key}: {seen:?}, older than every write since"),
+        );
+    } else {
+        c.problem(&c.mismatches, format!("GET {key}: {seen:?}, never written"));
+    }
+}
+
+/// Writes to every sink.
+struct Tee<'a>(&'a mut Vec<Checker>);
+
+impl Write for Tee<'_> {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        for s in self.0.iter_mut() {
+            s.write_all(data)?;
+        }
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The node the bench manages.
+struct Node {
+    cmd: NodeCmd,
+    child: Child,
+}
+
+impl Node {
+    fn start(cmd: &NodeCmd, endpoint: &str) -> anyhow::Result<Node> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&cmd.log)
+            .with_context(|| format!("{}", cmd.log.display()))?;
+        let child = Command::new(&cmd.binary)
+            .arg("serve")
+            .args(&cmd.args)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("starting {}", cmd.binary.display()))?;
+        let node = Node {
+            cmd: cmd.clone(),
+            child,
+        };
+        wait_healthy(endpoint)?;
+        Ok(node)
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// SIGKILL, then start again.
+    fn restart(&mut self, endpoint: &str) -> anyhow::Result<()> {
+        self.child.kill()?;
+        self.child.wait()?;
+        *self = Node::start(&self.cmd, endpoint)?;
+        Ok(())
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn wait_healthy(endpoint: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut c = Client::new(endpoint)?.with_timeout(Duration::from_secs(2));
+    loop {
+        if c.health().is_ok() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("the node at {endpoint} did not answer /_granary/health within 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+}
+
+/// Runs the soak.
+pub fn run(plan: &SoakPlan) -> anyhow::Result<SoakReport> {
+    anyhow::ensure!(
+        plan.workers > 0 && plan.keys >= plan.workers,
+        "--keys must be at least --workers"
+    );
+    anyhow::ensure!(plan.min_size <= plan.max_size, "object size range is empty");
+    let mut node = match &plan.node {
+        Some(cmd) => Some(Node::start(cmd, &plan.endpoint)?),
+        None => None,
+    };
+    let mut admin = Client::new(&plan.endpoint)?;
+    match admin.create_bucket(&plan.bucket) {
+        Ok(()) => {}
+        Err(e) if e.status() == Some(409) => {}
+        Err(e) => return Err(e).context("creating the bucket"),
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let counters = Arc::new(Counters::default());
+    let started = Instant::now();
+    let mut report = SoakReport::default();
+    std::thread::scope(|s| -> anyhow::Result<()> {
+        for w in 0..plan.workers {
+            let (stop, c) = (stop.clone(), counters.clone());
+            s.spawn(move || worker(plan, w, &stop, &c));
+        }
+        let mut last_restart = Instant::now();
+        let mut minute_max = 0u64;
+        let mut minute_start = Instant::now();
+        let result = (|| -> anyhow::Result<()> {
+            while started.elapsed() < plan.duration {
+                std::thread::sleep(Duration::from_secs(1));
+                if let Some(n) = &mut node {
+                    if let Some(rss) = rss_kib(n.pid()) {
+                        minute_max = minute_max.max(rss);
+                        report.rss_max_kib = report.rss_max_kib.max(rss);
+                        if started.elapsed() >= Duration::from_secs(60) && report.rss_warm_kib == 0
+                        {
+                            report.rss_warm_kib = rss;
+                        }
+                    }
+                    if minute_start.elapsed() >= Duration::from_secs(60) {
+                        report.rss_per_minute_max_kib.push(minute_max);
+                        minute_max = 0;
+                        minute_start = Instant::now();
+                    }
+                    if plan
+                        .restart_every
+                        .is_some_and(|every| last_restart.elapsed() >= every)
+                    {
+                        n.restart(&plan.endpoint)?;
+                        report.restarts += 1;
+                        last_restart = Instant::now();
+                    }
+                }
+            }
+            Ok(())
+        })();
+        stop.store(true, Ordering::Relaxed);
+        if minute_max > 0 {
+            report.rss_per_minute_max_kib.push(minute_max);
+        }
+        result
+    })?;
+    let c = &counters;
+    let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    report.seconds = started.elapsed().as_secs_f64();
+    report.gets = r(&c.gets);
+    report.puts = r(&c.puts);
+    report.deletes = r(&c.deletes);
+    report.bytes_read = r(&c.bytes_read);
+    report.bytes_written = r(&c.bytes_written);
+    report.mismatches = r(&c.mismatches);
+    report.lost_writes = r(&c.lost);
+    report.unavailable = r(&c.unavailable);
+    report.errors = r(&c.errors);
+    report.first_problems = c.problems.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_are_seekable_and_distinct() {
+        let mut whole = vec![0u8; 1000];
+        fill(3, 7, 0, &mut whole);
+        let mut part = vec![0u8; 101];
+        fill(3, 7, 333, &mut part);
+        assert_eq!(&whole[333..434], &part[..]);
+        let mut other = vec![0u8; 1000];
+        fill(3, 8, 0, &mut other);
+        assert_ne!(whole, other);
+        let mut c = Checker {
+            k: 3,
+            v: 7,
+            pos: 0,
+            same: true,
+            buf: Vec::new(),
+        };
+        for piece in whole.chunks(77) {
+            c.write_all(piece).unwrap();
+        }
+        assert!(c.same && c.pos == 1000);
+        c.write_all(&[0]).unwrap();
+        assert!(!c.same || c.pos == 1001);
+    }
+}
