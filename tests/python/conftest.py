@@ -117,6 +117,26 @@ def _stop_process(proc: subprocess.Popen) -> None:
         proc.wait(timeout=10)
 
 
+def wait_members_up(endpoints: list[str], procs: list[subprocess.Popen], logs: list[Path],
+                    verify: str | bool = True) -> None:
+    """Waits until every node's /_granary/cluster shows all members up; fails with the
+    log of a node that exited, or when STARTUP_TIMEOUT_S passes."""
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while True:
+        try:
+            views = [requests.get(f"{e}/_granary/cluster", timeout=2, verify=verify).json()
+                     for e in endpoints]
+            if all(m["state"] == "up" for v in views for m in v["members"]):
+                return
+        except requests.RequestException:
+            pass
+        for p, log in zip(procs, logs):
+            assert p.poll() is None, log.read_text()[-4000:]
+        assert time.monotonic() < deadline, "the nodes never came up: " + "\n".join(
+            log.read_text()[-2000:] for log in logs)
+        time.sleep(0.1)
+
+
 _CURRENT_SERVER: GranaryServer | None = None
 
 

@@ -9,15 +9,14 @@ from __future__ import annotations
 import hashlib
 import os
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 import requests
 from boto3.s3.transfer import TransferConfig
 
-from conftest import (STARTUP_TIMEOUT_S, AwsCli, _free_port, _server_binary, _stop_process,
-                      make_s3_client)
+from conftest import (AwsCli, _free_port, _server_binary, _stop_process, make_s3_client,
+                      wait_members_up)
 from granary_testutil import ACCESS_KEY, SECRET_KEY, MiB, multipart_etag, unique_bucket_name
 
 IDS = ("n0", "n1", "n2")
@@ -44,19 +43,7 @@ def cluster(tmp_path_factory):
                  "--access-key", ACCESS_KEY, "--secret-key", SECRET_KEY, *peers],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
         endpoints = [f"http://127.0.0.1:{p}" for p in ports]
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while True:  # every node sees all three up
-            try:
-                views = [requests.get(f"{e}/_granary/cluster", timeout=2).json()
-                         for e in endpoints]
-                if all(m["state"] == "up" for v in views for m in v["members"]):
-                    break
-            except requests.RequestException:
-                pass
-            for p, node_id in zip(procs, IDS):
-                assert p.poll() is None, (root / f"{node_id}.log").read_text()[-4000:]
-            assert time.monotonic() < deadline, "the cluster never came up"
-            time.sleep(0.1)
+        wait_members_up(endpoints, procs, [root / f"{i}.log" for i in IDS])
         yield endpoints
     finally:
         for p in procs:

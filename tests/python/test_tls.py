@@ -12,7 +12,6 @@ import hashlib
 import ipaddress
 import os
 import subprocess
-import time
 from pathlib import Path
 
 import botocore.exceptions
@@ -24,7 +23,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from conftest import STARTUP_TIMEOUT_S, _free_port, _server_binary, _stop_process, make_s3_client
+from conftest import _free_port, _server_binary, _stop_process, make_s3_client, wait_members_up
 from granary_testutil import ACCESS_KEY, SECRET_KEY, MiB, unique_bucket_name
 
 
@@ -81,20 +80,7 @@ def start_nodes(root: Path, cert: Path, key: Path, ids: list[str]):
              "--tls-cert", str(cert), "--tls-key", str(key), *peers],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
     endpoints = [f"https://127.0.0.1:{p}" for p in ports]
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while True:
-        try:
-            views = [requests.get(f"{e}/_granary/cluster", timeout=2, verify=str(cert)).json()
-                     for e in endpoints]
-            if all(m["state"] == "up" for v in views for m in v["members"]):
-                break
-        except requests.RequestException:
-            pass
-        for p, node_id in zip(procs, ids):
-            assert p.poll() is None, (root / f"{node_id}.log").read_text()[-4000:]
-        assert time.monotonic() < deadline, "the nodes never came up: " + "\n".join(
-            (root / f"{i}.log").read_text()[-2000:] for i in ids)
-        time.sleep(0.1)
+    wait_members_up(endpoints, procs, [root / f"{i}.log" for i in ids], verify=str(cert))
     return procs, endpoints
 
 
