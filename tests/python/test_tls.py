@@ -80,7 +80,12 @@ def start_nodes(root: Path, cert: Path, key: Path, ids: list[str]):
              "--tls-cert", str(cert), "--tls-key", str(key), *peers],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
     endpoints = [f"https://127.0.0.1:{p}" for p in ports]
-    wait_members_up(endpoints, procs, [root / f"{i}.log" for i in ids], verify=str(cert))
+    try:
+        wait_members_up(endpoints, procs, [root / f"{i}.log" for i in ids], verify=str(cert))
+    except BaseException:
+        for p in procs:
+            _stop_process(p)
+        raise
     return procs, endpoints
 
 
