@@ -68,10 +68,12 @@ impl<L: axum::serve::Listener> axum::serve::Listener for Timed<L> {
 }
 
 /// A connection that fails with `TimedOut` once neither a read nor a write has moved a
-/// byte for `idle` while one of them waits.
+/// byte for `idle` while one of them waits. Progress only records the time (no timer
+/// work per read or write); the timer is moved to the last progress when it fires.
 pub struct IdleIo<T> {
     inner: T,
     idle: Duration,
+    last: Instant,
     deadline: Pin<Box<Sleep>>,
 }
 
@@ -80,6 +82,7 @@ impl<T> IdleIo<T> {
         IdleIo {
             inner,
             idle,
+            last: Instant::now(),
             deadline: Box::pin(tokio::time::sleep(idle)),
         }
     }
@@ -89,19 +92,35 @@ impl<T> IdleIo<T> {
         &self.inner
     }
 
-    fn progressed(&mut self) {
-        let at = Instant::now() + self.idle;
-        self.deadline.as_mut().reset(at);
-    }
-
-    /// While waiting: an error once the deadline has passed.
-    fn expired(&mut self, cx: &mut Context<'_>) -> Poll<io::Error> {
-        match self.deadline.as_mut().poll(cx) {
-            Poll::Ready(()) => Poll::Ready(io::Error::new(
-                io::ErrorKind::TimedOut,
-                format!("no progress on the connection for {:?}", self.idle),
-            )),
-            Poll::Pending => Poll::Pending,
+    /// Notes progress when `moved` is true, and passes a ready result on; while
+    /// pending, an error once `idle` has passed since the last progress.
+    fn judge<R>(
+        &mut self,
+        cx: &mut Context<'_>,
+        r: Poll<io::Result<R>>,
+        moved: impl Fn(&R) -> bool,
+    ) -> Poll<io::Result<R>> {
+        match r {
+            Poll::Ready(r) => {
+                if r.as_ref().is_ok_and(&moved) {
+                    self.last = Instant::now();
+                }
+                Poll::Ready(r)
+            }
+            Poll::Pending => loop {
+                if self.deadline.as_mut().poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
+                let due = self.last + self.idle;
+                if due <= Instant::now() {
+                    return Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!("no progress on the connection for {:?}", self.idle),
+                    )));
+                }
+                // Progress since the timer was set: wait out the rest from there.
+                self.deadline.as_mut().reset(due);
+            },
         }
     }
 }
@@ -116,15 +135,9 @@ impl<T: AsyncRead + Unpin> AsyncRead for IdleIo<T> {
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         let before = buf.filled().len();
-        match Pin::new(&mut this.inner).poll_read(cx, buf) {
-            Poll::Ready(r) => {
-                if buf.filled().len() > before {
-                    this.progressed();
-                }
-                Poll::Ready(r)
-            }
-            Poll::Pending => this.expired(cx).map(Err),
-        }
+        let r = Pin::new(&mut this.inner).poll_read(cx, buf);
+        let moved = buf.filled().len() > before;
+        this.judge(cx, r, |_| moved)
     }
 }
 
@@ -135,15 +148,8 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for IdleIo<T> {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        match Pin::new(&mut this.inner).poll_write(cx, buf) {
-            Poll::Ready(r) => {
-                if matches!(r, Ok(n) if n > 0) {
-                    this.progressed();
-                }
-                Poll::Ready(r)
-            }
-            Poll::Pending => this.expired(cx).map(Err),
-        }
+        let r = Pin::new(&mut this.inner).poll_write(cx, buf);
+        this.judge(cx, r, |n| *n > 0)
     }
 
     fn poll_write_vectored(
@@ -152,15 +158,8 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for IdleIo<T> {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        match Pin::new(&mut this.inner).poll_write_vectored(cx, bufs) {
-            Poll::Ready(r) => {
-                if matches!(r, Ok(n) if n > 0) {
-                    this.progressed();
-                }
-                Poll::Ready(r)
-            }
-            Poll::Pending => this.expired(cx).map(Err),
-        }
+        let r = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+        this.judge(cx, r, |n| *n > 0)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -169,10 +168,8 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for IdleIo<T> {
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        match Pin::new(&mut this.inner).poll_flush(cx) {
-            Poll::Pending => this.expired(cx).map(Err),
-            ready => ready,
-        }
+        let r = Pin::new(&mut this.inner).poll_flush(cx);
+        this.judge(cx, r, |_| false)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {

@@ -82,28 +82,26 @@ fn picture(w: u32, h: u32, seed: u32) -> RgbImage {
 }
 
 fn jpeg(img: &RgbImage) -> Vec<u8> {
-    let mut out = Vec::new();
-    JpegEncoder::new_with_quality(&mut out, 92)
-        .write_image(
-            img.as_raw(),
-            img.width(),
-            img.height(),
-            ExtendedColorType::Rgb8,
-        )
-        .unwrap();
-    out
+    encoded(img, "jpeg", 92)
 }
 
 fn png(img: &RgbImage) -> Vec<u8> {
+    encoded(img, "png", 0)
+}
+
+/// `img` as `png`, `jpeg` (at quality `q`) or raw RGB bytes, with the image crate.
+fn encoded(img: &RgbImage, format: &str, q: u8) -> Vec<u8> {
+    let (w, h) = img.dimensions();
     let mut out = Vec::new();
-    PngEncoder::new(&mut out)
-        .write_image(
-            img.as_raw(),
-            img.width(),
-            img.height(),
-            ExtendedColorType::Rgb8,
-        )
-        .unwrap();
+    match format {
+        "png" => PngEncoder::new(&mut out)
+            .write_image(img.as_raw(), w, h, ExtendedColorType::Rgb8)
+            .unwrap(),
+        "jpeg" => JpegEncoder::new_with_quality(&mut out, q)
+            .write_image(img.as_raw(), w, h, ExtendedColorType::Rgb8)
+            .unwrap(),
+        _ => out = img.as_raw().clone(),
+    }
     out
 }
 
@@ -130,18 +128,7 @@ fn direct(
         let (w, h) = rgb.dimensions();
         rgb = imageops::crop_imm(&rgb, (w - cw) / 2, (h - ch) / 2, cw, ch).to_image();
     }
-    let (w, h) = rgb.dimensions();
-    let mut out = Vec::new();
-    match format {
-        "png" => PngEncoder::new(&mut out)
-            .write_image(rgb.as_raw(), w, h, ExtendedColorType::Rgb8)
-            .unwrap(),
-        "jpeg" => JpegEncoder::new_with_quality(&mut out, q)
-            .write_image(rgb.as_raw(), w, h, ExtendedColorType::Rgb8)
-            .unwrap(),
-        _ => out = rgb.into_raw(),
-    }
-    out
+    encoded(&rgb, format, q)
 }
 
 fn start(root: &Path, config: &str) -> Result<Server> {

@@ -40,12 +40,9 @@ impl Limited {
         })
     }
 
-    /// Runs one read holding a place; the place is given back when the body ends.
-    async fn hold<'a, F>(&self, read: F) -> Result<(GetObject, Option<ByteRange>)>
-    where
-        F: std::future::Future<Output = Result<(GetObject, Option<ByteRange>)>> + Send + 'a,
-    {
-        let place = tokio::time::timeout(WAIT, self.places.clone().acquire_owned())
+    /// Waits up to [`WAIT`] for a place (a timer only when none is free at once).
+    async fn wait_for_place(&self) -> Result<tokio::sync::OwnedSemaphorePermit> {
+        tokio::time::timeout(WAIT, self.places.clone().acquire_owned())
             .await
             .map_err(|_| {
                 BackendError::Client(S3Error::new(
@@ -56,7 +53,18 @@ impl Limited {
                     ),
                 ))
             })?
-            .map_err(|_| BackendError::Unavailable("the node is stopping".into()))?;
+            .map_err(|_| BackendError::Unavailable("the node is stopping".into()))
+    }
+
+    /// Runs one read holding a place; the place is given back when the body ends.
+    async fn hold<'a, F>(&self, read: F) -> Result<(GetObject, Option<ByteRange>)>
+    where
+        F: std::future::Future<Output = Result<(GetObject, Option<ByteRange>)>> + Send + 'a,
+    {
+        let place = match self.places.clone().try_acquire_owned() {
+            Ok(p) => p,
+            Err(_) => self.wait_for_place().await?,
+        };
         let (obj, range) = read.await?;
         // The place lives as long as the body stream.
         let body: ByteStream = Box::pin(obj.body.map(move |item| {

@@ -508,16 +508,24 @@ impl Cache {
                 return Err(io::Error::other(format!("cache entry is unreadable: {e}")));
             }
         };
+        self.check_crcs(ikey, entry, from, &bytes)?;
+        if start == 0 && end == size {
+            entry.verified.store(true, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Checks `bytes`, whole blocks of an entry from `pos` (a block boundary), against
+    /// their checksums; a mismatch drops the entry and fails.
+    fn check_crcs(&self, ikey: &str, entry: &Arc<Entry>, pos: u64, bytes: &[u8]) -> io::Result<()> {
+        let block = entry.block();
+        let first = (pos / block) as usize;
         for (i, chunk) in bytes.chunks(block as usize).enumerate() {
-            let n = first as usize + i;
-            if entry.crcs.get(n) != Some(&crc32c::crc32c(chunk)) {
-                tracing::error!(key = %ikey, block = n, "cache entry failed its checksum; dropping it");
+            if entry.crcs.get(first + i) != Some(&crc32c::crc32c(chunk)) {
+                tracing::error!(key = %ikey, block = first + i, "cache entry failed its checksum; dropping it");
                 self.drop_entry(ikey, entry);
                 return Err(io::Error::other("cache entry failed its checksum"));
             }
-        }
-        if start == 0 && end == size {
-            entry.verified.store(true, Ordering::Relaxed);
         }
         Ok(())
     }
@@ -974,14 +982,7 @@ impl Cache {
                         ahead = Some(read(next));
                     }
                     if verify {
-                        let first = (pos / block) as usize;
-                        for (i, chunk) in buf.chunks(block as usize).enumerate() {
-                            if entry.crcs.get(first + i) != Some(&crc32c::crc32c(chunk)) {
-                                tracing::error!(key = %ikey, block = first + i, "cache entry failed its checksum; dropping it");
-                                self.drop_entry(&ikey, &entry);
-                                Err(io::Error::other("cache entry failed its checksum"))?;
-                            }
-                        }
+                        self.check_crcs(&ikey, &entry, pos, &buf)?;
                     }
                     let lo = (start.max(pos) - pos) as usize;
                     let hi = (end.min(next) - pos) as usize;

@@ -258,30 +258,17 @@ mod tests {
         })
     }
 
+    /// An input image, through the module's own encoder.
     fn png_bytes(img: &RgbImage) -> Vec<u8> {
-        let mut out = Vec::new();
-        PngEncoder::new(&mut out)
-            .write_image(
-                img.as_raw(),
-                img.width(),
-                img.height(),
-                ExtendedColorType::Rgb8,
-            )
-            .unwrap();
-        out
+        encode(&spec(None, None, ImageFormat::Png), img.clone()).unwrap()
     }
 
     fn jpeg_bytes(img: &RgbImage) -> Vec<u8> {
-        let mut out = Vec::new();
-        JpegEncoder::new_with_quality(&mut out, 95)
-            .write_image(
-                img.as_raw(),
-                img.width(),
-                img.height(),
-                ExtendedColorType::Rgb8,
-            )
-            .unwrap();
-        out
+        let s = ImageSpec {
+            quality: 95,
+            ..spec(None, None, ImageFormat::Jpeg)
+        };
+        encode(&s, img.clone()).unwrap()
     }
 
     fn spec(resize: Option<u32>, crop: Option<[u32; 2]>, format: ImageFormat) -> ImageSpec {
