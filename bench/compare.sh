@@ -14,7 +14,8 @@
 #       over the Unix socket / HTTP over TCP loopback / read(2) of the file (ceiling),
 #       MB/s and CPU s per GiB, with --verify-reads true (default) and false
 #
-# Usage: bench/compare.sh [--quick] [--rounds N] [--duration 5s] [--out DIR]
+# Usage: bench/compare.sh [--quick] [--rounds N] [--duration 5s] [--out DIR] [--only p1,p2,p8]
+# --only runs the named parts alone (P1 and P2 run together, with the bench ceiling).
 # Installs what it lacks (nginx and wrk from Debian with apt-get, moto from PyPI into
 # tests/.venv), builds the release binaries, lays the same files out for every server,
 # and prints the table; OUT (default target/compare) keeps results.md, results.json and
@@ -27,12 +28,14 @@ rounds=2
 dur=5s
 out="$root/target/compare"
 quick=0
+only=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) quick=1; rounds=1; dur=2s ;;
     --rounds) rounds=$2; shift ;;
     --duration) dur=$2; shift ;;
     --out) out=$2; shift ;;
+    --only) only=",$2,"; shift ;;
     -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
@@ -49,6 +52,8 @@ else
 fi
 
 log() { printf '\n== %s\n' "$*" >&2; }
+# Whether part $1 (p1 … p11) runs: all of them unless --only names some.
+want() { [ -z "$only" ] || [[ "$only" == *",$1,"* ]] || { [ "$1" = p1 ] && [[ "$only" == *",p2,"* ]]; }; }
 
 # --- what the run needs -------------------------------------------------------------
 need_apt=()
@@ -182,6 +187,7 @@ EOF
 nginx_url="http://127.0.0.1:$nginx_port"
 wait_http "$nginx_url/bench/big.bin"
 
+if want p1; then
 # --- Granary over the same directory, warmed ---------------------------------------
 start_granary g-fs --backend "fs:$work/origin"
 fs_pid=$g_pid; fs_url=$g_url
@@ -215,13 +221,19 @@ for r in $(seq "$rounds"); do
 done
 stop_granary
 
-# --- P3: cold reads through Granary against the S3 server itself --------------------
-log "P3: moto, $p3_n x $p3_size objects"
+fi
+
+if want p3 || want p9; then
 moto_port=$(free_port)
 "$venv/bin/moto_server" -H 127.0.0.1 -p "$moto_port" >"$out/moto.log" 2>&1 &
 pids+=($!)
 moto_url="http://127.0.0.1:$moto_port"
 wait_http "$moto_url/"
+fi
+
+if want p3; then
+# --- P3: cold reads through Granary against the S3 server itself --------------------
+log "P3: moto, $p3_n x $p3_size objects"
 export AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing AWS_REGION=us-east-1 \
   AWS_DEFAULT_REGION=us-east-1 AWS_EC2_METADATA_DISABLED=true
 b run --endpoint "$moto_url" --bucket cold --objects "$p3_n" --object-size "$p3_size" \
@@ -238,6 +250,9 @@ for r in $(seq "$rounds"); do
 done
 unset AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY
 
+fi
+
+if want p4; then
 # --- P4: never-evict against LRU, D = 2 x C ----------------------------------------
 log "P4: $p4_n x 1 MiB objects, cache of half of them, 3 shuffled epochs"
 for policy in never-evict lru; do
@@ -248,6 +263,9 @@ for policy in never-evict lru; do
   stop_granary
 done
 
+fi
+
+if want p5; then
 # --- P5: a cluster of 3 nodes of D/3 each ------------------------------------------
 log "P5: $p5_n x 1 MiB objects; 3 nodes of D/3 each against 1 node of D/3; 3 epochs"
 p5_cap="$((p5_n / 3))MiB"
@@ -279,6 +297,9 @@ b run --endpoint "$g_url" --bucket bench --prefix p5/ --epochs 3 --workers 8 --s
   --json "$out/p5-single.json"
 stop_granary
 
+fi
+
+if want p8; then
 # --- P8: GetBatch against single GETs ------------------------------------------------
 log "P8: 256 random samples of $p8_shards shards: one GetBatch against 256 GETs"
 start_granary g-p8 --backend "fs:$work/origin"
@@ -286,6 +307,9 @@ b batch --endpoint "$g_url" --bucket bench --prefix p8/ --samples 256 --rounds "
   --workers 16 --json "$out/p8.json"
 stop_granary
 
+fi
+
+if want p9; then
 # --- P9: a first epoch after a prefetch against the same epoch cold (S3 backend) ------
 log "P9: 2 x $p9_n x 1 MiB objects in moto; cold epoch against prefetched epoch"
 export AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing
@@ -303,6 +327,9 @@ for r in $(seq "$rounds"); do
 done
 unset AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY
 
+fi
+
+if want p11; then
 # --- P11: delivery on the node's machine ---------------------------------------------
 log "P11: the $big object read on the node's machine: local fd, Unix socket, TCP"
 for v in true false; do
@@ -313,6 +340,9 @@ for v in true false; do
   stop_granary
 done
 
+fi
+
+if want p6; then
 # --- P6: memory while serving 8 x 1 GiB streams ------------------------------------
 log "P6: 8 x $p6_size streams, cold then warm"
 start_granary g-p6 --backend "fs:$work/origin"
@@ -323,6 +353,8 @@ awk '/VmHWM|VmRSS/ {print $1, $2}' "/proc/$g_pid/status" >"$out/p6-rss.txt"
 echo "VmRSS_start: $rss_start" >>"$out/p6-rss.txt"
 stop_granary
 kill "$(cat "$work/nginx.pid")" 2>/dev/null || true
+
+fi
 
 # --- the table ------------------------------------------------------------------------
 python3 - "$out" "$rounds" "$machine" "$dur" "$quick" <<'EOF' | tee "$out/results.md"
@@ -344,29 +376,35 @@ def pair(key, label, a, b, field, unit, fmt="{:.0f}"):
                  " / ".join(fmt.format(x) for x in vb) + f" {unit}",
                  f"**{med(ratios):.2f}**"))
 
-pair("p1_1", "P1 warm GET 256 MiB, 1 stream (MB/s)", "p1-1-granary-{r}", "p1-1-nginx-{r}", "read_throughput_mb_s", "MB/s")
-pair("p1_8", "P1 warm GET 256 MiB, 8 streams (MB/s)", "p1-8-granary-{r}", "p1-8-nginx-{r}", "read_throughput_mb_s", "MB/s")
-pair("p2", "P2 warm GET 100 KiB, 32 conns (req/s)", "p2-granary-{r}", "p2-nginx-{r}", "requests_per_s", "req/s")
-pair("p3_mb", "P3 cold GET via S3 backend (MB/s)", "p3-granary-{r}", "p3-direct-{r}", "read_throughput_mb_s", "MB/s")
-ttfb_g = [j(f"p3-granary-{r}")["ttfb_us"]["p50"] / 1e3 for r in R]
-ttfb_d = [j(f"p3-direct-{r}")["ttfb_us"]["p50"] / 1e3 for r in R]
-res["p3_ttfb_ms"] = {"granary": ttfb_g, "reference": ttfb_d, "ratio": med(ttfb_g) / med(ttfb_d)}
-rows.append(("P3 cold GET, first byte p50 (ms)", " / ".join(f"{x:.1f}" for x in ttfb_g) + " ms",
-             " / ".join(f"{x:.1f}" for x in ttfb_d) + " ms", f"{med(ttfb_g) / med(ttfb_d):.2f} (lower is better)"))
+import os
+def have(name):
+    return os.path.exists(f"{out}/{name}.json")
+if have("p1-1-granary-1"):
+    pair("p1_1", "P1 warm GET 256 MiB, 1 stream (MB/s)", "p1-1-granary-{r}", "p1-1-nginx-{r}", "read_throughput_mb_s", "MB/s")
+    pair("p1_8", "P1 warm GET 256 MiB, 8 streams (MB/s)", "p1-8-granary-{r}", "p1-8-nginx-{r}", "read_throughput_mb_s", "MB/s")
+    pair("p2", "P2 warm GET 100 KiB, 32 conns (req/s)", "p2-granary-{r}", "p2-nginx-{r}", "requests_per_s", "req/s")
+if have("p3-granary-1"):
+    pair("p3_mb", "P3 cold GET via S3 backend (MB/s)", "p3-granary-{r}", "p3-direct-{r}", "read_throughput_mb_s", "MB/s")
+    ttfb_g = [j(f"p3-granary-{r}")["ttfb_us"]["p50"] / 1e3 for r in R]
+    ttfb_d = [j(f"p3-direct-{r}")["ttfb_us"]["p50"] / 1e3 for r in R]
+    res["p3_ttfb_ms"] = {"granary": ttfb_g, "reference": ttfb_d, "ratio": med(ttfb_g) / med(ttfb_d)}
+    rows.append(("P3 cold GET, first byte p50 (ms)", " / ".join(f"{x:.1f}" for x in ttfb_g) + " ms",
+                 " / ".join(f"{x:.1f}" for x in ttfb_d) + " ms", f"{med(ttfb_g) / med(ttfb_d):.2f} (lower is better)"))
 
 def wrk_rps(path):
     m = re.search(r"Requests/sec:\s+([\d.]+)", open(path).read())
     return float(m.group(1)) if m else float("nan")
-bench_rps = [j(f"ceiling-bench-{r}")["requests_per_s"] for r in R]
-wrk_n = [wrk_rps(f"{out}/wrk-nginx-{r}.log") for r in R]
-wrk_g = [wrk_rps(f"{out}/wrk-granary-{r}.log") for r in R]
-ceil = [x / y for x, y in zip(bench_rps, wrk_n)]
-res["bench_ceiling"] = {"bench_rps": bench_rps, "wrk_rps": wrk_n, "ratio": med(ceil), "wrk_granary_rps": wrk_g}
-rows.append(("bench ceiling: granary-bench / wrk vs nginx, 100 KiB, 32 conns (req/s)",
-             " / ".join(f"{x:.0f}" for x in bench_rps), " / ".join(f"{x:.0f}" for x in wrk_n),
-             f"**{med(ceil):.2f}**"))
-rows.append(("(wrk against Granary, same object, req/s)", " / ".join(f"{x:.0f}" for x in wrk_g),
-             "", f"{med(wrk_g) / med(wrk_n):.2f} of wrk vs nginx"))
+if have("ceiling-bench-1"):
+    bench_rps = [j(f"ceiling-bench-{r}")["requests_per_s"] for r in R]
+    wrk_n = [wrk_rps(f"{out}/wrk-nginx-{r}.log") for r in R]
+    wrk_g = [wrk_rps(f"{out}/wrk-granary-{r}.log") for r in R]
+    ceil = [x / y for x, y in zip(bench_rps, wrk_n)]
+    res["bench_ceiling"] = {"bench_rps": bench_rps, "wrk_rps": wrk_n, "ratio": med(ceil), "wrk_granary_rps": wrk_g}
+    rows.append(("bench ceiling: granary-bench / wrk vs nginx, 100 KiB, 32 conns (req/s)",
+                 " / ".join(f"{x:.0f}" for x in bench_rps), " / ".join(f"{x:.0f}" for x in wrk_n),
+                 f"**{med(ceil):.2f}**"))
+    rows.append(("(wrk against Granary, same object, req/s)", " / ".join(f"{x:.0f}" for x in wrk_g),
+                 "", f"{med(wrk_g) / med(wrk_n):.2f} of wrk vs nginx"))
 
 print(f"# granary-bench comparison\n\nMachine: {machine}. Rounds: {rounds} (A/B interleaved), {dur} per run.\n")
 print("| figure | Granary (each round) | reference (each round) | ratio (median) |")
@@ -374,79 +412,83 @@ print("|---|---|---|---|")
 for r in rows:
     print("| " + " | ".join(r) + " |")
 
-print("\nP4: shuffled epochs over D = 2 x C (same seed for both policies)\n")
-print("| policy | epoch | hit ratio | backend MB | MB/s |")
-print("|---|---|---|---|---|")
-res["p4"] = {}
-for policy in ("never-evict", "lru"):
-    rep = j(f"p4-{policy}")
-    res["p4"][policy] = []
-    for e in rep["epochs"]:
-        d = e.get("server_stats_delta") or {}
-        be = d.get("bytes_from_backend", 0) / 1e6
-        res["p4"][policy].append({"epoch": e["epoch"], "hit_ratio": e["hit_ratio"], "backend_mb": be})
-        print(f"| {policy} | {e['epoch']} | {e['hit_ratio']:.3f} | {be:.1f} | {e['throughput_mb_s']:.0f} |")
-
-print("\nP5: 3 nodes of D/3 each (one cache of D) against 1 node of D/3, 3 shuffled epochs\n")
-print("| setup | epoch | hits | from peers | backend MB | peer MB | MB/s |")
-print("|---|---|---|---|---|---|---|")
-res["p5"] = {}
-for setup in ("cluster", "single"):
-    rep = j(f"p5-{setup}")
-    res["p5"][setup] = []
-    for e in rep["epochs"]:
-        d = e.get("server_stats_delta") or {}
-        be = d.get("bytes_from_backend", 0) / 1e6
-        pe = d.get("bytes_from_peers", 0) / 1e6
-        c = e.get("cache") or {}
-        n = sum(c.get(k, 0) for k in ("hit", "miss", "peer", "bypass")) or 1
-        res["p5"][setup].append({"epoch": e["epoch"], "hit": c.get("hit", 0) / n,
-                                 "peer": c.get("peer", 0) / n, "backend_mb": be, "peer_mb": pe})
-        print(f"| {'3 nodes' if setup == 'cluster' else '1 node'} | {e['epoch']} | "
-              f"{c.get('hit', 0) / n:.3f} | {c.get('peer', 0) / n:.3f} | {be:.1f} | {pe:.1f} | "
-              f"{e['throughput_mb_s']:.0f} |")
-objs = []
-for i in range(3):
-    with open(f"{out}/p5-n{i}-stats.json") as f:
-        objs.append(json.load(f)["objects"])
-res["p5"]["objects_per_node"] = objs
-print(f"\nObjects cached per node: {objs}")
-
-rss = dict(l.split(":")[0:2] for l in open(f"{out}/p6-rss.txt").read().split("\n") if ":" in l)
-rss = {k.strip(): int(v.split()[0]) for k, v in rss.items()}
-p6 = j("p6")
-res["p6"] = {"vmhwm_kib": rss.get("VmHWM"), "rss_start_kib": rss.get("VmRSS_start"),
-             "bytes_read": p6["bytes_read"],
-             "epochs_mb_s": [e["throughput_mb_s"] for e in p6["epochs"]]}
-print(f"\nP6: 8 streams of distinct objects, {p6['bytes_read'] / 2**30:.1f} GiB served "
-      f"(epoch 1 cold at {p6['epochs'][0]['throughput_mb_s']:.0f} MB/s, epoch 2 warm at "
-      f"{p6['epochs'][-1]['throughput_mb_s']:.0f} MB/s): peak RSS (VmHWM) "
-      f"**{rss.get('VmHWM', 0) / 1024:.0f} MiB**, {rss.get('VmRSS_start', 0) / 1024:.0f} MiB at start.")
-p8 = j("p8")
-res["p8"] = p8
-print(f"\nP8: 256 random samples (warm cache), {len(p8['rounds'])} rounds: one GetBatch "
-      + " / ".join(f"{x['batch_s'] * 1e3:.0f}" for x in p8["rounds"]) + " ms; 256 sequential GETs "
-      + " / ".join(f"{x['sequential_s'] * 1e3:.0f}" for x in p8["rounds"]) + " ms; 16 parallel GETs "
-      + " / ".join(f"{x['parallel_s'] * 1e3:.0f}" for x in p8["rounds"]) + " ms. "
-      f"Sequential / batch **{p8['sequential_over_batch']:.2f}**, parallel / batch "
-      f"**{p8['parallel_over_batch']:.2f}** (medians).")
-p9 = [j(f"p9-{r}") for r in R]
-res["p9"] = p9
-print(f"\nP9: first epoch over {p9[0]['objects']} x 1 MiB (S3 backend, 8 workers): cold "
-      + " / ".join(f"{x['cold_epoch_s']:.2f}" for x in p9) + " s; after a prefetch "
-      + " / ".join(f"{x['warm_epoch_s']:.2f}" for x in p9) + " s (the prefetch itself "
-      + " / ".join(f"{x['prefetch_s']:.2f}" for x in p9) + " s). Cold / prefetched "
-      f"**{med([x['cold_over_warm'] for x in p9]):.2f}**; prefetch + epoch / cold "
-      f"{med([x['prefetch_plus_epoch_over_cold'] for x in p9]):.2f}.")
-for v in ("true", "false"):
-    p11 = j(f"p11-{v}")
-    res[f"p11_verify_{v}"] = p11
-    print(f"\nP11 (--verify-reads {v}): {p11['object_bytes'] >> 20} MiB on the node's machine, "
-          f"{p11['rounds']} reads each: "
-          + "; ".join(f"{w['name']} {w['mb_per_s_median']:.0f} MB/s, {w['total_cpu_s_per_gib']:.2f} CPU s/GiB"
-                      for w in p11["ways"])
-          + f". Local / TCP **{p11['local_over_tcp']:.2f}**, local / Unix HTTP "
-          f"**{p11['local_over_unix']:.2f}**; CPU per GiB TCP / local **{p11['tcp_cpu_over_local']:.2f}**.")
+if have("p4-lru"):
+    print("\nP4: shuffled epochs over D = 2 x C (same seed for both policies)\n")
+    print("| policy | epoch | hit ratio | backend MB | MB/s |")
+    print("|---|---|---|---|---|")
+    res["p4"] = {}
+    for policy in ("never-evict", "lru"):
+        rep = j(f"p4-{policy}")
+        res["p4"][policy] = []
+        for e in rep["epochs"]:
+            d = e.get("server_stats_delta") or {}
+            be = d.get("bytes_from_backend", 0) / 1e6
+            res["p4"][policy].append({"epoch": e["epoch"], "hit_ratio": e["hit_ratio"], "backend_mb": be})
+            print(f"| {policy} | {e['epoch']} | {e['hit_ratio']:.3f} | {be:.1f} | {e['throughput_mb_s']:.0f} |")
+if have("p5-single"):
+    print("\nP5: 3 nodes of D/3 each (one cache of D) against 1 node of D/3, 3 shuffled epochs\n")
+    print("| setup | epoch | hits | from peers | backend MB | peer MB | MB/s |")
+    print("|---|---|---|---|---|---|---|")
+    res["p5"] = {}
+    for setup in ("cluster", "single"):
+        rep = j(f"p5-{setup}")
+        res["p5"][setup] = []
+        for e in rep["epochs"]:
+            d = e.get("server_stats_delta") or {}
+            be = d.get("bytes_from_backend", 0) / 1e6
+            pe = d.get("bytes_from_peers", 0) / 1e6
+            c = e.get("cache") or {}
+            n = sum(c.get(k, 0) for k in ("hit", "miss", "peer", "bypass")) or 1
+            res["p5"][setup].append({"epoch": e["epoch"], "hit": c.get("hit", 0) / n,
+                                     "peer": c.get("peer", 0) / n, "backend_mb": be, "peer_mb": pe})
+            print(f"| {'3 nodes' if setup == 'cluster' else '1 node'} | {e['epoch']} | "
+                  f"{c.get('hit', 0) / n:.3f} | {c.get('peer', 0) / n:.3f} | {be:.1f} | {pe:.1f} | "
+                  f"{e['throughput_mb_s']:.0f} |")
+    objs = []
+    for i in range(3):
+        with open(f"{out}/p5-n{i}-stats.json") as f:
+            objs.append(json.load(f)["objects"])
+    res["p5"]["objects_per_node"] = objs
+    print(f"\nObjects cached per node: {objs}")
+if have("p6"):
+    rss = dict(l.split(":")[0:2] for l in open(f"{out}/p6-rss.txt").read().split("\n") if ":" in l)
+    rss = {k.strip(): int(v.split()[0]) for k, v in rss.items()}
+    p6 = j("p6")
+    res["p6"] = {"vmhwm_kib": rss.get("VmHWM"), "rss_start_kib": rss.get("VmRSS_start"),
+                 "bytes_read": p6["bytes_read"],
+                 "epochs_mb_s": [e["throughput_mb_s"] for e in p6["epochs"]]}
+    print(f"\nP6: 8 streams of distinct objects, {p6['bytes_read'] / 2**30:.1f} GiB served "
+          f"(epoch 1 cold at {p6['epochs'][0]['throughput_mb_s']:.0f} MB/s, epoch 2 warm at "
+          f"{p6['epochs'][-1]['throughput_mb_s']:.0f} MB/s): peak RSS (VmHWM) "
+          f"**{rss.get('VmHWM', 0) / 1024:.0f} MiB**, {rss.get('VmRSS_start', 0) / 1024:.0f} MiB at start.")
+if have("p8"):
+    p8 = j("p8")
+    res["p8"] = p8
+    print(f"\nP8: 256 random samples (warm cache), {len(p8['rounds'])} rounds: one GetBatch "
+          + " / ".join(f"{x['batch_s'] * 1e3:.0f}" for x in p8["rounds"]) + " ms; 256 sequential GETs "
+          + " / ".join(f"{x['sequential_s'] * 1e3:.0f}" for x in p8["rounds"]) + " ms; 16 parallel GETs "
+          + " / ".join(f"{x['parallel_s'] * 1e3:.0f}" for x in p8["rounds"]) + " ms. "
+          f"Sequential / batch **{p8['sequential_over_batch']:.2f}**, parallel / batch "
+          f"**{p8['parallel_over_batch']:.2f}** (medians).")
+if have("p9-1"):
+    p9 = [j(f"p9-{r}") for r in R]
+    res["p9"] = p9
+    print(f"\nP9: first epoch over {p9[0]['objects']} x 1 MiB (S3 backend, 8 workers): cold "
+          + " / ".join(f"{x['cold_epoch_s']:.2f}" for x in p9) + " s; after a prefetch "
+          + " / ".join(f"{x['warm_epoch_s']:.2f}" for x in p9) + " s (the prefetch itself "
+          + " / ".join(f"{x['prefetch_s']:.2f}" for x in p9) + " s). Cold / prefetched "
+          f"**{med([x['cold_over_warm'] for x in p9]):.2f}**; prefetch + epoch / cold "
+          f"{med([x['prefetch_plus_epoch_over_cold'] for x in p9]):.2f}.")
+if have("p11-true"):
+    for v in ("true", "false"):
+        p11 = j(f"p11-{v}")
+        res[f"p11_verify_{v}"] = p11
+        print(f"\nP11 (--verify-reads {v}): {p11['object_bytes'] >> 20} MiB on the node's machine, "
+              f"{p11['rounds']} reads each: "
+              + "; ".join(f"{w['name']} {w['mb_per_s_median']:.0f} MB/s, {w['total_cpu_s_per_gib']:.2f} CPU s/GiB"
+                          for w in p11["ways"])
+              + f". Local / TCP **{p11['local_over_tcp']:.2f}**, local / Unix HTTP "
+              f"**{p11['local_over_unix']:.2f}**; CPU per GiB TCP / local **{p11['tcp_cpu_over_local']:.2f}**.")
 with open(f"{out}/results.json", "w") as f:
     json.dump(res, f, indent=2)
 EOF
