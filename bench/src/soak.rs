@@ -139,7 +139,7 @@ fn fill(k: usize, v: u64, offset: u64, out: &mut [u8]) {
     // One 64-bit word per 8 bytes, from a hash of its index: any offset is cheap.
     for (i, b) in out.iter_mut().enumerate() {
         let pos = offset + i as u64;
-        if i == 0 || pos % 8 == 0 {
+        if i == 0 || pos.is_multiple_of(8) {
             x = splitmix(((k as u64) << 40) ^ (v << 20) ^ (pos / 8));
         }
         *b = (x >> ((pos % 8) * 8)) as u8;

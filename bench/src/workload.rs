@@ -502,7 +502,7 @@ async fn worker(shared: Arc<Shared>, id: u64) -> WorkerState {
         let end = Instant::now();
         let done = shared.completed.fetch_add(1, Ordering::AcqRel) + 1;
         let n = shared.wl.objects.len() as u64;
-        if epochs_mode && done % n == 0 {
+        if epochs_mode && done.is_multiple_of(n) {
             // This request completed epoch `done / n - 1`: take the server's counters once
             // its fills have committed, then let the next epoch start.
             if shared.stats_on && !shared.stop.load(Ordering::Relaxed) {

@@ -5,6 +5,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+use granary_proto::units::{parse_duration, parse_size};
 use serde::{Deserialize, Deserializer};
 
 /// Everything `granary serve` needs to start.
@@ -171,6 +172,17 @@ impl Config {
         }
     }
 
+    /// The credentials the config sets (`--access-key` with `--secret-key`), if any.
+    pub fn credentials(&self) -> Option<granary_proto::auth::Credentials> {
+        match (&self.access_key, &self.secret_key) {
+            (Some(a), Some(s)) => Some(granary_proto::auth::Credentials {
+                access_key: a.clone(),
+                secret_key: s.clone(),
+            }),
+            _ => None,
+        }
+    }
+
     /// This node's id: the configured one or the host name.
     pub fn node_id(&self) -> String {
         if let Some(id) = &self.node_id {
@@ -240,54 +252,6 @@ pub fn parse_peer(s: &str) -> Result<(String, String), ConfigError> {
     }
 }
 
-/// Parses a human size: `0`, `4096`, `500MB`, `10GiB`, `1.5TB`.
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let num: f64 = num
-        .parse()
-        .map_err(|_| format!("`{s}` is not a size (e.g. 500MB, 10GiB)"))?;
-    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kb" => 1000,
-        "kib" => 1 << 10,
-        "m" | "mb" => 1000 * 1000,
-        "mib" => 1 << 20,
-        "g" | "gb" => 1000 * 1000 * 1000,
-        "gib" => 1 << 30,
-        "t" | "tb" => 1000u64.pow(4),
-        "tib" => 1 << 40,
-        other => return Err(format!("unknown size unit `{other}` in `{s}`")),
-    };
-    let v = num * mult as f64;
-    if !v.is_finite() || v < 0.0 || v > u64::MAX as f64 {
-        return Err(format!("`{s}` is out of range"));
-    }
-    Ok(v as u64)
-}
-
-/// `120`, `120s`, `500ms`, `2m`, `1h`: a duration (a bare number is seconds).
-pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
-    let t = s.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let bad = || format!("`{s}` is not a duration (e.g. 30s, 500ms, 2m)");
-    let num: f64 = num.parse().map_err(|_| bad())?;
-    let secs = match unit.trim() {
-        "" | "s" => num,
-        "ms" => num / 1e3,
-        "m" => num * 60.0,
-        "h" => num * 3600.0,
-        _ => return Err(bad()),
-    };
-    std::time::Duration::try_from_secs_f64(secs).map_err(|_| bad())
-}
-
 fn de_duration<'de, D: Deserializer<'de>>(d: D) -> Result<std::time::Duration, D::Error> {
     #[derive(Deserialize)]
     #[serde(untagged)]
@@ -318,17 +282,6 @@ fn de_opt_size<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error>
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sizes() {
-        assert_eq!(parse_size("0").unwrap(), 0);
-        assert_eq!(parse_size("4096").unwrap(), 4096);
-        assert_eq!(parse_size("500MB").unwrap(), 500_000_000);
-        assert_eq!(parse_size("10GiB").unwrap(), 10 << 30);
-        assert_eq!(parse_size("1.5KiB").unwrap(), 1536);
-        assert!(parse_size("ten").is_err());
-        assert!(parse_size("5XB").is_err());
-    }
 
     #[test]
     fn toml_file() {

@@ -10,10 +10,11 @@ use std::os::fd::FromRawFd;
 use bytes::Bytes;
 use futures::StreamExt;
 
-use crate::api::s3::auth::{self, Credentials, Payload};
+use granary_proto::auth::{self, Credentials, Payload};
+use granary_proto::range::RangeSpec;
+use granary_proto::xml;
+
 use crate::api::s3::body::{self, BodyRules, ChecksumAlg};
-use crate::api::s3::range::RangeSpec;
-use crate::api::s3::xml;
 use crate::backend::keypath;
 use crate::backend::ByteStream;
 
@@ -87,8 +88,8 @@ pub fn sigv4(data: &[u8]) {
     if let Ok(v) = auth::authenticate(Some(&creds), false, &parts) {
         assert!(!v.signed, "accepted as signed without the secret: {target}");
     }
-    let _ = auth::query_pairs(parts.uri.query().unwrap_or(""));
-    let _ = crate::api::s3::split_path(parts.uri.path());
+    let _ = granary_proto::encode::query_pairs(parts.uri.query().unwrap_or(""));
+    let _ = granary_proto::encode::split_path(parts.uri.path());
 }
 
 /// `aws-chunked` bodies (no signatures; with and without a trailing CRC32C): decoded or

@@ -1,33 +1,15 @@
-//! Background jobs: prefetch (`POST /_granary/prefetch`), their progress
-//! (`GET /_granary/jobs/{id}`) and cancellation (`DELETE`).
-//!
-//! A prefetch lists a bucket/prefix on the node that took it (the coordinator), splits the
-//! keys by owner, and hands every other member its share as a part job; each owner reads
-//! its own keys through its cache, a bounded number at a time, and the coordinator sums
-//! the parts' progress. A member that does not take its part, or is lost during it, has
-//! its share read by the coordinator instead (the next owner while it is down). A key
-//! already cached costs no read.
+//! Background jobs and their progress (`GET /_granary/jobs/{id}`): the registry of a
+//! node's jobs, each job's counters and state, and cancellation (`DELETE`). What a job
+//! does is its owner's: a prefetch is run by the node service (`node::prefetch`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use axum::body::Body;
-use futures::StreamExt;
-use http::{Method, StatusCode};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use crate::api::{s3, AppState};
-use crate::backend::ListQuery;
-use crate::cluster::peer::object_path;
-use crate::error::{S3Code, S3Error};
-
-/// Objects one node reads at a time for a prefetch.
-pub const PREFETCH_PARALLEL: usize = 8;
-/// How often the coordinator asks members for their parts' progress.
-const POLL_EVERY: Duration = Duration::from_millis(200);
 /// Finished jobs are kept this long for their progress to be read.
 const KEEP_FINISHED: Duration = Duration::from_secs(3600);
 /// The most jobs kept (finished ones beyond it are forgotten first).
@@ -71,15 +53,15 @@ pub struct Obj {
 
 /// Progress as a member reports it for its part.
 #[derive(Clone, Copy, Debug, Default, Deserialize)]
-struct Counts {
+pub struct Counts {
     #[serde(default)]
-    objects_done: u64,
+    pub objects_done: u64,
     #[serde(default)]
-    bytes_done: u64,
+    pub bytes_done: u64,
     #[serde(default)]
-    errors: u64,
+    pub errors: u64,
     #[serde(default)]
-    skipped: u64,
+    pub skipped: u64,
 }
 
 /// One job: its description, counters and state.
@@ -106,7 +88,7 @@ pub struct Job {
 }
 
 impl Job {
-    fn new(kind: &'static str, bucket: &str, prefix: &str, part_of: Option<String>) -> Job {
+    pub fn new(kind: &'static str, bucket: &str, prefix: &str, part_of: Option<String>) -> Job {
         Job {
             id: uuid::Uuid::new_v4().simple().to_string(),
             kind,
@@ -132,11 +114,11 @@ impl Job {
         JobState::from_u8(self.state.load(Ordering::Acquire))
     }
 
-    fn is_cancelled(&self) -> bool {
+    pub fn is_cancelled(&self) -> bool {
         self.cancelled.load(Ordering::Acquire)
     }
 
-    fn finish(&self, state: JobState) {
+    pub fn finish(&self, state: JobState) {
         // Cancelled stays cancelled.
         let _ = self.state.compare_exchange(
             JobState::Running as u8,
@@ -147,10 +129,53 @@ impl Job {
         *self.finished.lock().expect("job lock") = Some(Instant::now());
     }
 
-    fn fail(&self, why: String) {
+    pub fn fail(&self, why: String) {
         tracing::warn!(job = %self.id, reason = %why, "job failed");
         *self.message.lock().expect("job lock") = Some(why);
         self.finish(JobState::Failed);
+    }
+
+    /// Done, or failed when any object failed.
+    pub fn finish_counted(&self) {
+        self.finish(if self.errors.load(Ordering::Relaxed) > 0 {
+            JobState::Failed
+        } else {
+            JobState::Done
+        });
+    }
+
+    /// Adds objects to the job's total.
+    pub fn add_total(&self, objects: u64, bytes: u64) {
+        self.objects_total.fetch_add(objects, Ordering::Relaxed);
+        self.bytes_total.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// One object done, of `bytes` bytes.
+    pub fn done_one(&self, bytes: u64) {
+        self.objects_done.fetch_add(1, Ordering::Relaxed);
+        self.bytes_done.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// One object left out (no room for it anywhere).
+    pub fn skipped_one(&self) {
+        self.skipped.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// One object failed.
+    pub fn failed_one(&self) {
+        self.errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A part handed to member `member` as its job `id`; its slot for progress.
+    pub fn add_part(&self, member: usize, id: String) -> usize {
+        let mut parts = self.parts.lock().expect("job lock");
+        parts.push((member, id, Counts::default()));
+        parts.len() - 1
+    }
+
+    /// A part's progress as last heard.
+    pub fn set_part(&self, slot: usize, counts: Counts) {
+        self.parts.lock().expect("job lock")[slot].2 = counts;
     }
 
     /// The job's progress, this node's share and its parts' together.
@@ -217,7 +242,7 @@ impl Jobs {
         v
     }
 
-    fn insert(&self, job: Arc<Job>) {
+    pub fn insert(&self, job: Arc<Job>) {
         let mut map = self.map.lock().expect("jobs lock");
         let now = Instant::now();
         map.retain(|_, j| {
@@ -238,254 +263,6 @@ impl Jobs {
         }
         map.insert(job.id.clone(), job);
     }
-}
-
-/// What `POST /_granary/prefetch` takes: a bucket and prefix from a user, or (from the
-/// coordinator) the objects of one member's part.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PrefetchRequest {
-    pub bucket: String,
-    #[serde(default)]
-    pub prefix: String,
-    #[serde(default)]
-    pub objects: Option<Vec<Obj>>,
-    #[serde(default)]
-    pub part_of: Option<String>,
-}
-
-/// Starts a prefetch; answers once the bucket is known to exist.
-pub async fn start_prefetch(
-    state: &Arc<AppState>,
-    req: PrefetchRequest,
-) -> Result<Arc<Job>, S3Error> {
-    if req.bucket.is_empty() {
-        return Err(S3Error::new(S3Code::InvalidArgument, "name a bucket"));
-    }
-    if let Some(objects) = req.objects {
-        // A part handed over by the coordinator: read these keys here.
-        let job = Arc::new(Job::new("prefetch", &req.bucket, &req.prefix, req.part_of));
-        job.objects_total
-            .store(objects.len() as u64, Ordering::Relaxed);
-        job.bytes_total
-            .store(objects.iter().map(|o| o.size).sum(), Ordering::Relaxed);
-        state.jobs.insert(job.clone());
-        let (st, j) = (state.clone(), job.clone());
-        tokio::spawn(async move {
-            read_here(&st, &j, objects).await;
-            j.finish(done_state(&j));
-        });
-        return Ok(job);
-    }
-    state.backend.head_bucket(&req.bucket).await?;
-    let job = Arc::new(Job::new("prefetch", &req.bucket, &req.prefix, None));
-    state.jobs.insert(job.clone());
-    let (st, j) = (state.clone(), job.clone());
-    tokio::spawn(async move { coordinate(st, j).await });
-    Ok(job)
-}
-
-fn done_state(job: &Job) -> JobState {
-    if job.errors.load(Ordering::Relaxed) > 0 {
-        JobState::Failed
-    } else {
-        JobState::Done
-    }
-}
-
-/// The coordinator's side: list, split by owner, hand out parts, read its own share,
-/// follow the parts to their end.
-async fn coordinate(state: Arc<AppState>, job: Arc<Job>) {
-    let mut all = Vec::new();
-    let mut after = None;
-    loop {
-        if job.is_cancelled() {
-            return;
-        }
-        let q = ListQuery {
-            prefix: job.prefix.clone(),
-            delimiter: None,
-            after: after.clone(),
-            max_keys: 1000,
-        };
-        let page = match state.backend.list_objects(&job.bucket, &q).await {
-            Ok(p) => p,
-            Err(e) => return job.fail(format!("listing failed: {}", S3Error::from(e).message)),
-        };
-        for o in page.objects {
-            job.objects_total.fetch_add(1, Ordering::Relaxed);
-            job.bytes_total.fetch_add(o.size, Ordering::Relaxed);
-            all.push(Obj {
-                key: o.key,
-                size: o.size,
-            });
-        }
-        if !page.is_truncated || page.last.is_none() {
-            break;
-        }
-        after = page.last;
-    }
-    let c = &state.cluster;
-    let mut shares: Vec<Vec<Obj>> = vec![Vec::new(); c.members().len()];
-    for o in all {
-        let owner = c.owner(&job.bucket, &o.key);
-        shares[owner].push(o);
-    }
-    let mine = std::mem::take(&mut shares[c.me()]);
-    let mut followers = Vec::new();
-    for (i, share) in shares.into_iter().enumerate() {
-        if share.is_empty() {
-            continue;
-        }
-        let (st, j) = (state.clone(), job.clone());
-        followers.push(tokio::spawn(
-            async move { hand_over(&st, &j, i, share).await },
-        ));
-    }
-    read_here(&state, &job, mine).await;
-    for f in followers {
-        if let Ok(Some(left)) = f.await {
-            // The member could not do its part: read it here.
-            read_here(&state, &job, left).await;
-        }
-    }
-    job.finish(done_state(&job));
-}
-
-/// Gives member `i` its share and follows it to the end. Returns the share back when
-/// the member did not take it or was lost on the way.
-async fn hand_over(state: &AppState, job: &Job, i: usize, share: Vec<Obj>) -> Option<Vec<Obj>> {
-    let c = &state.cluster;
-    let body = json!({
-        "bucket": job.bucket,
-        "prefix": job.prefix,
-        "objects": share,
-        "part_of": job.id,
-    })
-    .to_string();
-    let asked = c
-        .ask(
-            i,
-            Method::POST,
-            "/_granary/prefetch",
-            Body::from(body),
-            Duration::from_secs(10),
-        )
-        .await;
-    let part_id = match asked {
-        Ok(resp) if resp.status() == StatusCode::ACCEPTED => {
-            let v: Option<serde_json::Value> = axum::body::to_bytes(resp.into_body(), 64 << 10)
-                .await
-                .ok()
-                .and_then(|b| serde_json::from_slice(&b).ok());
-            v.and_then(|v| v["id"].as_str().map(str::to_owned))
-        }
-        Ok(resp) => {
-            tracing::warn!(job = %job.id, node = %c.member(i).id, status = %resp.status(), "member refused a prefetch part");
-            None
-        }
-        Err(why) => {
-            c.mark_down(i, &why);
-            None
-        }
-    };
-    let Some(part_id) = part_id else {
-        return Some(share);
-    };
-    let slot = {
-        let mut parts = job.parts.lock().expect("job lock");
-        parts.push((i, part_id.clone(), Counts::default()));
-        parts.len() - 1
-    };
-    let path = format!("/_granary/jobs/{part_id}");
-    let mut misses = 0;
-    loop {
-        tokio::time::sleep(POLL_EVERY).await;
-        if job.is_cancelled() {
-            let _ = c
-                .ask(
-                    i,
-                    Method::DELETE,
-                    &path,
-                    Body::empty(),
-                    Duration::from_secs(2),
-                )
-                .await;
-            return None;
-        }
-        let heard = match c
-            .ask(i, Method::GET, &path, Body::empty(), Duration::from_secs(2))
-            .await
-        {
-            Ok(resp) if resp.status() == StatusCode::OK => {
-                axum::body::to_bytes(resp.into_body(), 64 << 10)
-                    .await
-                    .ok()
-                    .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-            }
-            _ => None,
-        };
-        let Some(v) = heard else {
-            misses += 1;
-            if misses >= 3 {
-                tracing::warn!(job = %job.id, node = %c.member(i).id, "lost a prefetch part; reading it here");
-                job.parts.lock().expect("job lock")[slot].2 = Counts::default();
-                return Some(share);
-            }
-            continue;
-        };
-        misses = 0;
-        if let Ok(counts) = serde_json::from_value::<Counts>(v.clone()) {
-            job.parts.lock().expect("job lock")[slot].2 = counts;
-        }
-        if v["state"].as_str() != Some("running") {
-            return None;
-        }
-    }
-}
-
-/// Reads `objects` through this node's cache, `PREFETCH_PARALLEL` at a time.
-async fn read_here(state: &AppState, job: &Job, objects: Vec<Obj>) {
-    futures::stream::iter(objects)
-        .for_each_concurrent(PREFETCH_PARALLEL, |o| async move {
-            if job.is_cancelled() {
-                return;
-            }
-            match warm(state, &job.bucket, &o.key).await {
-                Ok(Some(n)) => {
-                    job.objects_done.fetch_add(1, Ordering::Relaxed);
-                    job.bytes_done.fetch_add(n, Ordering::Relaxed);
-                }
-                Ok(None) => {
-                    job.skipped.fetch_add(1, Ordering::Relaxed);
-                }
-                Err(e) => {
-                    tracing::warn!(job = %job.id, key = %o.key, error = %e.message, "prefetch read failed");
-                    job.errors.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-        })
-        .await;
-}
-
-/// Brings one object into this node's cache: its size once it is there, `None` when the
-/// cluster has no room left for it (never-evict: the rest are served through).
-async fn warm(state: &AppState, bucket: &str, key: &str) -> Result<Option<u64>, S3Error> {
-    if let Some(size) = state.cache.holds(bucket, key) {
-        return Ok(Some(size));
-    }
-    if state.cache.refusing() && !state.cluster.can_spill(&[]) {
-        return Ok(None);
-    }
-    let resp = s3::read_local(state, &object_path(bucket, key)).await?;
-    let mut body = resp.into_body().into_data_stream();
-    let mut n = 0u64;
-    while let Some(chunk) = body.next().await {
-        n += chunk
-            .map_err(|e| S3Error::internal(format!("read cut short: {e}")))?
-            .len() as u64;
-    }
-    Ok(Some(n))
 }
 
 /// Cancels a job (and its parts, through the coordinator's follower).

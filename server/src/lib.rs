@@ -1,7 +1,14 @@
 //! Granary's node: a caching, S3-compatible data tier for deep-learning training.
 //!
-//! `run` wires a `Config` into a serving node: the backend (`backend`), the HTTP API
-//! (`api`: S3 and native routes), and the counters (`stats`).
+//! Layers, each importing only the ones below it:
+//! - `api`: HTTP (S3 and native routes, routing to the key's owner, the one mapping of
+//!   errors to S3 codes);
+//! - `node`: the service every request path calls (reads, writes, batches, prefetch);
+//! - `cache`, `cluster`, `transform`, `jobs`: the parts the node is made of;
+//! - `backend`, `io`: object stores and disk reads.
+//!
+//! `granary_proto` (SigV4, S3 XML, encodings) is shared by all of them and by the client,
+//! the bench and the tests. `run` wires a `Config` into a serving node.
 
 pub mod api;
 pub mod archive;
@@ -9,13 +16,13 @@ pub mod backend;
 pub mod cache;
 pub mod cluster;
 pub mod config;
-pub mod error;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod io;
 pub mod jobs;
 pub mod limits;
 pub mod local;
+pub mod node;
 pub mod stats;
 pub mod tls;
 pub mod transform;
@@ -93,11 +100,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         capacity,
         stats.clone(),
     )?);
-    let cache = Arc::new(cache);
     if !cluster.is_single() {
-        cache.set_peers(cluster.clone());
-        let c = cache.clone();
-        cluster.on_rejoin(move || c.revalidate_all());
         tracing::info!(
             members = cluster.members().len(),
             route = ?config.route,
@@ -105,10 +108,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         );
     }
     cluster::membership::spawn(cluster.clone());
+    let transforms = transform::Transforms::new(&config.transforms);
+    let node = node::Node::new(backend, Arc::new(cache), cluster, stats, transforms);
     let listen = config.listen;
     let unix = config.listen_unix.clone();
     let idle = config.idle_timeout;
-    let state = api::AppState::new(config, backend, cache, stats, cluster);
+    let state = api::AppState::new(&config, node);
     let app = api::router(state.clone());
 
     let listener = tokio::net::TcpListener::bind(listen)
@@ -116,8 +121,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .with_context(|| format!("cannot listen on {listen}"))?;
     tracing::info!(
         addr = %listener.local_addr()?,
-        node_id = %state.node_id,
-        backend = %state.backend.describe(),
+        node_id = %state.node.id,
+        backend = %state.node.backend.describe(),
         auth = state.creds.is_some(),
         tls = tls.is_some(),
         "granary serving"

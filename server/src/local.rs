@@ -26,13 +26,6 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::{UnixListener, UnixStream};
 
-/// Request header asking for a descriptor instead of the bytes.
-pub const LOCAL: &str = "x-granary-local";
-/// Where the asked bytes start in the file of an `fd` answer.
-pub const LOCAL_OFFSET: &str = "x-granary-local-offset";
-/// How many bytes of the file an `fd` answer covers.
-pub const LOCAL_LENGTH: &str = "x-granary-local-length";
-
 /// Descriptors waiting for the next write of one connection.
 #[derive(Clone, Default)]
 pub struct FdSender(Arc<Mutex<Vec<OwnedFd>>>);

@@ -5,7 +5,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
-use granary_server::config::{parse_size, CachePolicy, Config, RouteMode};
+use granary_proto::units::{parse_duration, parse_size};
+use granary_server::config::{CachePolicy, Config, RouteMode};
 
 #[derive(Parser)]
 #[command(
@@ -91,7 +92,7 @@ struct ServeArgs {
     max_backend_fetches: Option<usize>,
     /// Close a connection after this long with no byte read or written (`120s`, `2m`)
     /// [default: 120s].
-    #[arg(long, env = "GRANARY_IDLE_TIMEOUT", value_parser = granary_server::config::parse_duration)]
+    #[arg(long, env = "GRANARY_IDLE_TIMEOUT", value_parser = parse_duration)]
     idle_timeout: Option<std::time::Duration>,
 }
 

@@ -143,6 +143,7 @@ impl Stats {
 pub fn rusage_us(who: libc::c_int) -> u64 {
     // SAFETY: getrusage writes only into the struct it is given.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage writes only into the struct it is given.
     if unsafe { libc::getrusage(who, &mut ru) } != 0 {
         return 0;
     }

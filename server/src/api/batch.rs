@@ -12,97 +12,25 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::UNIX_EPOCH;
 
 use axum::body::Body;
 use axum::extract::Request;
 use axum::response::Response;
 use bytes::{BufMut, Bytes, BytesMut};
-use futures::{FutureExt, StreamExt, TryStreamExt};
-use http::{header, HeaderValue, Method, StatusCode};
-use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
+use futures::{FutureExt, StreamExt};
+use http::{header, HeaderValue, Method};
 
-use super::s3::{self, auth, Req};
+use super::error::{S3Code, S3Error};
+use super::s3::{auth, Req};
 use super::AppState;
-use crate::backend::ByteStream;
-use crate::cluster::peer::{object_path, FORWARD_READ_TIMEOUT};
-use crate::cluster::ring::key_hash;
-use crate::error::{S3Code, S3Error};
+use crate::node::{Data, Item, Node, Outcome};
 
 /// Items fetched ahead of the one being sent.
 pub const PARALLEL: usize = 16;
-/// Items up to this size are read whole while they wait their turn (so at most
-/// `PARALLEL` of them are held); larger ones stream when their turn comes.
-const WHOLE_BELOW: u64 = 1 << 20;
 /// Gathered small members are sent once they reach this many bytes.
 const SEND_AT: usize = 256 << 10;
 /// The most items one batch may name.
 pub const MAX_ITEMS: usize = 100_000;
-
-/// A query value: everything but unreserved characters encoded.
-const QUERY: &AsciiSet = &NON_ALPHANUMERIC
-    .remove(b'-')
-    .remove(b'.')
-    .remove(b'_')
-    .remove(b'~');
-
-#[derive(serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct Item {
-    bucket: String,
-    key: String,
-    #[serde(default)]
-    archpath: Option<String>,
-    /// A configured transform applied to the item (its result is cached and shared).
-    #[serde(default)]
-    transform: Option<String>,
-}
-
-impl Item {
-    /// A member of a shard, transformed or not.
-    pub(crate) fn member(bucket: &str, key: &str, member: &str, transform: Option<&str>) -> Item {
-        Item {
-            bucket: bucket.to_owned(),
-            key: key.to_owned(),
-            archpath: Some(member.to_owned()),
-            transform: transform.map(str::to_owned),
-        }
-    }
-
-    /// The item's member name in the answer.
-    fn name(&self) -> String {
-        match &self.archpath {
-            Some(a) => format!("{}/{}", self.key, a),
-            None => self.key.clone(),
-        }
-    }
-
-    /// The object read that fetches it.
-    fn target(&self) -> String {
-        let mut t = object_path(&self.bucket, &self.key);
-        let mut sep = '?';
-        for (name, value) in [("archpath", &self.archpath), ("transform", &self.transform)] {
-            if let Some(v) = value {
-                t.push(sep);
-                t.push_str(name);
-                t.push('=');
-                t.extend(utf8_percent_encode(v, QUERY));
-                sep = '&';
-            }
-        }
-        t
-    }
-}
-
-enum Data {
-    Whole(Bytes),
-    Stream(ByteStream),
-}
-
-enum Outcome {
-    Found { size: u64, mtime: u64, data: Data },
-    Missing,
-}
 
 /// A spawned fetch, aborted when the answer is dropped (the client left).
 struct Fetch(tokio::task::JoinHandle<Result<Outcome, S3Error>>);
@@ -131,7 +59,7 @@ pub async fn handle(state: &Arc<AppState>, req: Request) -> Result<Response, S3E
     if parts.method != Method::POST {
         return Err(S3Error::new(S3Code::MethodNotAllowed, "use POST"));
     }
-    let query = auth::query_pairs(parts.uri.query().unwrap_or(""));
+    let query = granary_proto::encode::query_pairs(parts.uri.query().unwrap_or(""));
     let mark = match query
         .iter()
         .find(|(k, _)| k == "missing")
@@ -147,16 +75,19 @@ pub async fn handle(state: &Arc<AppState>, req: Request) -> Result<Response, S3E
         }
     };
     // A batch only reads: allowed unsigned where plain reads are.
-    let verdict = if state.config.anonymous_read
-        && !crate::cluster::route::signed(&parts)
-        && !parts.headers.contains_key(auth::PEER_AUTH)
+    let verdict = if state.anonymous_read
+        && !granary_proto::auth::client_signed(&parts)
+        && !parts
+            .headers
+            .contains_key(granary_proto::headers::PEER_AUTH)
     {
         auth::Verdict {
             signed: false,
             payload: auth::Payload::Unsigned,
+            peer: None,
         }
     } else {
-        auth::authenticate(state.creds.as_ref(), state.config.anonymous_read, &parts)?
+        auth::authenticate(state.creds.as_ref(), state.anonymous_read, &parts)?
     };
     let mut r = Req {
         parts,
@@ -186,7 +117,7 @@ pub async fn handle(state: &Arc<AppState>, req: Request) -> Result<Response, S3E
             it.transform.clone_from(&all);
         }
         if let Some(t) = &it.transform {
-            state.transforms.lookup(t)?;
+            state.node.transforms.lookup(t)?;
         }
     }
     for it in &items {
@@ -198,7 +129,7 @@ pub async fn handle(state: &Arc<AppState>, req: Request) -> Result<Response, S3E
         }
     }
     let names: Vec<String> = items.iter().map(Item::name).collect();
-    stream(state.clone(), names, items, mark).await
+    stream(state.node.clone(), names, items, mark).await
 }
 
 /// The answer to a list of items: a tar stream of them in order, member `names[i]` for
@@ -206,25 +137,27 @@ pub async fn handle(state: &Arc<AppState>, req: Request) -> Result<Response, S3E
 /// reads its members through the same object path that leads here: the future is boxed
 /// (a named `Send` type) so that the cycle has an end the compiler can see.
 pub(crate) fn stream(
-    state: Arc<AppState>,
+    node: Arc<Node>,
     names: Vec<String>,
     items: Vec<Item>,
     mark: bool,
 ) -> futures::future::BoxFuture<'static, Result<Response, S3Error>> {
-    async move { stream_items(state, names, items, mark).await }.boxed()
+    async move { stream_items(node, names, items, mark).await }.boxed()
 }
 
 async fn stream_items(
-    state: Arc<AppState>,
+    node: Arc<Node>,
     names: Vec<String>,
     items: Vec<Item>,
     mark: bool,
 ) -> Result<Response, S3Error> {
-    let st = state.clone();
+    let n = node.clone();
     let mut fetches = futures::stream::iter(items)
         .map(move |it| {
-            let st = st.clone();
-            Fetch(tokio::spawn(async move { fetch(&st, &it).await }))
+            let n = n.clone();
+            Fetch(tokio::spawn(async move {
+                n.fetch_item(&it).await.map_err(S3Error::from)
+            }))
         })
         .buffered(PARALLEL);
     // The first item is settled before the answer starts, so that a batch whose first
@@ -233,7 +166,7 @@ async fn stream_items(
         None => None,
         Some(got) => Some(settle(got, mark, &names[0])?),
     };
-    let node = state.node_id.clone();
+    let node = node.id.clone();
     let body = async_stream::stream! {
         // Small members are gathered into one buffer and sent when it is large or when
         // the next item is not ready yet: a write per member would cost a segment each.
@@ -329,109 +262,6 @@ fn settle(got: Result<Outcome, S3Error>, mark: bool, name: &str) -> Result<Outco
     }
 }
 
-/// Reads one item from its owner: this node, or the owning member (the next one when it
-/// does not answer).
-async fn fetch(state: &AppState, it: &Item) -> Result<Outcome, S3Error> {
-    let target = it.target();
-    let c = &state.cluster;
-    if !c.is_single() {
-        let kh = key_hash(&it.bucket, &it.key);
-        for _ in 0..c.members().len() {
-            let owner = c.owner_of_hash(kh);
-            if owner == c.me() {
-                break;
-            }
-            match c
-                .ask(
-                    owner,
-                    Method::GET,
-                    &target,
-                    Body::empty(),
-                    FORWARD_READ_TIMEOUT,
-                )
-                .await
-            {
-                Ok(resp) => return outcome(resp, &c.member(owner).id).await,
-                Err(why) => c.mark_down(owner, &why),
-            }
-        }
-    }
-    match s3::read_local(state, &target).await {
-        Ok(resp) => outcome(resp, &state.node_id).await,
-        Err(e) if matches!(e.code, S3Code::NoSuchKey | S3Code::NoSuchBucket) => {
-            Ok(Outcome::Missing)
-        }
-        Err(e) => Err(e),
-    }
-}
-
-/// An item's outcome from the read's answer.
-async fn outcome(resp: Response, node: &str) -> Result<Outcome, S3Error> {
-    let status = resp.status();
-    if status == StatusCode::NOT_FOUND {
-        return Ok(Outcome::Missing);
-    }
-    let (parts, body) = resp.into_parts();
-    if status != StatusCode::OK {
-        let text = axum::body::to_bytes(body, 64 << 10)
-            .await
-            .unwrap_or_default();
-        let text = String::from_utf8_lossy(&text);
-        let message = text
-            .split_once("<Message>")
-            .and_then(|(_, m)| m.split_once("</Message>"))
-            .map_or("", |(m, _)| m);
-        let code = match status {
-            StatusCode::BAD_REQUEST => S3Code::InvalidArgument,
-            StatusCode::FORBIDDEN => S3Code::AccessDenied,
-            StatusCode::SERVICE_UNAVAILABLE => S3Code::ServiceUnavailable,
-            _ => S3Code::InternalError,
-        };
-        return Err(S3Error::new(
-            code,
-            format!("node {node} answered {status} for a batch item: {message}"),
-        ));
-    }
-    let size: u64 = parts
-        .headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse().ok())
-        .ok_or_else(|| S3Error::internal("a batch item came without its length"))?;
-    let mtime = parts
-        .headers
-        .get(header::LAST_MODIFIED)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| httpdate::parse_http_date(v).ok())
-        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-        .map_or(0, |d| d.as_secs());
-    let mut stream: ByteStream = Box::pin(body.into_data_stream().map_err(std::io::Error::other));
-    let data = if size <= WHOLE_BELOW {
-        let mut buf = BytesMut::with_capacity(size as usize);
-        while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(|e| {
-                S3Error::internal(format!("a batch item from node {node} was cut: {e}"))
-            })?;
-            if (buf.len() + chunk.len()) as u64 > size {
-                return Err(S3Error::internal(format!(
-                    "a batch item from node {node} is longer than its length"
-                )));
-            }
-            buf.put(chunk);
-        }
-        if buf.len() as u64 != size {
-            return Err(S3Error::internal(format!(
-                "a batch item from node {node} ended at {} of {size} bytes",
-                buf.len()
-            )));
-        }
-        Data::Whole(buf.freeze())
-    } else {
-        Data::Stream(stream)
-    };
-    Ok(Outcome::Found { size, mtime, data })
-}
-
 static ZEROS: [u8; 1024] = [0; 1024];
 
 /// Zero bytes after `size` bytes of data, to the next 512-byte block.
@@ -515,24 +345,5 @@ mod tests {
             got.push((name, data));
         }
         assert_eq!(got, parts);
-    }
-
-    #[test]
-    fn targets_encode_keys_and_members() {
-        let mut it = Item {
-            bucket: "b".into(),
-            key: "dir/a b.tar".into(),
-            archpath: Some("x&y=1.jpg".into()),
-            transform: None,
-        };
-        assert_eq!(it.target(), "/b/dir/a%20b.tar?archpath=x%26y%3D1.jpg");
-        it.transform = Some("small".into());
-        assert_eq!(
-            it.target(),
-            "/b/dir/a%20b.tar?archpath=x%26y%3D1.jpg&transform=small"
-        );
-        assert_eq!(it.name(), "dir/a b.tar/x&y=1.jpg");
-        it.archpath = None;
-        assert_eq!(it.target(), "/b/dir/a%20b.tar?transform=small");
     }
 }

@@ -1,8 +1,12 @@
 //! The HTTP surface: one entry point that checks the request's size, opens its tracing
-//! span, and hands it to the native API (`/_granary/…`) or the S3 API (everything else).
+//! span, and hands it to the native API (`/_granary/…`) or, once routed to the key's
+//! owner, the S3 API (everything else). Handlers parse requests, call the node service
+//! (`crate::node`) and write answers; `error` maps every layer's error to an S3 code.
 
 pub mod batch;
+pub mod error;
 pub mod native;
+pub mod route;
 pub mod s3;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,14 +19,12 @@ use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 use tracing::{field::Empty, Instrument, Span};
 
-use crate::backend::Backend;
-use crate::cache::Cache;
-use crate::cluster::route::{self, Routed};
-use crate::cluster::Cluster;
-use crate::config::Config;
-use crate::error::{S3Code, S3Error};
-use crate::stats::Stats;
-use s3::auth::Credentials;
+use granary_proto::auth::Credentials;
+
+use crate::config::{Config, RouteMode};
+use crate::node::Node;
+use error::{S3Code, S3Error};
+use route::Routed;
 
 /// Marks an error status that is a normal answer (a peer asking for a copy this node
 /// does not hold): not counted in `errors`.
@@ -32,56 +34,27 @@ pub struct NotAnError;
 /// Request headers beyond this many bytes in total are refused with `431`.
 pub const MAX_HEADER_BYTES: usize = 16 * 1024;
 
-/// What every request handler shares.
+/// What every request handler shares: the node, and what HTTP needs of the config.
 pub struct AppState {
-    pub config: Config,
-    pub node_id: String,
-    pub backend: Arc<dyn Backend>,
-    pub cache: Arc<Cache>,
+    pub node: Arc<Node>,
     pub creds: Option<Credentials>,
-    pub stats: Arc<Stats>,
-    pub cluster: Arc<Cluster>,
-    pub jobs: crate::jobs::Jobs,
-    pub transforms: crate::transform::Transforms,
+    pub anonymous_read: bool,
+    pub route: RouteMode,
+    pub max_requests: usize,
     /// Requests in progress, against `--max-requests`.
     pub requests: crate::limits::RequestLimit,
-    /// This state itself, for work that outlives a borrow (transforms read their
-    /// sources through the node).
-    me: std::sync::Weak<AppState>,
 }
 
 impl AppState {
-    pub fn new(
-        config: Config,
-        backend: Arc<dyn Backend>,
-        cache: Arc<Cache>,
-        stats: Arc<Stats>,
-        cluster: Arc<Cluster>,
-    ) -> Arc<AppState> {
-        let creds = Credentials::from_config(&config);
-        Arc::new_cyclic(|me| AppState {
-            node_id: config.node_id(),
-            creds,
-            backend,
-            cache,
-            stats,
-            cluster,
-            transforms: crate::transform::Transforms::new(&config.transforms),
+    pub fn new(config: &Config, node: Arc<Node>) -> Arc<AppState> {
+        Arc::new(AppState {
+            node,
+            creds: config.credentials(),
+            anonymous_read: config.anonymous_read,
+            route: config.route,
+            max_requests: config.max_requests,
             requests: crate::limits::RequestLimit::new(config.max_requests),
-            config,
-            jobs: Default::default(),
-            me: me.clone(),
         })
-    }
-
-    /// A shared handle on this state.
-    pub fn arc(&self) -> Arc<AppState> {
-        self.me.upgrade().expect("the state lives while it serves")
-    }
-
-    /// Objects were written or deleted through this node: peers drop their copies.
-    pub fn changed(&self, objects: Vec<(String, String)>) {
-        self.cluster.invalidate_elsewhere(objects);
     }
 }
 
@@ -121,12 +94,12 @@ async fn entry(State(state): State<Arc<AppState>>, req: Request) -> Response {
         match state.requests.admit() {
             Ok(p) => p,
             Err(crate::limits::AtLimit) => {
-                state.stats.slowdowns.fetch_add(1, Ordering::Relaxed);
+                state.node.stats.slowdowns.fetch_add(1, Ordering::Relaxed);
                 let resp = S3Error::new(
                     S3Code::SlowDown,
                     format!(
                         "the node is serving {} requests, its most; retry",
-                        state.config.max_requests
+                        state.max_requests
                     ),
                 )
                 .into_response();
@@ -178,11 +151,11 @@ fn finish(
 ) -> Response {
     let status = resp.status();
     span.record("status", status.as_u16());
-    state.stats.requests.fetch_add(1, Ordering::Relaxed);
+    state.node.stats.requests.fetch_add(1, Ordering::Relaxed);
     if (status.is_client_error() || status.is_server_error())
         && resp.extensions().get::<NotAnError>().is_none()
     {
-        state.stats.errors.fetch_add(1, Ordering::Relaxed);
+        state.node.stats.errors.fetch_add(1, Ordering::Relaxed);
     }
     let (mut parts, body) = resp.into_parts();
     // Keep the length the body knows (the stream below forgets it).
@@ -222,10 +195,12 @@ struct Tally {
 impl Drop for Tally {
     fn drop(&mut self) {
         self.state
+            .node
             .stats
             .bytes_served
             .fetch_add(self.bytes, Ordering::Relaxed);
         self.state
+            .node
             .stats
             .latency
             .record(self.started.elapsed().as_secs_f64());

@@ -9,30 +9,31 @@ use axum::response::{IntoResponse, Response};
 use http::{header, HeaderValue, Method, StatusCode};
 use serde_json::json;
 
+use super::error::{S3Code, S3Error};
 use super::{s3, AppState};
-use crate::error::{S3Code, S3Error};
 
 pub async fn handle(state: &Arc<AppState>, req: Request) -> Response {
+    let node = &state.node;
     let path = req.uri().path().trim_end_matches('/');
     tracing::Span::current().record("op", path);
     let get = req.method() == Method::GET || req.method() == Method::HEAD;
     match (path, get) {
         ("/_granary/health", true) => {
-            let u = state.cache.usage();
+            let u = node.cache.usage();
             json_response(json!({
                 "status": "ok",
-                "node_id": state.node_id,
+                "node_id": node.id,
                 "capacity_bytes": u.capacity,
                 "free_bytes": u.capacity.saturating_sub(u.used + u.reserved),
-                "admitting": !state.cache.refusing(),
+                "admitting": !node.cache.refusing(),
             }))
         }
         ("/_granary/cluster", true) => {
-            let q = s3::auth::query_pairs(req.uri().query().unwrap_or(""));
+            let q = granary_proto::encode::query_pairs(req.uri().query().unwrap_or(""));
             let arg = |n: &str| q.iter().find(|(k, _)| k == n).map(|(_, v)| v.as_str());
             match (arg("bucket"), arg("key")) {
-                (Some(b), Some(k)) => json_response(state.cluster.view(Some((b, k)))),
-                (None, None) => json_response(state.cluster.view(None)),
+                (Some(b), Some(k)) => json_response(node.cluster.view(Some((b, k)))),
+                (None, None) => json_response(node.cluster.view(None)),
                 _ => S3Error::new(
                     S3Code::InvalidArgument,
                     "give both bucket= and key= to ask for an owner",
@@ -51,11 +52,11 @@ pub async fn handle(state: &Arc<AppState>, req: Request) -> Response {
         ("/_granary/jobs", true) => {
             match s3::auth::authenticate(
                 state.creds.as_ref(),
-                state.config.anonymous_read,
+                state.anonymous_read,
                 &req.into_parts().0,
             ) {
                 Ok(_) => json_response(serde_json::Value::Array(
-                    state.jobs.all().iter().map(|j| j.to_json()).collect(),
+                    node.jobs.all().iter().map(|j| j.to_json()).collect(),
                 )),
                 Err(e) => e.into_response(),
             }
@@ -72,9 +73,9 @@ pub async fn handle(state: &Arc<AppState>, req: Request) -> Response {
         }
         ("/_granary/revalidate", false) if req.method() == Method::POST => {
             let (parts, _) = req.into_parts();
-            match peer_only(state, &parts) {
+            match s3::auth::peer_only(state.creds.as_ref(), &parts) {
                 Ok(()) => {
-                    state.cache.revalidate_all();
+                    node.revalidate();
                     json_response(json!({"revalidate": true}))
                 }
                 Err(e) => e.into_response(),
@@ -103,7 +104,7 @@ pub async fn handle(state: &Arc<AppState>, req: Request) -> Response {
 /// listed, `[{"bucket":…,"key":…}]`, written or deleted through another node.
 async fn invalidate(state: &AppState, req: Request) -> Result<Response, S3Error> {
     let (parts, body) = req.into_parts();
-    peer_only(state, &parts)?;
+    s3::auth::peer_only(state.creds.as_ref(), &parts)?;
     let body = axum::body::to_bytes(body, MAX_INVALIDATE_BODY)
         .await
         .map_err(|_| S3Error::new(S3Code::EntityTooLarge, "the list is too large"))?;
@@ -114,10 +115,9 @@ async fn invalidate(state: &AppState, req: Request) -> Result<Response, S3Error>
     }
     let items: Vec<Item> = serde_json::from_slice(&body)
         .map_err(|e| S3Error::new(S3Code::MalformedXML, format!("bad JSON: {e}")))?;
-    for it in &items {
-        state.cache.invalidate(&it.bucket, &it.key);
-    }
-    Ok(json_response(json!({"invalidated": items.len()})))
+    let objects: Vec<(String, String)> = items.into_iter().map(|it| (it.bucket, it.key)).collect();
+    state.node.invalidate(&objects);
+    Ok(json_response(json!({"invalidated": objects.len()})))
 }
 
 /// `POST /_granary/prefetch`: `{"bucket","prefix"}` starts a cluster-wide prefetch,
@@ -127,8 +127,7 @@ async fn prefetch(state: &Arc<AppState>, req: Request) -> Result<Response, S3Err
     if parts.method != Method::POST {
         return Err(S3Error::new(S3Code::MethodNotAllowed, "use POST"));
     }
-    let verdict =
-        s3::auth::authenticate(state.creds.as_ref(), state.config.anonymous_read, &parts)?;
+    let verdict = s3::auth::authenticate(state.creds.as_ref(), state.anonymous_read, &parts)?;
     let mut r = s3::Req {
         parts,
         body,
@@ -138,16 +137,18 @@ async fn prefetch(state: &Arc<AppState>, req: Request) -> Result<Response, S3Err
         verdict,
     };
     let raw = r.read_body_up_to(MAX_PART_BODY).await?;
-    let asked: crate::jobs::PrefetchRequest = serde_json::from_slice(&raw).map_err(|e| {
+    let asked: crate::node::PrefetchRequest = serde_json::from_slice(&raw).map_err(|e| {
         S3Error::new(
             S3Code::InvalidArgument,
             format!("the body must be {{\"bucket\":…,\"prefix\":…}}: {e}"),
         )
     })?;
     let resource = format!("/{}/{}", asked.bucket, asked.prefix);
-    let job = crate::jobs::start_prefetch(state, asked)
+    let job = state
+        .node
+        .start_prefetch(asked)
         .await
-        .map_err(|e| e.with_resource(resource))?;
+        .map_err(|e| S3Error::from(e).with_resource(resource))?;
     let mut resp =
         json_response(json!({"id": job.id, "kind": job.kind, "state": job.state().as_str()}));
     *resp.status_mut() = StatusCode::ACCEPTED;
@@ -158,21 +159,21 @@ async fn prefetch(state: &Arc<AppState>, req: Request) -> Result<Response, S3Err
 /// node does not know is looked for on the other members (it was taken by another).
 async fn job(state: &Arc<AppState>, req: Request) -> Result<Response, S3Error> {
     let (parts, _) = req.into_parts();
-    s3::auth::authenticate(state.creds.as_ref(), state.config.anonymous_read, &parts)?;
+    s3::auth::authenticate(state.creds.as_ref(), state.anonymous_read, &parts)?;
     let id = parts.uri.path().trim_end_matches('/')["/_granary/jobs/".len()..].to_owned();
     let delete = match parts.method {
         Method::GET | Method::HEAD => false,
         Method::DELETE => true,
         _ => return Err(S3Error::new(S3Code::MethodNotAllowed, "use GET or DELETE")),
     };
-    if let Some(job) = state.jobs.get(&id) {
+    if let Some(job) = state.node.jobs.get(&id) {
         if delete {
             crate::jobs::cancel(&job);
         }
         return Ok(json_response(job.to_json()));
     }
-    let c = &state.cluster;
-    if !parts.headers.contains_key(crate::cluster::peer::HOP) {
+    let c = &state.node.cluster;
+    if !parts.headers.contains_key(granary_proto::headers::HOP) {
         let target = format!("/_granary/jobs/{id}");
         for i in c.others_up().collect::<Vec<_>>() {
             let asked = c
@@ -198,21 +199,6 @@ async fn job(state: &Arc<AppState>, req: Request) -> Result<Response, S3Error> {
 /// A prefetch part names its objects: room for a few hundred thousand keys.
 const MAX_PART_BODY: usize = 64 << 20;
 
-/// With credentials set, only a member (`x-granary-peer-auth`) may call this route.
-fn peer_only(state: &AppState, parts: &http::request::Parts) -> Result<(), S3Error> {
-    if let Some(creds) = &state.creds {
-        let value = parts
-            .headers
-            .get(s3::auth::PEER_AUTH)
-            .and_then(|v| v.to_str().ok())
-            .ok_or_else(|| {
-                S3Error::new(S3Code::AccessDenied, "only cluster members may ask this")
-            })?;
-        s3::auth::check_peer_auth(creds, parts, value)?;
-    }
-    Ok(())
-}
-
 /// 1,000 keys of 1 KiB and their buckets, with room to spare.
 const MAX_INVALIDATE_BODY: usize = 4 << 20;
 
@@ -231,12 +217,13 @@ fn transform_cpu_seconds(s: &crate::stats::Snapshot) -> f64 {
 }
 
 fn stats_json(state: &AppState) -> serde_json::Value {
-    let s = state.stats.snapshot();
-    let u = state.cache.usage();
+    let node = &state.node;
+    let s = node.stats.snapshot();
+    let u = node.cache.usage();
     json!({
-        "node_id": state.node_id,
-        "policy": state.cache.policy().as_str(),
-        "backend": state.backend.describe(),
+        "node_id": node.id,
+        "policy": node.cache.policy().as_str(),
+        "backend": node.backend.describe(),
         "used_bytes": u.used,
         "reserved_bytes": u.reserved,
         "capacity_bytes": u.capacity,
@@ -266,8 +253,9 @@ fn stats_json(state: &AppState) -> serde_json::Value {
 }
 
 fn metrics_text(state: &AppState) -> String {
-    let s = state.stats.snapshot();
-    let u = state.cache.usage();
+    let node = &state.node;
+    let s = node.stats.snapshot();
+    let u = node.cache.usage();
     let mut out = String::new();
     let counters = [
         ("requests_total", "HTTP requests answered", s.requests),
@@ -356,7 +344,7 @@ fn metrics_text(state: &AppState) -> String {
     for (name, help, v) in counters {
         let _ = writeln!(out, "# HELP granary_{name} {help}");
         let _ = writeln!(out, "# TYPE granary_{name} counter");
-        let _ = writeln!(out, "granary_{name}{{node=\"{}\"}} {v}", state.node_id);
+        let _ = writeln!(out, "granary_{name}{{node=\"{}\"}} {v}", node.id);
     }
     let gauges = [
         (
@@ -391,9 +379,9 @@ fn metrics_text(state: &AppState) -> String {
     for (name, help, v) in seconds {
         let _ = writeln!(out, "# HELP granary_{name} {help}");
         let _ = writeln!(out, "# TYPE granary_{name} counter");
-        let _ = writeln!(out, "granary_{name}{{node=\"{}\"}} {v}", state.node_id);
+        let _ = writeln!(out, "granary_{name}{{node=\"{}\"}} {v}", node.id);
     }
-    let (counts, sum) = state.stats.latency.cumulative();
+    let (counts, sum) = node.stats.latency.cumulative();
     let _ = writeln!(
         out,
         "# HELP granary_request_duration_seconds request time, first byte in to last byte out"
@@ -406,24 +394,24 @@ fn metrics_text(state: &AppState) -> String {
         let _ = writeln!(
             out,
             "granary_request_duration_seconds_bucket{{node=\"{}\",le=\"{le}\"}} {c}",
-            state.node_id
+            node.id
         );
     }
     let total = counts.last().copied().unwrap_or(0);
     let _ = writeln!(
         out,
         "granary_request_duration_seconds_sum{{node=\"{}\"}} {sum}",
-        state.node_id
+        node.id
     );
     let _ = writeln!(
         out,
         "granary_request_duration_seconds_count{{node=\"{}\"}} {total}",
-        state.node_id
+        node.id
     );
     for (name, help, v) in gauges {
         let _ = writeln!(out, "# HELP granary_{name} {help}");
         let _ = writeln!(out, "# TYPE granary_{name} gauge");
-        let _ = writeln!(out, "granary_{name}{{node=\"{}\"}} {v}", state.node_id);
+        let _ = writeln!(out, "granary_{name}{{node=\"{}\"}} {v}", node.id);
     }
     out
 }

@@ -25,9 +25,8 @@ use super::keypath::{self, ESCAPE_DIR};
 use super::{
     check_key, known_bucket, valid_bucket_name, Backend, BackendError, BucketInfo, ByteRange,
     ByteStream, GetObject, ListPage, ListQuery, ObjectEntry, ObjectMeta, PartInfo, PutOptions,
-    RangeFn, Result, UploadInfo,
+    RangeFn, Result, Source, UploadInfo,
 };
-use crate::error::S3Error;
 
 const META_XATTR: &str = "user.granary.meta";
 /// Bytes gathered from the request body before one write to disk.
@@ -152,7 +151,7 @@ impl FsBackend {
                     }
                 }
                 Err(e) => {
-                    failed = Some(BackendError::from_body(e));
+                    failed = Some(BackendError::Body(e));
                     break;
                 }
             }
@@ -590,11 +589,58 @@ fn list_sync(bucket_dir: &Path, q: &ListQuery) -> (ListPage, Vec<PathBuf>) {
 }
 
 #[async_trait]
-impl Backend for FsBackend {
+impl Source for FsBackend {
     fn describe(&self) -> String {
         format!("fs:{}", self.inner.root.display())
     }
 
+    async fn head_object(&self, bucket: &str, key: &str) -> Result<ObjectMeta> {
+        let (bucket, key) = (bucket.to_owned(), key.to_owned());
+        self.blocking(move |inner| {
+            check_key(&key)?;
+            let dir = inner.bucket_dir(&bucket)?;
+            let path = inner
+                .locate(&dir, &key)
+                .ok_or_else(|| BackendError::NoSuchKey(key.clone()))?;
+            let file = File::open(&path).map_err(|_| BackendError::NoSuchKey(key.clone()))?;
+            let md = file.metadata()?;
+            Ok(inner.read_meta(&file, &md))
+        })
+        .await
+    }
+
+    async fn get_object(
+        &self,
+        bucket: &str,
+        key: &str,
+        range: &RangeFn<'_>,
+    ) -> Result<(GetObject, Option<ByteRange>)> {
+        let (bucket, k) = (bucket.to_owned(), key.to_owned());
+        let (file, meta) = self
+            .blocking(move |inner| {
+                check_key(&k)?;
+                let dir = inner.bucket_dir(&bucket)?;
+                let path = inner
+                    .locate(&dir, &k)
+                    .ok_or_else(|| BackendError::NoSuchKey(k.clone()))?;
+                let file = File::open(&path).map_err(|_| BackendError::NoSuchKey(k.clone()))?;
+                let md = file.metadata()?;
+                let meta = inner.read_meta(&file, &md);
+                Ok((file, meta))
+            })
+            .await?;
+        let resolved = range(&meta).map_err(BackendError::Refused)?;
+        let (start, len) = match resolved {
+            Some(r) => (r.start, r.len()),
+            None => (0, meta.size),
+        };
+        let body = read_stream(file, start, len);
+        Ok((GetObject { meta, body }, resolved))
+    }
+}
+
+#[async_trait]
+impl Backend for FsBackend {
     async fn list_buckets(&self) -> Result<Vec<BucketInfo>> {
         self.blocking(|inner| {
             let mut out = Vec::new();
@@ -653,50 +699,6 @@ impl Backend for FsBackend {
             Ok(())
         })
         .await
-    }
-
-    async fn head_object(&self, bucket: &str, key: &str) -> Result<ObjectMeta> {
-        let (bucket, key) = (bucket.to_owned(), key.to_owned());
-        self.blocking(move |inner| {
-            check_key(&key)?;
-            let dir = inner.bucket_dir(&bucket)?;
-            let path = inner
-                .locate(&dir, &key)
-                .ok_or_else(|| BackendError::NoSuchKey(key.clone()))?;
-            let file = File::open(&path).map_err(|_| BackendError::NoSuchKey(key.clone()))?;
-            let md = file.metadata()?;
-            Ok(inner.read_meta(&file, &md))
-        })
-        .await
-    }
-
-    async fn get_object(
-        &self,
-        bucket: &str,
-        key: &str,
-        range: &RangeFn<'_>,
-    ) -> Result<(GetObject, Option<ByteRange>)> {
-        let (bucket, k) = (bucket.to_owned(), key.to_owned());
-        let (file, meta) = self
-            .blocking(move |inner| {
-                check_key(&k)?;
-                let dir = inner.bucket_dir(&bucket)?;
-                let path = inner
-                    .locate(&dir, &k)
-                    .ok_or_else(|| BackendError::NoSuchKey(k.clone()))?;
-                let file = File::open(&path).map_err(|_| BackendError::NoSuchKey(k.clone()))?;
-                let md = file.metadata()?;
-                let meta = inner.read_meta(&file, &md);
-                Ok((file, meta))
-            })
-            .await?;
-        let resolved = range(&meta).map_err(BackendError::Client)?;
-        let (start, len) = match resolved {
-            Some(r) => (r.start, r.len()),
-            None => (0, meta.size),
-        };
-        let body = read_stream(file, start, len);
-        Ok((GetObject { meta, body }, resolved))
     }
 
     async fn put_object(
@@ -863,10 +865,7 @@ impl Backend for FsBackend {
             let bucket_dir = inner.bucket_dir(&b)?;
             let (dir, rec) = inner.upload_record(&b, &k, &id)?;
             if wanted.is_empty() {
-                return Err(BackendError::Client(S3Error::new(
-                    crate::error::S3Code::MalformedXML,
-                    "CompleteMultipartUpload names no parts",
-                )));
+                return Err(BackendError::NoParts);
             }
             if wanted.windows(2).any(|w| w[0].0 >= w[1].0) {
                 return Err(BackendError::InvalidPartOrder);
@@ -961,9 +960,8 @@ fn check_written(opts: &PutOptions, md5: &[u8; 16], size: u64) -> Result<()> {
     }
     if let Some(want) = opts.size {
         if want != size {
-            return Err(BackendError::Client(S3Error::new(
-                crate::error::S3Code::IncompleteBody,
-                format!("expected {want} bytes, received {size}"),
+            return Err(BackendError::IncompleteBody(format!(
+                "expected {want} bytes, received {size}"
             )));
         }
     }

@@ -13,9 +13,8 @@ use tokio::sync::Semaphore;
 
 use super::{
     Backend, BackendError, BucketInfo, ByteRange, ByteStream, GetObject, ListPage, ListQuery,
-    ObjectMeta, PartInfo, PutOptions, RangeFn, Result, UploadInfo,
+    ObjectMeta, PartInfo, PutOptions, RangeFn, Result, Source, UploadInfo,
 };
-use crate::error::{S3Code, S3Error};
 
 /// How long a read waits for a place before it is refused.
 pub const WAIT: Duration = Duration::from_secs(2);
@@ -45,12 +44,9 @@ impl Limited {
         tokio::time::timeout(WAIT, self.places.clone().acquire_owned())
             .await
             .map_err(|_| {
-                BackendError::Client(S3Error::new(
-                    S3Code::SlowDown,
-                    format!(
-                        "{} backend reads are in flight, the most this node makes; retry",
-                        self.max
-                    ),
+                BackendError::Busy(format!(
+                    "{} backend reads are in flight, the most this node makes; retry",
+                    self.max
                 ))
             })?
             .map_err(|_| BackendError::Unavailable("the node is stopping".into()))
@@ -82,29 +78,9 @@ impl Limited {
 }
 
 #[async_trait]
-impl Backend for Limited {
+impl Source for Limited {
     fn describe(&self) -> String {
         self.inner.describe()
-    }
-
-    fn computed(&self) -> bool {
-        self.inner.computed()
-    }
-
-    async fn list_buckets(&self) -> Result<Vec<BucketInfo>> {
-        self.inner.list_buckets().await
-    }
-
-    async fn create_bucket(&self, bucket: &str) -> Result<()> {
-        self.inner.create_bucket(bucket).await
-    }
-
-    async fn head_bucket(&self, bucket: &str) -> Result<()> {
-        self.inner.head_bucket(bucket).await
-    }
-
-    async fn delete_bucket(&self, bucket: &str) -> Result<()> {
-        self.inner.delete_bucket(bucket).await
     }
 
     async fn head_object(&self, bucket: &str, key: &str) -> Result<ObjectMeta> {
@@ -128,6 +104,25 @@ impl Backend for Limited {
     ) -> Result<(GetObject, Option<ByteRange>)> {
         self.hold(self.inner.get_object_whole_likely(bucket, key, range))
             .await
+    }
+}
+
+#[async_trait]
+impl Backend for Limited {
+    async fn list_buckets(&self) -> Result<Vec<BucketInfo>> {
+        self.inner.list_buckets().await
+    }
+
+    async fn create_bucket(&self, bucket: &str) -> Result<()> {
+        self.inner.create_bucket(bucket).await
+    }
+
+    async fn head_bucket(&self, bucket: &str) -> Result<()> {
+        self.inner.head_bucket(bucket).await
+    }
+
+    async fn delete_bucket(&self, bucket: &str) -> Result<()> {
+        self.inner.delete_bucket(bucket).await
     }
 
     async fn put_object(
@@ -211,10 +206,9 @@ mod tests {
         let (first, _) = b.get_object("bkt", "k", &|_| Ok(None)).await.unwrap();
         let started = tokio::time::Instant::now();
         let refused = b.get_object("bkt", "k", &|_| Ok(None)).await;
-        let Err(BackendError::Client(e)) = refused else {
+        let Err(BackendError::Busy(_)) = refused else {
             panic!("a second read while the first body is open");
         };
-        assert_eq!(e.code, S3Code::SlowDown);
         assert!(started.elapsed() >= WAIT);
         // The first body read to its end gives the place back.
         let got: Vec<_> = first.body.collect().await;

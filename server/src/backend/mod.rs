@@ -15,13 +15,13 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::Stream;
 
-use crate::error::S3Error;
-
 /// A stream of body bytes; errors end it.
 pub type ByteStream = Pin<Box<dyn Stream<Item = io::Result<Bytes>> + Send>>;
 
 /// Why a backend call failed. Variants name the side at fault: the client's request
-/// (`NoSuch*`, `Invalid*`, `Client`) or this node's storage (`Io`, retry may help).
+/// (`NoSuch*`, `Invalid*`, `Refused`, `Body`, `StoreRefused`), this node's setup
+/// (`Denied`), its load (`Busy`) or its storage (`Io`), or the store behind it
+/// (`Unavailable`); [`BackendError::is_retryable`] says whether a retry can help.
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
     #[error("the bucket `{0}` does not exist")]
@@ -44,13 +44,36 @@ pub enum BackendError {
     InvalidPart(u32),
     #[error("the parts are not in ascending order")]
     InvalidPartOrder,
+    #[error("CompleteMultipartUpload names no parts")]
+    NoParts,
     #[error("a part other than the last is smaller than 5 MiB")]
     EntityTooSmall,
     #[error("{0}")]
     BadDigest(String),
-    /// The request body failed (bad signature, checksum, short body).
+    /// The body was shorter or longer than its declared length.
     #[error("{0}")]
-    Client(S3Error),
+    IncompleteBody(String),
+    /// The store needs the body's length up front and the request did not give it.
+    #[error("{0}")]
+    LengthRequired(&'static str),
+    /// The caller's range function refused the object it was shown.
+    #[error("{0}")]
+    Refused(Refusal),
+    /// The request body the caller handed over failed (its own verdict, or the client
+    /// went away): the client's side.
+    #[error("the request body failed: {0}")]
+    Body(io::Error),
+    /// The store refused the request with an S3 error code of its own: the request's
+    /// fault as the store sees it.
+    #[error("{message}")]
+    StoreRefused { code: String, message: String },
+    /// The store refuses this node's credentials or policy: the node's configuration;
+    /// a retry will not help.
+    #[error("{0}")]
+    Denied(String),
+    /// This node has as many backend reads in flight as it allows: retry.
+    #[error("{0}")]
+    Busy(String),
     /// Local storage failed.
     #[error("storage error: {0}")]
     Io(#[from] io::Error),
@@ -58,24 +81,36 @@ pub enum BackendError {
     /// after the client library's retries: the store's side; a later retry may help.
     #[error("backend unavailable: {0}")]
     Unavailable(String),
-    /// The cache could not admit the object and the caller asked to be told rather than
-    /// be served through (it leaves the object to another node).
-    #[error("the object ({0} bytes) was not admitted to this node's cache")]
-    NotAdmitted(u64),
 }
 
 impl BackendError {
-    /// Classifies an error read from a request body: the API layer wraps its verdicts
-    /// (bad chunk signature, checksum mismatch, short body) as `S3Error`s inside `io::Error`.
-    pub fn from_body(e: io::Error) -> BackendError {
-        match e
-            .get_ref()
-            .and_then(|inner| inner.downcast_ref::<S3Error>())
-        {
-            Some(s3) => BackendError::Client(s3.clone()),
-            None => BackendError::Io(e),
-        }
+    /// Whether the same call may succeed later.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            BackendError::Busy(_) | BackendError::Unavailable(_) | BackendError::Io(_)
+        ) || matches!(self, BackendError::Refused(Refusal::Changed(_)))
     }
+}
+
+/// Why a range function refused an object once it saw its metadata.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// `If-Match` or `If-Unmodified-Since` (or a copy source condition) does not hold.
+    #[error("At least one of the pre-conditions you specified did not hold")]
+    PreconditionFailed,
+    /// `If-None-Match` or `If-Modified-Since`: the client's copy is current.
+    #[error("Not Modified")]
+    NotModified,
+    /// The range names no byte of the object.
+    #[error("The requested range is not satisfiable")]
+    Unsatisfiable { size: u64 },
+    /// The object is not the version the read was planned for (it changed meanwhile).
+    #[error("{0}")]
+    Changed(&'static str),
+    /// The caller decided not to read the object here (it leaves it to another node).
+    #[error("the object was left to another node")]
+    Declined,
 }
 
 pub type Result<T> = std::result::Result<T, BackendError>;
@@ -142,13 +177,22 @@ pub struct ListPage {
 /// Decides, from an object's metadata, which bytes of it to send (`None`: all of it), or
 /// refuses (failed precondition, unsatisfiable range).
 pub type RangeFn<'a> =
-    dyn for<'m> Fn(&'m ObjectMeta) -> std::result::Result<Option<ByteRange>, S3Error> + Sync + 'a;
+    dyn for<'m> Fn(&'m ObjectMeta) -> std::result::Result<Option<ByteRange>, Refusal> + Sync + 'a;
 
 /// A byte range `[start, end)` of an object.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ByteRange {
     pub start: u64,
     pub end: u64,
+}
+
+impl From<std::ops::Range<u64>> for ByteRange {
+    fn from(r: std::ops::Range<u64>) -> ByteRange {
+        ByteRange {
+            start: r.start,
+            end: r.end,
+        }
+    }
 }
 
 impl ByteRange {
@@ -196,24 +240,13 @@ pub struct UploadInfo {
     pub initiated: SystemTime,
 }
 
-/// The object store behind the node. Every method is cancel-safe: a dropped future
-/// leaves no partial object visible.
+/// Where object bytes are read from: the object store, and anything that wraps it. The
+/// cache fills from a `Source` and checks its copies against one. Every method is
+/// cancel-safe.
 #[async_trait]
-pub trait Backend: Send + Sync + 'static {
+pub trait Source: Send + Sync + 'static {
     /// A short name for logs: `fs:/path`, `s3:endpoint`.
     fn describe(&self) -> String;
-
-    /// Whether objects are computed from others (transform results, keyed by their
-    /// inputs) rather than stored: one never changes under its key, so the cache neither
-    /// rechecks its copies nor asks peers for them, and its bytes are not backend bytes.
-    fn computed(&self) -> bool {
-        false
-    }
-
-    async fn list_buckets(&self) -> Result<Vec<BucketInfo>>;
-    async fn create_bucket(&self, bucket: &str) -> Result<()>;
-    async fn head_bucket(&self, bucket: &str) -> Result<()>;
-    async fn delete_bucket(&self, bucket: &str) -> Result<()>;
 
     async fn head_object(&self, bucket: &str, key: &str) -> Result<ObjectMeta>;
     /// Opens an object; `range` is resolved against its size by the caller's closure so
@@ -224,8 +257,8 @@ pub trait Backend: Send + Sync + 'static {
         key: &str,
         range: &RangeFn<'_>,
     ) -> Result<(GetObject, Option<ByteRange>)>;
-    /// [`Backend::get_object`] for a caller that expects to read the whole object (a
-    /// cache fill): a backend may open the object in one request and consult `range` on
+    /// [`Source::get_object`] for a caller that expects to read the whole object (a
+    /// cache fill): a source may open the object in one request and consult `range` on
     /// the metadata that request answers with, instead of asking for the metadata first.
     async fn get_object_whole_likely(
         &self,
@@ -235,6 +268,18 @@ pub trait Backend: Send + Sync + 'static {
     ) -> Result<(GetObject, Option<ByteRange>)> {
         self.get_object(bucket, key, range).await
     }
+}
+
+/// The object store behind the node: a [`Source`] that also keeps buckets, takes writes
+/// and lists. Every method is cancel-safe: a dropped future leaves no partial object
+/// visible.
+#[async_trait]
+pub trait Backend: Source {
+    async fn list_buckets(&self) -> Result<Vec<BucketInfo>>;
+    async fn create_bucket(&self, bucket: &str) -> Result<()>;
+    async fn head_bucket(&self, bucket: &str) -> Result<()>;
+    async fn delete_bucket(&self, bucket: &str) -> Result<()>;
+
     async fn put_object(
         &self,
         bucket: &str,

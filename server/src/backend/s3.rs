@@ -37,9 +37,8 @@ use self::list::{fill, lenient_parts, merge, rolled, url_decode, PartsPage};
 use super::{
     check_key, known_bucket, valid_bucket_name, Backend, BackendError, BucketInfo, ByteRange,
     ByteStream, GetObject, ListPage, ListQuery, ObjectEntry, ObjectMeta, PartInfo, PutOptions,
-    RangeFn, Result, UploadInfo,
+    RangeFn, Result, Source, UploadInfo,
 };
-use crate::error::{S3Code, S3Error};
 
 /// The region when the configuration chain names none.
 const DEFAULT_REGION: &str = "us-east-1";
@@ -225,7 +224,7 @@ impl S3Backend {
                 Ok(Some((GetObject { meta, body }, resolved)))
             }
             Err(e) => match self.map_err(e, Target::Object(bucket, key)) {
-                BackendError::Client(s) if s.code == S3Code::PreconditionFailed => Ok(None),
+                BackendError::StoreRefused { code, .. } if code == "PreconditionFailed" => Ok(None),
                 BackendError::NoSuchKey(_) => Ok(None),
                 other => Err(other),
             },
@@ -371,11 +370,96 @@ macro_rules! with_headers {
 }
 
 #[async_trait]
-impl Backend for S3Backend {
+impl Source for S3Backend {
     fn describe(&self) -> String {
         format!("s3:{}", self.endpoint.as_deref().unwrap_or("aws"))
     }
 
+    async fn head_object(&self, bucket: &str, key: &str) -> Result<ObjectMeta> {
+        check_key(key)?;
+        known_bucket(bucket)?;
+        let out = match self
+            .client
+            .head_object()
+            .bucket(bucket)
+            .key(key)
+            .send()
+            .await
+        {
+            Ok(out) => out,
+            Err(e) => return Err(self.object_err(e, bucket, key).await),
+        };
+        Ok(object_meta!(out))
+    }
+
+    /// HEAD for the metadata the closure decides on, then a GET of just the bytes it
+    /// chose, pinned to that version with `If-Match`; if the object was replaced in
+    /// between, both are repeated.
+    async fn get_object(
+        &self,
+        bucket: &str,
+        key: &str,
+        range: &RangeFn<'_>,
+    ) -> Result<(GetObject, Option<ByteRange>)> {
+        for _ in 0..GET_ATTEMPTS {
+            let meta = self.head_object(bucket, key).await?;
+            let resolved = range(&meta).map_err(BackendError::Refused)?;
+            if let Some(got) = self.get_version(bucket, key, meta, resolved).await? {
+                return Ok(got);
+            }
+        }
+        Err(BackendError::Unavailable(format!(
+            "`{bucket}/{key}` on the S3 backend at {} changed during each of {GET_ATTEMPTS} reads",
+            self.location()
+        )))
+    }
+
+    /// One GET of the whole object; its answer's metadata is what the closure decides on.
+    /// When the closure wants only part of it (a range the cache will not fill), that
+    /// part is fetched pinned to the same version, as in [`Backend::get_object`].
+    async fn get_object_whole_likely(
+        &self,
+        bucket: &str,
+        key: &str,
+        range: &RangeFn<'_>,
+    ) -> Result<(GetObject, Option<ByteRange>)> {
+        check_key(key)?;
+        known_bucket(bucket)?;
+        let out = match self
+            .client
+            .get_object()
+            .bucket(bucket)
+            .key(key)
+            .send()
+            .await
+        {
+            Ok(out) => out,
+            Err(e) => return Err(self.object_err(e, bucket, key).await),
+        };
+        let meta = object_meta!(out);
+        let resolved = range(&meta).map_err(BackendError::Refused)?;
+        match resolved {
+            Some(r) if !(r.start == 0 && r.end == meta.size) => {
+                // Only part of it is wanted: drop this answer (closing its connection) and
+                // read that part of the same version; if it was replaced meanwhile, the
+                // general path starts over with the new one.
+                drop(out);
+                match self.get_version(bucket, key, meta, resolved).await? {
+                    Some(got) => Ok(got),
+                    None => self.get_object(bucket, key, range).await,
+                }
+            }
+            _ => {
+                let reopen = self.reopen(bucket, key, &meta.etag, meta.size);
+                let body = download(out.body, 0, meta.size, self.location().to_owned(), reopen);
+                Ok((GetObject { meta, body }, resolved))
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Backend for S3Backend {
     async fn list_buckets(&self) -> Result<Vec<BucketInfo>> {
         let mut out = Vec::new();
         let mut token: Option<String> = None;
@@ -443,88 +527,6 @@ impl Backend for S3Backend {
             .await
             .map_err(|e| self.map_err(e, Target::Bucket(bucket)))?;
         Ok(())
-    }
-
-    async fn head_object(&self, bucket: &str, key: &str) -> Result<ObjectMeta> {
-        check_key(key)?;
-        known_bucket(bucket)?;
-        let out = match self
-            .client
-            .head_object()
-            .bucket(bucket)
-            .key(key)
-            .send()
-            .await
-        {
-            Ok(out) => out,
-            Err(e) => return Err(self.object_err(e, bucket, key).await),
-        };
-        Ok(object_meta!(out))
-    }
-
-    /// HEAD for the metadata the closure decides on, then a GET of just the bytes it
-    /// chose, pinned to that version with `If-Match`; if the object was replaced in
-    /// between, both are repeated.
-    async fn get_object(
-        &self,
-        bucket: &str,
-        key: &str,
-        range: &RangeFn<'_>,
-    ) -> Result<(GetObject, Option<ByteRange>)> {
-        for _ in 0..GET_ATTEMPTS {
-            let meta = self.head_object(bucket, key).await?;
-            let resolved = range(&meta).map_err(BackendError::Client)?;
-            if let Some(got) = self.get_version(bucket, key, meta, resolved).await? {
-                return Ok(got);
-            }
-        }
-        Err(BackendError::Unavailable(format!(
-            "`{bucket}/{key}` on the S3 backend at {} changed during each of {GET_ATTEMPTS} reads",
-            self.location()
-        )))
-    }
-
-    /// One GET of the whole object; its answer's metadata is what the closure decides on.
-    /// When the closure wants only part of it (a range the cache will not fill), that
-    /// part is fetched pinned to the same version, as in [`Backend::get_object`].
-    async fn get_object_whole_likely(
-        &self,
-        bucket: &str,
-        key: &str,
-        range: &RangeFn<'_>,
-    ) -> Result<(GetObject, Option<ByteRange>)> {
-        check_key(key)?;
-        known_bucket(bucket)?;
-        let out = match self
-            .client
-            .get_object()
-            .bucket(bucket)
-            .key(key)
-            .send()
-            .await
-        {
-            Ok(out) => out,
-            Err(e) => return Err(self.object_err(e, bucket, key).await),
-        };
-        let meta = object_meta!(out);
-        let resolved = range(&meta).map_err(BackendError::Client)?;
-        match resolved {
-            Some(r) if !(r.start == 0 && r.end == meta.size) => {
-                // Only part of it is wanted: drop this answer (closing its connection) and
-                // read that part of the same version; if it was replaced meanwhile, the
-                // general path starts over with the new one.
-                drop(out);
-                match self.get_version(bucket, key, meta, resolved).await? {
-                    Some(got) => Ok(got),
-                    None => self.get_object(bucket, key, range).await,
-                }
-            }
-            _ => {
-                let reopen = self.reopen(bucket, key, &meta.etag, meta.size);
-                let body = download(out.body, 0, meta.size, self.location().to_owned(), reopen);
-                Ok((GetObject { meta, body }, resolved))
-            }
-        }
     }
 
     async fn put_object(
@@ -754,10 +756,7 @@ impl Backend for S3Backend {
         check_key(key)?;
         known_bucket(bucket)?;
         if parts.is_empty() {
-            return Err(BackendError::Client(S3Error::new(
-                S3Code::MalformedXML,
-                "CompleteMultipartUpload names no parts",
-            )));
+            return Err(BackendError::NoParts);
         }
         if parts.windows(2).any(|w| w[0].0 >= w[1].0) {
             return Err(BackendError::InvalidPartOrder);
@@ -790,7 +789,7 @@ impl Backend for S3Backend {
                 let err = self.map_err(e, Target::Upload(upload_id));
                 return Err(match err {
                     // S3 does not say which part: find the first one it cannot have.
-                    BackendError::Client(s) if s.code == S3Code::InvalidPart => {
+                    BackendError::StoreRefused { code, message } if code == "InvalidPart" => {
                         let have = self
                             .list_parts(bucket, key, upload_id)
                             .await
@@ -802,7 +801,7 @@ impl Backend for S3Backend {
                         });
                         match bad {
                             Some((n, _)) => BackendError::InvalidPart(*n),
-                            None => BackendError::Client(s),
+                            None => BackendError::StoreRefused { code, message },
                         }
                     }
                     other => other,
@@ -882,12 +881,9 @@ impl Backend for S3Backend {
 
 /// S3 needs every body's length up front.
 fn required_size(opts: &PutOptions) -> Result<u64> {
-    opts.size.ok_or_else(|| {
-        BackendError::Client(S3Error::new(
-            S3Code::MissingContentLength,
-            "the S3 backend needs the body's length: send Content-Length (or x-amz-decoded-content-length)",
-        ))
-    })
+    opts.size.ok_or(BackendError::LengthRequired(
+        "the S3 backend needs the body's length: send Content-Length (or x-amz-decoded-content-length)",
+    ))
 }
 
 fn md5_header(md5: [u8; 16]) -> String {

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
+use super::admission::{Admission, Refused};
 use crate::backend::ObjectMeta;
 use crate::config::CachePolicy;
 
@@ -89,6 +90,11 @@ impl Index {
         }
     }
 
+    /// Whether `key` has an entry (not a read: the LRU order stays).
+    pub fn contains(&self, key: &str) -> bool {
+        self.map.contains_key(key)
+    }
+
     /// The entry of `key`, marked as read now.
     pub fn get(&mut self, key: &str) -> Option<Arc<Entry>> {
         self.tick += 1;
@@ -102,23 +108,34 @@ impl Index {
         Some(slot.entry.clone())
     }
 
-    /// Reserves room for an object of `size` bytes. Returns the files of entries evicted
-    /// to make room (to be removed by the caller), or `None` if it cannot be admitted.
-    pub fn reserve(&mut self, size: u64) -> Option<Vec<PathBuf>> {
+    /// What the policy says of an object of `size` bytes; an admitted object's bytes are
+    /// reserved, and the entries evicted to make room (LRU) are gone from the index (their
+    /// files are the caller's to remove).
+    pub fn admit(&mut self, size: u64) -> Admission {
         let fits = |ix: &Index| ix.used + ix.reserved + size <= ix.capacity;
         let mut evicted = Vec::new();
         match self.policy {
             CachePolicy::NeverEvict => {
                 if !fits(self) {
-                    return None;
+                    return Admission::Refused(if size > self.capacity {
+                        Refused::TooLarge
+                    } else {
+                        Refused::Full
+                    });
                 }
             }
             CachePolicy::Lru => {
                 if size > self.capacity {
-                    return None;
+                    return Admission::Refused(Refused::TooLarge);
+                }
+                // Fills in flight hold their room: evicting every entry would not do.
+                if self.reserved + size > self.capacity {
+                    return Admission::Refused(Refused::Full);
                 }
                 while !fits(self) {
-                    let (_, key) = self.order.pop_first()?;
+                    let Some((_, key)) = self.order.pop_first() else {
+                        return Admission::Refused(Refused::Full);
+                    };
                     if let Some(slot) = self.map.remove(&key) {
                         self.used -= slot.entry.meta.size;
                         evicted.push(slot.entry.path.clone());
@@ -127,7 +144,7 @@ impl Index {
             }
         }
         self.reserved += size;
-        Some(evicted)
+        Admission::Admitted { evicted }
     }
 
     /// Gives back a reservation whose fill did not commit.
@@ -172,72 +189,5 @@ impl Index {
         self.used -= slot.entry.meta.size;
         self.order.remove(&slot.tick);
         Some(slot.entry)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::time::SystemTime;
-
-    fn entry(size: u64) -> Entry {
-        Entry {
-            path: PathBuf::from(format!("/e{size}")),
-            meta: ObjectMeta {
-                size,
-                etag: String::new(),
-                last_modified: SystemTime::now(),
-                headers: Vec::new(),
-            },
-            crcs: Arc::from(Vec::new()),
-            verified: AtomicBool::new(true),
-            checked: std::sync::atomic::AtomicU64::new(0),
-        }
-    }
-
-    #[test]
-    fn never_evict_admits_until_full_counting_reservations() {
-        let mut ix = Index::new(CachePolicy::NeverEvict, 100);
-        assert!(ix.reserve(60).is_some());
-        assert!(ix.reserve(50).is_none(), "in-flight 60 + 50 > 100");
-        assert!(ix.reserve(40).is_some());
-        ix.commit("a".into(), entry(60), 60);
-        ix.release(40);
-        let u = ix.usage();
-        assert_eq!((u.used, u.reserved, u.objects), (60, 0, 1));
-        assert!(ix.reserve(41).is_none());
-        assert_eq!(ix.reserve(40).map(|v| v.len()), Some(0));
-        ix.commit("b".into(), entry(40), 40);
-        assert_eq!(ix.usage().used, 100);
-        assert!(ix.reserve(1).is_none(), "full: nothing is ever removed");
-        assert!(ix.get("a").is_some());
-    }
-
-    #[test]
-    fn lru_evicts_least_recently_read() {
-        let mut ix = Index::new(CachePolicy::Lru, 100);
-        for (k, s) in [("a", 40), ("b", 40)] {
-            ix.reserve(s).unwrap();
-            ix.commit(k.into(), entry(s), s);
-        }
-        ix.get("a");
-        let evicted = ix.reserve(40).unwrap();
-        assert_eq!(evicted, vec![PathBuf::from("/e40")]);
-        assert!(ix.get("b").is_none(), "b was least recently read");
-        assert!(ix.get("a").is_some());
-        assert!(ix.reserve(101).is_none());
-        assert_eq!(ix.usage().used + ix.usage().reserved, 80);
-    }
-
-    #[test]
-    fn remove_only_the_given_entry() {
-        let mut ix = Index::new(CachePolicy::NeverEvict, 100);
-        ix.insert("a".into(), entry(10));
-        let old = ix.get("a").unwrap();
-        ix.insert("a".into(), entry(20));
-        assert!(ix.remove("a", Some(&old)).is_none());
-        assert_eq!(ix.usage().used, 20);
-        assert!(ix.remove("a", None).is_some());
-        assert_eq!(ix.usage().used, 0);
     }
 }

@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::fs::{self, File};
 use std::io::{self, Write};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -67,7 +67,7 @@ impl Cache {
     /// admits them and the length is known.
     pub async fn put_through(
         self: &Arc<Self>,
-        backend: &Arc<dyn Backend>,
+        backend: &dyn Backend,
         bucket: &str,
         key: &str,
         body: ByteStream,
@@ -76,7 +76,7 @@ impl Cache {
         let ikey = index::key_of(bucket, key);
         self.invalidate(bucket, key);
         let size = match opts.size {
-            Some(size) if self.reserve(size) => size,
+            Some(size) if self.admit(size) => size,
             _ => {
                 let meta = backend.put_object(bucket, key, body, opts).await?;
                 self.invalidate(bucket, key);
@@ -84,11 +84,8 @@ impl Cache {
             }
         };
         let (ticket, alone) = {
-            let _fills = self.lock_fills();
-            self.writes
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .begin(&ikey)
+            let _commit = self.flights.lock();
+            self.lock_writes().begin(&ikey)
         };
         let temp = self
             .tmp
@@ -139,7 +136,7 @@ impl Cache {
             (Err(_), Ok(_)) => Err(io::Error::other("the backend refused the write")),
         };
         let dest = store::entry_path(&self.objects, bucket, key);
-        let fills = self.lock_fills();
+        let commit_lock = self.flights.lock();
         let untouched = self.lock_writes().end(&ikey, ticket);
         let committed = prepared.and_then(|crcs| {
             if !(alone && untouched) {
@@ -161,7 +158,7 @@ impl Cache {
                         meta: meta.clone(),
                         crcs: Arc::from(crcs),
                         verified: AtomicBool::new(true),
-                        checked: std::sync::atomic::AtomicU64::new(self.generation()),
+                        checked: AtomicU64::new(self.generation()),
                     },
                     size,
                 );
@@ -174,7 +171,7 @@ impl Cache {
                 let _ = fs::remove_file(&temp);
             }
         }
-        drop(fills);
+        drop(commit_lock);
         result
     }
 }

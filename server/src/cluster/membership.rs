@@ -41,7 +41,11 @@ pub fn spawn(cluster: Arc<Cluster>) {
                     let heard = match probe(&c, i).await {
                         // Back after being down: it missed this node's invalidations, so
                         // it checks its copies against the backend before it is routed to.
-                        Ok(h) if c.returning(i) => c.tell_revalidate(i).await.map(|()| h),
+                        Ok(h) if c.returning(i) => c
+                            .tell_revalidate(i)
+                            .await
+                            .map(|()| h)
+                            .map_err(|e| e.to_string()),
                         other => other,
                     };
                     match heard {
@@ -72,7 +76,7 @@ struct Heard {
 async fn probe(c: &Cluster, i: usize) -> Result<Heard, String> {
     let m = &c.members[i];
     let req = http::Request::get(format!("{}/_granary/health", m.url))
-        .header(super::peer::HOP, &c.members[c.me].id)
+        .header(granary_proto::headers::HOP, &c.members[c.me].id)
         .body(axum::body::Body::empty())
         .map_err(|e| e.to_string())?;
     let answer = async {

@@ -9,17 +9,20 @@
 //! a miss on the owner is filled from a peer that holds the object before the backend
 //! (`peer`).
 
+mod error;
 pub mod membership;
 pub mod peer;
 pub mod ring;
-pub mod route;
+
+pub use error::ClusterError;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use serde_json::json;
 
-use crate::api::s3::auth::Credentials;
+use granary_proto::auth::Credentials;
+
 use crate::config::{parse_peer, Config, ConfigError, RouteMode};
 use crate::stats::Stats;
 use ring::{key_hash, Ring, RingNode};
@@ -128,7 +131,7 @@ impl Cluster {
             members,
             ring: RwLock::new(Arc::new(Ring::new([]))),
             route: config.route,
-            creds: Credentials::from_config(config),
+            creds: config.credentials(),
             http: peer::http_client(config.tls_cert.as_deref())
                 .map_err(|e| invalid(format!("{e:#}")))?,
             stats,
@@ -212,13 +215,13 @@ impl Cluster {
 
     /// Marks a member down now (a forwarded request found it gone); the next probe
     /// that answers brings it back.
-    pub fn mark_down(&self, i: usize, why: &str) {
+    pub fn mark_down(&self, i: usize, why: impl std::fmt::Display) {
         if i == self.me {
             return;
         }
         let m = &self.members[i];
         if m.up.swap(false, Ordering::AcqRel) {
-            tracing::warn!(node = %m.id, reason = why, "cluster member down");
+            tracing::warn!(node = %m.id, reason = %why, "cluster member down");
         }
     }
 

@@ -18,19 +18,11 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 
-use super::Cluster;
-use crate::api::s3::auth;
+use granary_proto::headers::{HOP, PEER_AUTH, PEER_FILL};
+
+use super::{Cluster, ClusterError};
 use crate::backend::{ByteStream, ObjectMeta};
-
-/// Marks a request made by a member: serve it here, do not route it again.
-pub const HOP: &str = "x-granary-hop";
-/// Asks for this node's committed copy only: `404` rather than a fill.
-pub const PEER_FILL: &str = "x-granary-peer-fill";
-/// A request the key's owner could not admit, left to this node: serve and admit it
-/// here, do not leave it to another.
-pub const SPILL: &str = "x-granary-spill";
 
 pub type HttpClient = Client<HttpsConnector<HttpConnector>, Body>;
 
@@ -81,27 +73,10 @@ pub fn http_client(trust: Option<&std::path::Path>) -> anyhow::Result<HttpClient
         .build(https))
 }
 
-/// Unreserved characters stay, `/` too: a key's path as S3 clients encode it.
-const PATH: &AsciiSet = &NON_ALPHANUMERIC
-    .remove(b'-')
-    .remove(b'.')
-    .remove(b'_')
-    .remove(b'~')
-    .remove(b'/');
-
 /// A request's path and query, as forwarded.
 pub fn target_of(uri: &http::Uri) -> String {
     uri.path_and_query()
         .map_or_else(|| uri.path().to_owned(), |pq| pq.as_str().to_owned())
-}
-
-/// `/bucket/key`, encoded.
-pub fn object_path(bucket: &str, key: &str) -> String {
-    format!(
-        "/{}/{}",
-        utf8_percent_encode(bucket, PATH),
-        utf8_percent_encode(key, PATH)
-    )
 }
 
 /// Headers that describe one connection, not the message: never forwarded.
@@ -127,9 +102,15 @@ impl Cluster {
         let me = &self.members[self.me].id;
         let h = req.headers_mut();
         if let Some(creds) = &self.creds {
-            let value = auth::peer_auth_value(creds, me, &method, target);
+            let value = granary_proto::peer::sign(
+                &creds.secret_key,
+                me,
+                method.as_str(),
+                target,
+                SystemTime::now(),
+            );
             if let Ok(v) = HeaderValue::from_str(&value) {
-                h.insert(auth::PEER_AUTH, v);
+                h.insert(PEER_AUTH, v);
             }
         }
         req
@@ -158,7 +139,7 @@ impl Cluster {
         target: &str,
         headers: &HeaderMap,
         body: Body,
-    ) -> Result<Response<Body>, String> {
+    ) -> Result<Response<Body>, ClusterError> {
         let mut req = self.request_to(i, method, target, body);
         let h = req.headers_mut();
         for (k, v) in headers {
@@ -172,11 +153,11 @@ impl Cluster {
         let answered = if read {
             tokio::time::timeout(FORWARD_READ_TIMEOUT, send)
                 .await
-                .map_err(|_| "no answer in time".to_owned())?
+                .map_err(|_| self.timeout(i))?
         } else {
             send.await
         };
-        let resp = answered.map_err(|e| chain(&e))?;
+        let resp = answered.map_err(|e| self.unreachable(i, &e))?;
         self.stats
             .proxied
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -202,19 +183,51 @@ impl Cluster {
         target: &str,
         body: Body,
         wait: Duration,
-    ) -> Result<Response<Body>, String> {
+    ) -> Result<Response<Body>, ClusterError> {
+        self.ask_with(i, method, target, &[], body, wait).await
+    }
+
+    /// [`Cluster::ask`] with more headers.
+    pub async fn ask_with(
+        &self,
+        i: usize,
+        method: Method,
+        target: &str,
+        headers: &[(&'static str, String)],
+        body: Body,
+        wait: Duration,
+    ) -> Result<Response<Body>, ClusterError> {
         let mut req = self.own_request(i, method, target, body);
-        req.headers_mut().insert(
+        let h = req.headers_mut();
+        h.insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
+        for (k, v) in headers {
+            if let Ok(v) = HeaderValue::from_str(v) {
+                h.insert(*k, v);
+            }
+        }
         match tokio::time::timeout(wait, self.http.request(req)).await {
             Ok(Ok(resp)) => {
                 let (parts, incoming) = resp.into_parts();
                 Ok(Response::from_parts(parts, Body::new(incoming)))
             }
-            Ok(Err(e)) => Err(chain(&e)),
-            Err(_) => Err("no answer in time".to_owned()),
+            Ok(Err(e)) => Err(self.unreachable(i, &e)),
+            Err(_) => Err(self.timeout(i)),
+        }
+    }
+
+    fn unreachable(&self, i: usize, e: &dyn std::error::Error) -> ClusterError {
+        ClusterError::Unreachable {
+            node: self.members[i].id.clone(),
+            why: chain(e),
+        }
+    }
+
+    fn timeout(&self, i: usize) -> ClusterError {
+        ClusterError::Timeout {
+            node: self.members[i].id.clone(),
         }
     }
 
@@ -225,7 +238,7 @@ impl Cluster {
         if self.is_single() {
             return None;
         }
-        let target = object_path(bucket, key);
+        let target = granary_proto::encode::object_path(bucket, key);
         let asks = self
             .others_ranked(bucket, key)
             .into_iter()
@@ -256,13 +269,16 @@ impl Cluster {
 
     /// Asks member `i`, back after being down, to check its cached copies against the
     /// backend before serving them (`POST /_granary/revalidate`).
-    pub async fn tell_revalidate(&self, i: usize) -> Result<(), String> {
+    pub async fn tell_revalidate(&self, i: usize) -> Result<(), ClusterError> {
         let req = self.own_request(i, Method::POST, "/_granary/revalidate", Body::empty());
         match tokio::time::timeout(Duration::from_secs(2), self.http.request(req)).await {
             Ok(Ok(r)) if r.status().is_success() => Ok(()),
-            Ok(Ok(r)) => Err(format!("revalidate answered {}", r.status())),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(_) => Err("revalidate timed out".to_owned()),
+            Ok(Ok(r)) => Err(ClusterError::Answered {
+                node: self.members[i].id.clone(),
+                status: r.status().as_u16(),
+            }),
+            Ok(Err(e)) => Err(self.unreachable(i, &e)),
+            Err(_) => Err(self.timeout(i)),
         }
     }
 
@@ -325,7 +341,7 @@ pub fn meta_of(h: &HeaderMap) -> Option<ObjectMeta> {
         .unwrap_or(SystemTime::UNIX_EPOCH);
     let mut headers: Vec<(String, String)> = h
         .iter()
-        .filter(|(k, _)| crate::api::s3::object::is_stored_header(k.as_str()))
+        .filter(|(k, _)| granary_proto::headers::is_stored(k.as_str()))
         .filter_map(|(k, v)| Some((k.as_str().to_owned(), v.to_str().ok()?.to_owned())))
         .collect();
     headers.sort();
@@ -340,12 +356,6 @@ pub fn meta_of(h: &HeaderMap) -> Option<ObjectMeta> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn paths_are_encoded_like_s3_clients_do() {
-        assert_eq!(object_path("b", "a b/c+d~"), "/b/a%20b/c%2Bd~");
-        assert_eq!(object_path("b", "ü/%"), "/b/%C3%BC/%25");
-    }
 
     #[test]
     fn metadata_comes_from_an_answer() {

@@ -6,11 +6,12 @@
 //! ([`RESULTS`]), keyed by the source's bucket, key and shard member, the source's ETag,
 //! and the transform's name and definition hash. A changed source or definition is
 //! another key, so a stale result is never served, and results never need rechecking.
-//! The cache's fill machinery does the rest: concurrent requests for one result compute
-//! it once (one leader, the others stream behind it), never-evict admission, checksums.
-//! The [`Computed`] backend is what the cache fills a result from: it reads the source
-//! through the node (cached too, so the backend is read once), runs the transform under
-//! its concurrency limit, and hands the bytes over.
+//! The cache's fill machinery does the rest (`Cache::read_derived`): concurrent requests
+//! for one result compute it once (one leader, the others stream behind it), never-evict
+//! admission, checksums. The node reads the source (through its cache, so the backend is
+//! read once) and hands it to [`Transforms::run`], which runs the transform under its
+//! concurrency limit. This module knows definitions and how to run them, nothing of
+//! where sources come from.
 
 pub mod exec;
 pub mod image;
@@ -20,19 +21,27 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use async_trait::async_trait;
-use bytes::{Bytes, BytesMut};
-use futures::StreamExt;
+use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 
-use crate::api::AppState;
-use crate::backend::{
-    Backend, BackendError, BucketInfo, ByteRange, GetObject, ListPage, ListQuery, ObjectMeta,
-    PartInfo, PutOptions, RangeFn, Result, UploadInfo,
-};
-use crate::cluster::peer::object_path;
-use crate::error::{S3Code, S3Error};
+use crate::backend::ObjectMeta;
+use crate::stats::Stats;
+
+/// Why a transform could not give a result.
+#[derive(Debug, thiserror::Error)]
+pub enum TransformError {
+    /// The request names a transform this node does not have: the client's side.
+    #[error("no transform named `{0}` is configured on this node")]
+    Unknown(String),
+    /// The source is larger than a transform reads: the client's side.
+    #[error("transforms read sources of up to {limit} bytes; this one has {size}")]
+    TooLarge { limit: u64, size: u64 },
+    /// The transform ran and failed (undecodable input, a command that failed, hung or
+    /// flooded): this node's side, for this input; a retry does not help.
+    #[error("transform `{name}` failed: {why}")]
+    Failed { name: String, why: String },
+}
 
 /// The bucket name results are cached under: `_` is not allowed in S3 bucket names, so
 /// no client object can share a cache key with a result.
@@ -177,14 +186,45 @@ impl Transforms {
         self.by_name.get(name).cloned()
     }
 
-    /// The named transform, or `400 InvalidArgument`.
-    pub fn lookup(&self, name: &str) -> std::result::Result<Arc<Named>, S3Error> {
-        self.get(name).ok_or_else(|| {
-            S3Error::new(
-                S3Code::InvalidArgument,
-                format!("no transform named `{name}` is configured on this node"),
-            )
-        })
+    /// The named transform.
+    pub fn lookup(&self, name: &str) -> Result<Arc<Named>, TransformError> {
+        self.get(name)
+            .ok_or_else(|| TransformError::Unknown(name.to_owned()))
+    }
+
+    /// Runs `t` on `input` under its concurrency limit; counts runs, failures and
+    /// built-ins' CPU time in `stats`.
+    pub async fn run(
+        &self,
+        t: &Named,
+        input: Bytes,
+        stats: &Stats,
+    ) -> Result<Bytes, TransformError> {
+        let failed = |why: &dyn std::fmt::Display| TransformError::Failed {
+            name: t.name.clone(),
+            why: why.to_string(),
+        };
+        let _permit = t.limit.acquire().await.map_err(|e| failed(&e))?;
+        let out = match &t.def {
+            TransformDef::Image(spec) => {
+                let spec = spec.clone();
+                let (out, cpu_us) = tokio::task::spawn_blocking(move || {
+                    let start = thread_cpu_us();
+                    let out = image::apply(&spec, &input);
+                    (out, thread_cpu_us().saturating_sub(start))
+                })
+                .await
+                .map_err(|e| failed(&e))?;
+                stats.transform_cpu_us.fetch_add(cpu_us, Ordering::Relaxed);
+                out.map_err(|e| failed(&e))
+            }
+            TransformDef::Exec(spec) => exec::run(spec, input).await.map_err(|e| failed(&e)),
+        };
+        match &out {
+            Ok(_) => stats.transforms_run.fetch_add(1, Ordering::Relaxed),
+            Err(_) => stats.transform_errors.fetch_add(1, Ordering::Relaxed),
+        };
+        out.map(Bytes::from)
     }
 }
 
@@ -216,103 +256,16 @@ impl Derived {
     pub fn cache_key(&self) -> String {
         serde_json::to_string(self).expect("a key serialises")
     }
-
-    /// The read of the source, through this node (`GET /b/k[?archpath=…]`).
-    fn source_target(&self) -> String {
-        let mut t = object_path(&self.bucket, &self.key);
-        if let Some(a) = &self.archpath {
-            t.push_str("?archpath=");
-            t.extend(percent_encoding::utf8_percent_encode(
-                a,
-                percent_encoding::NON_ALPHANUMERIC,
-            ));
-        }
-        t
-    }
 }
 
-/// The backend the cache fills results from: each object is a transform's output,
-/// computed on request. Built per request around the node's state.
-pub struct Computed {
-    pub state: Arc<AppState>,
-}
-
-fn failed(t: &str, why: impl std::fmt::Display) -> BackendError {
-    BackendError::Client(S3Error::new(
-        S3Code::InternalError,
-        format!("transform `{t}` failed: {why}"),
-    ))
-}
-
-impl Computed {
-    /// Reads the source whole (bounded by [`MAX_INPUT`]), checking it is still the
-    /// version the result is keyed by.
-    async fn source(&self, d: &Derived) -> Result<Bytes> {
-        let resp = crate::api::s3::read_local(&self.state, &d.source_target())
-            .await
-            .map_err(BackendError::Client)?;
-        let head = resp.headers();
-        let len = head
-            .get(http::header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(0);
-        if len > MAX_INPUT {
-            return Err(BackendError::Client(S3Error::new(
-                S3Code::EntityTooLarge,
-                format!("transforms read sources of up to {MAX_INPUT} bytes; this one has {len}"),
-            )));
-        }
-        // A member's ETag is its shard's; the member route does not repeat it.
-        if let Some(etag) = head.get(http::header::ETAG).and_then(|v| v.to_str().ok()) {
-            if etag.trim_matches('"') != d.etag.trim_matches('"') {
-                return Err(BackendError::Client(S3Error::new(
-                    S3Code::ServiceUnavailable,
-                    "the source changed while it was transformed; retry",
-                )));
-            }
-        }
-        let mut buf = BytesMut::with_capacity(len as usize);
-        let mut body = resp.into_body().into_data_stream();
-        while let Some(chunk) = body.next().await {
-            let chunk = chunk.map_err(|e| BackendError::Unavailable(e.to_string()))?;
-            if (buf.len() + chunk.len()) as u64 > MAX_INPUT {
-                return Err(BackendError::Client(S3Error::new(
-                    S3Code::EntityTooLarge,
-                    format!("transforms read sources of up to {MAX_INPUT} bytes"),
-                )));
-            }
-            buf.extend_from_slice(&chunk);
-        }
-        Ok(buf.freeze())
-    }
-
-    /// Runs the transform on `input` under its concurrency limit.
-    async fn run(&self, t: &Named, input: Bytes) -> Result<Vec<u8>> {
-        let _permit = t.limit.acquire().await.map_err(|e| failed(&t.name, e))?;
-        let stats = &self.state.stats;
-        let out = match &t.def {
-            TransformDef::Image(spec) => {
-                let spec = spec.clone();
-                let (out, cpu_us) = tokio::task::spawn_blocking(move || {
-                    let start = thread_cpu_us();
-                    let out = image::apply(&spec, &input);
-                    (out, thread_cpu_us().saturating_sub(start))
-                })
-                .await
-                .map_err(|e| failed(&t.name, e))?;
-                stats.transform_cpu_us.fetch_add(cpu_us, Ordering::Relaxed);
-                out.map_err(|e| failed(&t.name, e))
-            }
-            TransformDef::Exec(spec) => {
-                exec::run(spec, input).await.map_err(|e| failed(&t.name, e))
-            }
-        };
-        match &out {
-            Ok(_) => stats.transforms_run.fetch_add(1, Ordering::Relaxed),
-            Err(_) => stats.transform_errors.fetch_add(1, Ordering::Relaxed),
-        };
-        out
+/// The metadata of a result: its length, an ETag that names its bytes, and the
+/// transform's content type.
+pub fn result_meta(t: &Named, out: &[u8]) -> ObjectMeta {
+    ObjectMeta {
+        size: out.len() as u64,
+        etag: format!("{:032x}", xxhash_rust::xxh3::xxh3_128(out)),
+        last_modified: SystemTime::now(),
+        headers: vec![("content-type".to_owned(), t.def.content_type().to_owned())],
     }
 }
 
@@ -335,122 +288,6 @@ fn thread_cpu_us() -> u64 {
 /// no other children), in microseconds.
 pub fn children_cpu_us() -> u64 {
     crate::stats::rusage_us(libc::RUSAGE_CHILDREN)
-}
-
-fn refused() -> BackendError {
-    BackendError::Client(S3Error::new(
-        S3Code::MethodNotAllowed,
-        "transformed results are read-only",
-    ))
-}
-
-#[async_trait]
-impl Backend for Computed {
-    fn describe(&self) -> String {
-        "transforms".to_owned()
-    }
-
-    fn computed(&self) -> bool {
-        true
-    }
-
-    async fn list_buckets(&self) -> Result<Vec<BucketInfo>> {
-        Ok(Vec::new())
-    }
-    async fn create_bucket(&self, _: &str) -> Result<()> {
-        Err(refused())
-    }
-    async fn head_bucket(&self, _: &str) -> Result<()> {
-        Ok(())
-    }
-    async fn delete_bucket(&self, _: &str) -> Result<()> {
-        Err(refused())
-    }
-
-    async fn head_object(&self, bucket: &str, key: &str) -> Result<ObjectMeta> {
-        // Only reached for a read that is not admitted and asks its size first: compute.
-        let (obj, _) = self.get_object(bucket, key, &|_| Ok(None)).await?;
-        Ok(obj.meta)
-    }
-
-    async fn get_object(
-        &self,
-        _bucket: &str,
-        key: &str,
-        range: &RangeFn<'_>,
-    ) -> Result<(GetObject, Option<ByteRange>)> {
-        let d: Derived =
-            serde_json::from_str(key).map_err(|_| BackendError::NoSuchKey(key.to_owned()))?;
-        let t = self
-            .state
-            .transforms
-            .get(&d.transform)
-            .filter(|t| format!("{:016x}", t.hash) == d.hash)
-            .ok_or_else(|| BackendError::NoSuchKey(key.to_owned()))?;
-        let input = self.source(&d).await?;
-        let out = Bytes::from(self.run(&t, input).await?);
-        let meta = ObjectMeta {
-            size: out.len() as u64,
-            etag: format!("{:032x}", xxhash_rust::xxh3::xxh3_128(&out)),
-            last_modified: SystemTime::now(),
-            headers: vec![("content-type".to_owned(), t.def.content_type().to_owned())],
-        };
-        let resolved = range(&meta).map_err(BackendError::Client)?;
-        let body = match resolved {
-            Some(r) => out.slice(r.start as usize..r.end as usize),
-            None => out,
-        };
-        let body = futures::stream::once(async move { Ok(body) }).boxed();
-        Ok((GetObject { meta, body }, resolved))
-    }
-
-    async fn put_object(
-        &self,
-        _: &str,
-        _: &str,
-        _: crate::backend::ByteStream,
-        _: PutOptions,
-    ) -> Result<ObjectMeta> {
-        Err(refused())
-    }
-    async fn delete_object(&self, _: &str, _: &str) -> Result<()> {
-        Err(refused())
-    }
-    async fn list_objects(&self, _: &str, _: &ListQuery) -> Result<ListPage> {
-        Ok(ListPage::default())
-    }
-    async fn create_multipart(&self, _: &str, _: &str, _: PutOptions) -> Result<String> {
-        Err(refused())
-    }
-    async fn upload_part(
-        &self,
-        _: &str,
-        _: &str,
-        _: &str,
-        _: u32,
-        _: crate::backend::ByteStream,
-        _: PutOptions,
-    ) -> Result<PartInfo> {
-        Err(refused())
-    }
-    async fn list_parts(&self, _: &str, _: &str, _: &str) -> Result<Vec<PartInfo>> {
-        Err(refused())
-    }
-    async fn complete_multipart(
-        &self,
-        _: &str,
-        _: &str,
-        _: &str,
-        _: &[(u32, String)],
-    ) -> Result<ObjectMeta> {
-        Err(refused())
-    }
-    async fn abort_multipart(&self, _: &str, _: &str, _: &str) -> Result<()> {
-        Err(refused())
-    }
-    async fn list_uploads(&self, _: &str, _: &str) -> Result<Vec<UploadInfo>> {
-        Ok(Vec::new())
-    }
 }
 
 #[cfg(test)]
@@ -522,7 +359,6 @@ mod tests {
         let k = d.cache_key();
         let back: Derived = serde_json::from_str(&k).unwrap();
         assert_eq!(back.archpath.as_deref(), Some("a b&c.jpg"));
-        assert_eq!(d.source_target(), "/b/s.tar?archpath=a%20b%26c%2Ejpg");
         let other = Derived {
             etag: "\"e2\"".into(),
             ..d.clone()

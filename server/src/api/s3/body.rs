@@ -12,8 +12,8 @@ use http::HeaderMap;
 use sha2::{Digest, Sha256};
 
 use super::auth::Payload;
+use crate::api::error::{S3Code, S3Error};
 use crate::backend::ByteStream;
-use crate::error::{S3Code, S3Error};
 
 /// Longest chunk header or trailer line accepted.
 const MAX_LINE: usize = 4096;

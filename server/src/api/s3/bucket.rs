@@ -6,11 +6,11 @@ use http::{header, HeaderValue, StatusCode};
 
 use super::xml::Doc;
 use super::{empty, xml_response, Req};
+use crate::api::error::S3Error;
 use crate::api::AppState;
-use crate::error::S3Error;
 
 pub async fn list_buckets(state: &AppState) -> Result<Response, S3Error> {
-    let buckets = state.backend.list_buckets().await?;
+    let buckets = state.node.backend.list_buckets().await?;
     let mut doc = Doc::new("ListAllMyBucketsResult");
     doc.open("Owner")
         .elem("ID", "granary")
@@ -29,7 +29,7 @@ pub async fn list_buckets(state: &AppState) -> Result<Response, S3Error> {
 
 pub async fn create(state: &AppState, r: Req) -> Result<Response, S3Error> {
     // The body, if any, is a CreateBucketConfiguration naming a region: one region here.
-    state.backend.create_bucket(&r.bucket).await?;
+    state.node.backend.create_bucket(&r.bucket).await?;
     let mut resp = empty(StatusCode::OK);
     if let Ok(v) = HeaderValue::from_str(&format!("/{}", r.bucket)) {
         resp.headers_mut().insert(header::LOCATION, v);
@@ -38,7 +38,7 @@ pub async fn create(state: &AppState, r: Req) -> Result<Response, S3Error> {
 }
 
 pub async fn head(state: &AppState, r: Req) -> Result<Response, S3Error> {
-    state.backend.head_bucket(&r.bucket).await?;
+    state.node.backend.head_bucket(&r.bucket).await?;
     let mut resp = empty(StatusCode::OK);
     resp.headers_mut()
         .insert("x-amz-bucket-region", HeaderValue::from_static("us-east-1"));
@@ -46,12 +46,12 @@ pub async fn head(state: &AppState, r: Req) -> Result<Response, S3Error> {
 }
 
 pub async fn delete(state: &AppState, r: Req) -> Result<Response, S3Error> {
-    state.backend.delete_bucket(&r.bucket).await?;
+    state.node.backend.delete_bucket(&r.bucket).await?;
     Ok(empty(StatusCode::NO_CONTENT))
 }
 
 pub async fn location(state: &AppState, r: Req) -> Result<Response, S3Error> {
-    state.backend.head_bucket(&r.bucket).await?;
+    state.node.backend.head_bucket(&r.bucket).await?;
     // An empty LocationConstraint is us-east-1, as S3 answers.
     Ok(xml_response(
         Doc::new("LocationConstraint").finish("LocationConstraint"),
@@ -59,7 +59,7 @@ pub async fn location(state: &AppState, r: Req) -> Result<Response, S3Error> {
 }
 
 pub async fn versioning(state: &AppState, r: Req) -> Result<Response, S3Error> {
-    state.backend.head_bucket(&r.bucket).await?;
+    state.node.backend.head_bucket(&r.bucket).await?;
     Ok(xml_response(
         Doc::new("VersioningConfiguration").finish("VersioningConfiguration"),
     ))

@@ -4,21 +4,12 @@
 
 use axum::response::Response;
 use base64::Engine;
-use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 
 use super::xml::Doc;
 use super::{xml_response, Req};
+use crate::api::error::{S3Code, S3Error};
 use crate::api::AppState;
 use crate::backend::ListQuery;
-use crate::error::{S3Code, S3Error};
-
-/// What `encoding-type=url` escapes: all but unreserved characters and `/`.
-const URL_ENCODE: &AsciiSet = &NON_ALPHANUMERIC
-    .remove(b'-')
-    .remove(b'.')
-    .remove(b'_')
-    .remove(b'~')
-    .remove(b'/');
 
 const MAX_KEYS: usize = 1000;
 
@@ -80,11 +71,12 @@ pub async fn list_objects(state: &AppState, r: Req, v2: bool) -> Result<Response
         after,
         max_keys,
     };
-    let page = state.backend.list_objects(&r.bucket, &query).await?;
+    let page = state.node.backend.list_objects(&r.bucket, &query).await?;
 
     let enc = |s: &str| -> String {
         if url {
-            utf8_percent_encode(s, URL_ENCODE).to_string()
+            // `encoding-type=url`: all but unreserved characters and `/`.
+            granary_proto::encode::path(s)
         } else {
             s.to_owned()
         }

@@ -5,13 +5,10 @@
 pub mod auth;
 pub mod body;
 mod bucket;
+mod get;
 mod list;
-mod local;
-mod member;
 mod multipart;
-pub(crate) mod object;
-pub mod range;
-mod transformed;
+mod object;
 pub mod xml;
 
 use axum::body::Body;
@@ -21,11 +18,10 @@ use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use http::request::Parts;
 use http::{header, HeaderValue, Method, StatusCode};
-use percent_encoding::percent_decode_str;
 
+use super::error::{S3Code, S3Error};
 use super::AppState;
 use crate::backend::ByteStream;
-use crate::error::{S3Code, S3Error};
 use auth::Verdict;
 
 /// Largest XML request body read into memory (DeleteObjects of 1,000 long keys fits).
@@ -104,7 +100,7 @@ impl Req {
         }
         let mut out = Vec::new();
         while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(io_to_s3)?;
+            let chunk = chunk?;
             if out.len() + chunk.len() > limit {
                 return Err(too_large());
             }
@@ -114,40 +110,21 @@ impl Req {
     }
 }
 
-/// An error read from a body stream, back as the S3 error it carries.
-pub fn io_to_s3(e: std::io::Error) -> S3Error {
-    match e.get_ref().and_then(|i| i.downcast_ref::<S3Error>()) {
-        Some(s3) => s3.clone(),
-        None => S3Error::internal(e),
-    }
-}
-
 /// Splits a raw path into its bucket and decoded key.
 pub(crate) fn split_path(raw: &str) -> Result<(String, Option<String>), S3Error> {
-    let rest = raw.strip_prefix('/').unwrap_or(raw);
-    let (bucket, key) = match rest.split_once('/') {
-        Some((b, k)) => (b, (!k.is_empty()).then_some(k)),
-        None => (rest, None),
-    };
-    let decode = |s: &str| {
-        percent_decode_str(s)
-            .decode_utf8()
-            .map(|c| c.into_owned())
-            .map_err(|_| {
-                S3Error::new(
-                    S3Code::InvalidArgument,
-                    "the URI is not valid UTF-8 once decoded",
-                )
-            })
-    };
-    Ok((decode(bucket)?, key.map(decode).transpose()?))
+    granary_proto::encode::split_path(raw).map_err(|_| {
+        S3Error::new(
+            S3Code::InvalidArgument,
+            "the URI is not valid UTF-8 once decoded",
+        )
+    })
 }
 
 pub async fn handle(state: &AppState, req: Request) -> Result<Response, S3Error> {
     let (parts, body) = req.into_parts();
-    let verdict = auth::authenticate(state.creds.as_ref(), state.config.anonymous_read, &parts)?;
+    let verdict = auth::authenticate(state.creds.as_ref(), state.anonymous_read, &parts)?;
     let (bucket, key) = split_path(parts.uri.path())?;
-    let query = auth::query_pairs(parts.uri.query().unwrap_or(""));
+    let query = granary_proto::encode::query_pairs(parts.uri.query().unwrap_or(""));
     let span = tracing::Span::current();
     span.record("bucket", bucket.as_str());
     if let Some(k) = &key {
@@ -160,36 +137,6 @@ pub async fn handle(state: &AppState, req: Request) -> Result<Response, S3Error>
         key,
         query,
         verdict,
-    };
-    let resource = req.resource();
-    dispatch(state, req).await.map_err(|e| {
-        if e.resource.is_none() {
-            e.with_resource(resource)
-        } else {
-            e
-        }
-    })
-}
-
-/// A read this node makes for itself (a batch item, a prefetch): `GET target` (path and
-/// query) served here as if an authenticated client had asked.
-pub(crate) async fn read_local(state: &AppState, target: &str) -> Result<Response, S3Error> {
-    let (parts, ()) = http::Request::get(target)
-        .body(())
-        .map_err(|e| S3Error::new(S3Code::InvalidArgument, format!("bad object name: {e}")))?
-        .into_parts();
-    let (bucket, key) = split_path(parts.uri.path())?;
-    let query = auth::query_pairs(parts.uri.query().unwrap_or(""));
-    let req = Req {
-        parts,
-        body: Body::empty(),
-        bucket,
-        key,
-        query,
-        verdict: Verdict {
-            signed: true,
-            payload: auth::Payload::Unsigned,
-        },
     };
     let resource = req.resource();
     dispatch(state, req).await.map_err(|e| {
@@ -292,21 +239,19 @@ async fn dispatch(state: &AppState, r: Req) -> Result<Response, S3Error> {
         }
         (&Method::GET | &Method::HEAD, true) if r.has("transform") => {
             op("GetTransformed");
-            let head = m == Method::HEAD;
-            transformed::get(state, r, head).await
+            get::get(state, r, m == Method::HEAD).await
         }
         (&Method::GET | &Method::HEAD, true) if r.has("archpath") => {
             op("GetArchiveMember");
-            let head = m == Method::HEAD;
-            member::get(state, r, head).await
+            get::get(state, r, m == Method::HEAD).await
         }
         (&Method::GET, true) => {
             op("GetObject");
-            object::get(state, r, false).await
+            get::get(state, r, false).await
         }
         (&Method::HEAD, true) => {
             op("HeadObject");
-            object::get(state, r, true).await
+            get::get(state, r, true).await
         }
         (&Method::PUT, true) if r.has("partNumber") && r.has("uploadId") => {
             op("UploadPart");
@@ -376,21 +321,13 @@ mod tests {
 
     #[test]
     fn paths_split_into_bucket_and_key() {
-        assert_eq!(split_path("/").unwrap(), ("".into(), None));
-        assert_eq!(split_path("/b").unwrap(), ("b".into(), None));
-        assert_eq!(split_path("/b/").unwrap(), ("b".into(), None));
         assert_eq!(
             split_path("/b/a%20b/c+d%2B").unwrap(),
             ("b".into(), Some("a b/c+d+".into()))
         );
         assert_eq!(
-            split_path("/b/..%2f..%2fx").unwrap(),
-            ("b".into(), Some("../../x".into()))
+            split_path("/b/%ff").unwrap_err().code,
+            S3Code::InvalidArgument
         );
-        assert_eq!(
-            split_path("/b//x").unwrap(),
-            ("b".into(), Some("/x".into()))
-        );
-        assert!(split_path("/b/%ff").is_err());
     }
 }

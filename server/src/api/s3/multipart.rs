@@ -2,18 +2,17 @@
 //! `md5(part md5s)-N`), abort, list parts, list uploads. The AWS CLI uses it for every
 //! file over 8 MiB.
 
-use std::sync::atomic::Ordering;
-
 use axum::response::Response;
 use http::{header, StatusCode};
 
 use super::object::{checksum_header, content_md5, copy_source, stored_headers};
-use super::range::RangeSpec;
+use granary_proto::range::RangeSpec;
+
 use super::xml::{self, Doc};
 use super::{empty, quoted, xml_response, Req};
+use crate::api::error::{S3Code, S3Error};
 use crate::api::AppState;
-use crate::backend::{check_key, ByteRange, ObjectMeta, PutOptions};
-use crate::error::{S3Code, S3Error};
+use crate::backend::{check_key, ByteRange, ObjectMeta, PutOptions, Refusal};
 
 fn upload_id(r: &Req) -> &str {
     r.q("uploadId").unwrap_or("")
@@ -26,6 +25,7 @@ pub async fn create(state: &AppState, r: Req) -> Result<Response, S3Error> {
         ..PutOptions::default()
     };
     let id = state
+        .node
         .backend
         .create_multipart(&r.bucket, r.key(), opts)
         .await?;
@@ -65,13 +65,9 @@ pub async fn upload_part(state: &AppState, mut r: Req) -> Result<Response, S3Err
         size,
     };
     let info = state
-        .backend
-        .upload_part(&r.bucket, r.key(), &id, part, body, opts)
+        .node
+        .upload_part((&r.bucket, r.key(), &id), part, body, opts)
         .await?;
-    state
-        .stats
-        .bytes_received
-        .fetch_add(info.size, Ordering::Relaxed);
     let mut resp = empty(StatusCode::OK);
     resp.headers_mut().insert(header::ETAG, quoted(&info.etag));
     if let Some((k, v)) = echo {
@@ -96,18 +92,18 @@ async fn upload_part_copy(
         })?),
         None => None,
     };
-    let resolve = |meta: &ObjectMeta| -> Result<Option<ByteRange>, S3Error> {
-        range.map(|s| s.resolve(meta.size)).transpose()
-    };
-    let (src, resolved) = state.backend.get_object(&sb, &sk, &resolve).await?;
-    let size = resolved.map_or(src.meta.size, |r| r.len());
-    let opts = PutOptions {
-        size: Some(size),
-        ..PutOptions::default()
+    let resolve = |meta: &ObjectMeta| -> Result<Option<ByteRange>, Refusal> {
+        range
+            .map(|s| {
+                s.resolve(meta.size)
+                    .map(ByteRange::from)
+                    .map_err(|_| Refusal::Unsatisfiable { size: meta.size })
+            })
+            .transpose()
     };
     let info = state
-        .backend
-        .upload_part(&r.bucket, r.key(), &id, part, src.body, opts)
+        .node
+        .upload_part_copy((&r.bucket, r.key(), &id), part, (&sb, &sk), &resolve)
         .await?;
     let mut doc = Doc::new("CopyPartResult");
     doc.time("LastModified", info.last_modified)
@@ -131,11 +127,9 @@ pub async fn complete(state: &AppState, mut r: Req) -> Result<Response, S3Error>
         .collect();
     let id = upload_id(&r).to_owned();
     let meta = state
-        .backend
-        .complete_multipart(&r.bucket, r.key(), &id, &parts)
+        .node
+        .complete((&r.bucket, r.key(), &id), &parts)
         .await?;
-    state.cache.invalidate(&r.bucket, r.key());
-    state.changed(vec![(r.bucket.clone(), r.key().to_owned())]);
     let mut doc = Doc::new("CompleteMultipartUploadResult");
     doc.elem("Location", &format!("/{}/{}", r.bucket, r.key()))
         .elem("Bucket", &r.bucket)
@@ -148,6 +142,7 @@ pub async fn complete(state: &AppState, mut r: Req) -> Result<Response, S3Error>
 
 pub async fn abort(state: &AppState, r: Req) -> Result<Response, S3Error> {
     state
+        .node
         .backend
         .abort_multipart(&r.bucket, r.key(), upload_id(&r))
         .await?;
@@ -156,7 +151,11 @@ pub async fn abort(state: &AppState, r: Req) -> Result<Response, S3Error> {
 
 pub async fn list_parts(state: &AppState, r: Req) -> Result<Response, S3Error> {
     let id = upload_id(&r).to_owned();
-    let parts = state.backend.list_parts(&r.bucket, r.key(), &id).await?;
+    let parts = state
+        .node
+        .backend
+        .list_parts(&r.bucket, r.key(), &id)
+        .await?;
     let max: usize = r
         .q("max-parts")
         .and_then(|v| v.parse().ok())
@@ -194,7 +193,7 @@ pub async fn list_parts(state: &AppState, r: Req) -> Result<Response, S3Error> {
 
 pub async fn list_uploads(state: &AppState, r: Req) -> Result<Response, S3Error> {
     let prefix = r.q("prefix").unwrap_or("");
-    let uploads = state.backend.list_uploads(&r.bucket, prefix).await?;
+    let uploads = state.node.backend.list_uploads(&r.bucket, prefix).await?;
     let mut doc = Doc::new("ListMultipartUploadsResult");
     doc.elem("Bucket", &r.bucket)
         .elem("KeyMarker", "")

@@ -14,7 +14,6 @@ use md5::{Digest, Md5};
 
 use super::errors::causes;
 use crate::backend::{BackendError, ByteStream};
-use crate::error::{S3Code, S3Error};
 
 /// Our request body as an `http_body::Body` for the SDK, checked against its declared
 /// length and, when the client sent one, its Content-MD5 (S3 checks it too, but not every
@@ -65,9 +64,8 @@ impl UploadBody {
 
     fn too_long(&mut self) -> Polled {
         let size = self.size;
-        self.fail(BackendError::Client(S3Error::new(
-            S3Code::IncompleteBody,
-            format!("the body is longer than its declared {size} bytes"),
+        self.fail(BackendError::IncompleteBody(format!(
+            "the body is longer than its declared {size} bytes"
         )))
     }
 
@@ -102,7 +100,7 @@ impl http_body::Body for UploadBody {
                 Poll::Ready(next) => next,
             };
             match next {
-                Some(Err(e)) => return this.fail(BackendError::from_body(e)),
+                Some(Err(e)) => return this.fail(BackendError::Body(e)),
                 Some(Ok(chunk)) if chunk.is_empty() => continue,
                 Some(Ok(_)) if this.held.is_some() => return this.too_long(),
                 Some(Ok(chunk)) => {
@@ -123,9 +121,8 @@ impl http_body::Body for UploadBody {
                 }
                 None if this.remaining > 0 => {
                     let (size, got) = (this.size, this.size - this.remaining);
-                    return this.fail(BackendError::Client(S3Error::new(
-                        S3Code::IncompleteBody,
-                        format!("expected {size} bytes, received {got}"),
+                    return this.fail(BackendError::IncompleteBody(format!(
+                        "expected {size} bytes, received {got}"
                     )));
                 }
                 None => {
@@ -245,11 +242,11 @@ mod tests {
         assert_eq!(send(&[], 0, Some(md5(b""))).await.unwrap(), b"");
         assert!(matches!(
             send(&[b"abc"], 5, None).await,
-            Err(BackendError::Client(s)) if s.code == S3Code::IncompleteBody
+            Err(BackendError::IncompleteBody(_))
         ));
         assert!(matches!(
             send(&[b"abc", b"d"], 3, None).await,
-            Err(BackendError::Client(s)) if s.code == S3Code::IncompleteBody
+            Err(BackendError::IncompleteBody(_))
         ));
         assert!(matches!(
             send(&[b"ab", b"c"], 3, Some(md5(b"abd"))).await,

@@ -2,7 +2,6 @@
 //! client's request, this node's configuration, the store) and whether a retry can help.
 
 use crate::backend::BackendError;
-use crate::error::{S3Code, S3Error};
 
 /// An error and its sources, `outer: inner: root`, for messages that reach users and logs.
 pub(super) fn causes(e: &(dyn std::error::Error + 'static)) -> String {
@@ -73,11 +72,8 @@ pub(super) fn from_code(
         "KeyTooLongError" => BackendError::KeyTooLong,
         // The store refuses this node's credentials or policy: the node's configuration,
         // not the client's signature; retry will not help.
-        _ if status == 403 => BackendError::Client(S3Error::new(
-            S3Code::AccessDenied,
-            format!(
-                "the S3 backend at {backend} denied access ({code}): {message}; check the node's AWS credentials"
-            ),
+        _ if status == 403 => BackendError::Denied(format!(
+            "the S3 backend at {backend} denied access ({code}): {message}; check the node's AWS credentials"
         )),
         // The store failed or is overloaded (the SDK retried first): its side; a later
         // retry may help.
@@ -86,7 +82,10 @@ pub(super) fn from_code(
         )),
         _ => match passthrough(code) {
             // Other refusals of the client's request keep S3's own code.
-            Some(c) => BackendError::Client(S3Error::new(c, message)),
+            Some(c) => BackendError::StoreRefused {
+                code: c.to_owned(),
+                message: message.to_owned(),
+            },
             // Redirects (wrong region) and codes we do not know: the node's setup or the
             // store; report them as the store's failure with its words.
             None => BackendError::Unavailable(format!(
@@ -97,23 +96,22 @@ pub(super) fn from_code(
 }
 
 /// S3 codes of client errors that pass through unchanged.
-fn passthrough(code: &str) -> Option<S3Code> {
-    use S3Code::*;
-    Some(match code {
-        "InvalidPart" => InvalidPart,
-        "InvalidArgument" => InvalidArgument,
-        "InvalidRequest" => InvalidRequest,
-        "InvalidRange" => InvalidRange,
-        "InvalidDigest" => InvalidDigest,
-        "EntityTooLarge" => EntityTooLarge,
-        "IncompleteBody" => IncompleteBody,
-        "MalformedXML" => MalformedXML,
-        "MissingContentLength" => MissingContentLength,
-        "MethodNotAllowed" => MethodNotAllowed,
-        "PreconditionFailed" => PreconditionFailed,
-        "NotModified" => NotModified,
-        _ => return None,
-    })
+fn passthrough(code: &str) -> Option<&str> {
+    const KEPT: &[&str] = &[
+        "InvalidPart",
+        "InvalidArgument",
+        "InvalidRequest",
+        "InvalidRange",
+        "InvalidDigest",
+        "EntityTooLarge",
+        "IncompleteBody",
+        "MalformedXML",
+        "MissingContentLength",
+        "MethodNotAllowed",
+        "PreconditionFailed",
+        "NotModified",
+    ];
+    KEPT.iter().copied().find(|k| *k == code)
 }
 
 #[cfg(test)]
@@ -144,11 +142,11 @@ mod tests {
         ));
         assert!(matches!(
             m(Some("SignatureDoesNotMatch"), 403),
-            BackendError::Client(s) if s.code == S3Code::AccessDenied
+            BackendError::Denied(_)
         ));
         assert!(matches!(
             m(Some("PreconditionFailed"), 412),
-            BackendError::Client(s) if s.code == S3Code::PreconditionFailed
+            BackendError::StoreRefused { code, .. } if code == "PreconditionFailed"
         ));
         assert!(matches!(
             from_code(

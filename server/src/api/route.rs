@@ -13,12 +13,13 @@ use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
 use http::{header, HeaderValue, Method, StatusCode};
 
-use super::peer::{target_of, HOP};
-use super::ring::key_hash;
-use crate::api::s3::auth::query_has;
-use crate::api::AppState;
+use granary_proto::headers::HOP;
+
+use super::error::{S3Code, S3Error};
+use super::AppState;
+use crate::cluster::peer::target_of;
+use crate::cluster::ring::key_hash;
 use crate::config::RouteMode;
-use crate::error::{S3Code, S3Error};
 
 /// What routing made of a request.
 pub enum Routed {
@@ -28,20 +29,12 @@ pub enum Routed {
     Answered(Response),
 }
 
-/// Whether the request carries a signature that names its host.
-pub(crate) fn signed(req: &http::request::Parts) -> bool {
-    let q = req.uri.query().unwrap_or("");
-    req.headers.contains_key(header::AUTHORIZATION)
-        || query_has(q, "X-Amz-Signature")
-        || query_has(q, "Signature")
-}
-
 pub async fn route(state: &AppState, req: Request) -> Routed {
-    let c = &state.cluster;
+    let c = &state.node.cluster;
     if c.is_single() || req.headers().contains_key(HOP) {
         return Routed::Local(req);
     }
-    let Ok((bucket, Some(key))) = crate::api::s3::split_path(req.uri().path()) else {
+    let Ok((bucket, Some(key))) = granary_proto::encode::split_path(req.uri().path()) else {
         return Routed::Local(req);
     };
     let kh = key_hash(&bucket, &key);
@@ -55,8 +48,10 @@ pub async fn route(state: &AppState, req: Request) -> Routed {
             break;
         }
         let m = c.member(owner);
-        if read && c.route == RouteMode::Redirect && !signed(&parts) {
+        if read && state.route == RouteMode::Redirect && !granary_proto::auth::client_signed(&parts)
+        {
             state
+                .node
                 .stats
                 .redirects
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -82,7 +77,7 @@ pub async fn route(state: &AppState, req: Request) -> Routed {
         {
             Ok(resp) => return Routed::Answered(resp),
             Err(why) => {
-                c.mark_down(owner, &why);
+                c.mark_down(owner, why);
                 if !read {
                     let id = m.id.clone();
                     return Routed::Answered(

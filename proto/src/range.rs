@@ -1,9 +1,8 @@
 //! The `Range` header as S3 reads it: one `bytes=` range. A header S3 would not parse
 //! (another unit, several ranges, `5-2`, junk) is ignored and the whole object is sent; a
-//! range that parses but starts past the end is `416 InvalidRange`.
+//! range that parses but starts past the end is unsatisfiable (`416 InvalidRange`).
 
-use crate::backend::ByteRange;
-use crate::error::{S3Code, S3Error};
+use std::ops::Range;
 
 /// A parsed, not yet resolved, range.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -13,6 +12,10 @@ pub enum RangeSpec {
     /// `bytes=-n`: the last `n` bytes.
     Suffix(u64),
 }
+
+/// A range that names no byte of the object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Unsatisfiable;
 
 impl RangeSpec {
     /// Parses a header value; `None` for anything S3 would ignore.
@@ -47,29 +50,20 @@ impl RangeSpec {
     }
 
     /// The bytes this range names in an object of `size` bytes.
-    pub fn resolve(self, size: u64) -> Result<ByteRange, S3Error> {
-        let unsatisfiable = || {
-            S3Error::new(
-                S3Code::InvalidRange,
-                "The requested range is not satisfiable",
-            )
-        };
+    pub fn resolve(self, size: u64) -> Result<Range<u64>, Unsatisfiable> {
         match self {
             RangeSpec::From { start, last } => {
                 if start >= size {
-                    return Err(unsatisfiable());
+                    return Err(Unsatisfiable);
                 }
                 let end = last.map_or(size, |l| l.saturating_add(1).min(size));
-                Ok(ByteRange { start, end })
+                Ok(start..end)
             }
             RangeSpec::Suffix(n) => {
                 if n == 0 || size == 0 {
-                    return Err(unsatisfiable());
+                    return Err(Unsatisfiable);
                 }
-                Ok(ByteRange {
-                    start: size.saturating_sub(n),
-                    end: size,
-                })
+                Ok(size.saturating_sub(n)..size)
             }
         }
     }
@@ -78,12 +72,13 @@ impl RangeSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::S3Code;
 
     fn r(s: &str, size: u64) -> Option<Result<(u64, u64), S3Code>> {
         RangeSpec::parse(s).map(|spec| {
             spec.resolve(size)
                 .map(|b| (b.start, b.end))
-                .map_err(|e| e.code)
+                .map_err(|Unsatisfiable| S3Code::InvalidRange)
         })
     }
 

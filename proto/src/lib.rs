@@ -1,0 +1,23 @@
+//! Granary's wire protocol, in one crate without an async runtime, shared by the node,
+//! the client library, the bench and the tests: what one side signs, encodes or writes
+//! is what the other side checks, decodes or reads.
+//!
+//! - [`sigv4`]: SigV4 primitives, a signer, chunk signatures; [`sigv2`]: presigned V2.
+//! - [`auth`]: checking a request's signature (header, presigned, peer) as the node does.
+//! - [`peer`]: the MAC members sign their own requests with.
+//! - [`xml`]: S3's XML documents, written and read; [`code`]: S3 error codes.
+//! - [`encode`]: keys, paths and queries; [`range`]: the `Range` header;
+//!   [`headers`]: header names; [`units`]: sizes and durations for people.
+
+pub mod auth;
+pub mod code;
+pub mod encode;
+pub mod headers;
+pub mod peer;
+pub mod range;
+pub mod sigv2;
+pub mod sigv4;
+pub mod units;
+pub mod xml;
+
+pub use code::S3Code;

@@ -1,0 +1,228 @@
+//! The S3 error every API failure ends as: one code, its HTTP status, and the XML body S3
+//! clients parse. Every lower layer has its own error enum; the `From` impls here are the
+//! one place they become S3 codes.
+
+use std::fmt;
+
+use axum::response::{IntoResponse, Response};
+use granary_proto::auth::AuthError;
+use granary_proto::xml::XmlError;
+use http::{HeaderValue, StatusCode};
+
+use crate::backend::{BackendError, Refusal};
+use crate::cache::CacheError;
+use crate::cluster::ClusterError;
+use crate::node::NodeError;
+use crate::transform::TransformError;
+
+pub use granary_proto::S3Code;
+
+/// An S3 error answer: a code, a message for people, and the resource it concerns.
+#[derive(Debug, Clone)]
+pub struct S3Error {
+    pub code: S3Code,
+    pub message: String,
+    pub resource: Option<String>,
+}
+
+impl S3Error {
+    pub fn new(code: S3Code, message: impl Into<String>) -> S3Error {
+        S3Error {
+            code,
+            message: message.into(),
+            resource: None,
+        }
+    }
+
+    pub fn with_resource(mut self, resource: impl Into<String>) -> S3Error {
+        self.resource = Some(resource.into());
+        self
+    }
+
+    pub fn internal(message: impl fmt::Display) -> S3Error {
+        S3Error::new(S3Code::InternalError, message.to_string())
+    }
+
+    /// The S3 XML error document.
+    pub fn to_xml(&self, request_id: &str) -> String {
+        granary_proto::xml::error_doc(
+            self.code.as_str(),
+            &self.message,
+            self.resource.as_deref(),
+            request_id,
+        )
+    }
+}
+
+impl fmt::Display for S3Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.code.as_str(), self.message)
+    }
+}
+
+impl std::error::Error for S3Error {}
+
+impl IntoResponse for S3Error {
+    fn into_response(self) -> Response {
+        let status =
+            StatusCode::from_u16(self.code.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let request_id = super::request_id();
+        let mut resp = if status == StatusCode::NOT_MODIFIED {
+            Response::new(axum::body::Body::empty())
+        } else {
+            Response::new(axum::body::Body::from(self.to_xml(&request_id)))
+        };
+        *resp.status_mut() = status;
+        let h = resp.headers_mut();
+        if status != StatusCode::NOT_MODIFIED {
+            h.insert(
+                http::header::CONTENT_TYPE,
+                HeaderValue::from_static("application/xml"),
+            );
+        }
+        if let Ok(v) = HeaderValue::from_str(&request_id) {
+            h.insert("x-amz-request-id", v);
+        }
+        if let Ok(code) = HeaderValue::from_str(self.code.as_str()) {
+            h.insert("x-amz-error-code", code);
+        }
+        resp.extensions_mut().insert(self);
+        resp
+    }
+}
+
+/// The request body's own verdict (a bad chunk signature, a checksum mismatch, a short
+/// body), which the body decoder (`s3::body`) hands down inside the stream's errors: the
+/// one place it is taken back out.
+fn body_verdict(e: &std::io::Error) -> Option<S3Error> {
+    e.get_ref()
+        .and_then(|inner| inner.downcast_ref::<S3Error>())
+        .cloned()
+}
+
+impl From<std::io::Error> for S3Error {
+    fn from(e: std::io::Error) -> S3Error {
+        body_verdict(&e).unwrap_or_else(|| S3Error::internal(e))
+    }
+}
+
+impl From<Refusal> for S3Error {
+    fn from(r: Refusal) -> S3Error {
+        let code = match r {
+            Refusal::PreconditionFailed => S3Code::PreconditionFailed,
+            Refusal::NotModified => S3Code::NotModified,
+            Refusal::Unsatisfiable { .. } => S3Code::InvalidRange,
+            Refusal::Changed(_) | Refusal::Declined => S3Code::ServiceUnavailable,
+        };
+        S3Error::new(code, r.to_string())
+    }
+}
+
+impl From<BackendError> for S3Error {
+    fn from(e: BackendError) -> S3Error {
+        use BackendError as B;
+        let code = match &e {
+            B::NoSuchBucket(_) => S3Code::NoSuchBucket,
+            B::NoSuchKey(_) => S3Code::NoSuchKey,
+            B::NoSuchUpload(_) => S3Code::NoSuchUpload,
+            B::BucketExists(_) => S3Code::BucketAlreadyOwnedByYou,
+            B::BucketNotEmpty(_) => S3Code::BucketNotEmpty,
+            B::InvalidBucketName(_) => S3Code::InvalidBucketName,
+            B::InvalidKey(_) => S3Code::InvalidArgument,
+            B::KeyTooLong => S3Code::KeyTooLongError,
+            B::InvalidPart(_) => S3Code::InvalidPart,
+            B::InvalidPartOrder => S3Code::InvalidPartOrder,
+            B::NoParts => S3Code::MalformedXML,
+            B::EntityTooSmall => S3Code::EntityTooSmall,
+            B::BadDigest(_) => S3Code::BadDigest,
+            B::IncompleteBody(_) => S3Code::IncompleteBody,
+            B::LengthRequired(_) => S3Code::MissingContentLength,
+            B::Refused(r) => return S3Error::from(r.clone()),
+            B::Body(io) => {
+                return body_verdict(io).unwrap_or_else(|| {
+                    S3Error::new(
+                        S3Code::IncompleteBody,
+                        format!("the request body was cut short: {io}"),
+                    )
+                })
+            }
+            B::StoreRefused { code, .. } => S3Code::parse(code).unwrap_or(S3Code::InvalidRequest),
+            B::Denied(_) => S3Code::AccessDenied,
+            B::Busy(_) => S3Code::SlowDown,
+            B::Io(_) => S3Code::InternalError,
+            B::Unavailable(_) => S3Code::ServiceUnavailable,
+        };
+        if matches!(code, S3Code::InternalError | S3Code::ServiceUnavailable) {
+            tracing::error!(error = %e, "backend failure");
+        }
+        S3Error::new(code, e.to_string())
+    }
+}
+
+impl From<CacheError> for S3Error {
+    fn from(e: CacheError) -> S3Error {
+        let code = match e {
+            CacheError::Source(b) => return b.into(),
+            CacheError::Refused(r) => return r.into(),
+            CacheError::NotHeld => S3Code::NoSuchKey,
+            CacheError::NotTar(_) => S3Code::InvalidArgument,
+            CacheError::NotAdmitted { .. } => S3Code::ServiceUnavailable,
+            CacheError::FillFailed(_) | CacheError::Disk(_) => S3Code::InternalError,
+        };
+        S3Error::new(code, e.to_string())
+    }
+}
+
+impl From<ClusterError> for S3Error {
+    fn from(e: ClusterError) -> S3Error {
+        S3Error::new(S3Code::ServiceUnavailable, format!("{e}; retry"))
+    }
+}
+
+impl From<TransformError> for S3Error {
+    fn from(e: TransformError) -> S3Error {
+        let code = match e {
+            TransformError::Unknown(_) => S3Code::InvalidArgument,
+            TransformError::TooLarge { .. } => S3Code::EntityTooLarge,
+            TransformError::Failed { .. } => S3Code::InternalError,
+        };
+        S3Error::new(code, e.to_string())
+    }
+}
+
+impl From<NodeError> for S3Error {
+    fn from(e: NodeError) -> S3Error {
+        let code = match e {
+            NodeError::Backend(b) => return b.into(),
+            NodeError::Cache(c) => return c.into(),
+            NodeError::Cluster(c) => return c.into(),
+            NodeError::Transform(t) => return t.into(),
+            NodeError::Invalid(_) | NodeError::NotAShard(_) => S3Code::InvalidArgument,
+            NodeError::NoMember(_) => S3Code::NoSuchKey,
+            NodeError::Changed(_) | NodeError::ShardNotHeld => S3Code::ServiceUnavailable,
+            NodeError::Cut(_) => S3Code::InternalError,
+            NodeError::Peer { status, .. } => match status {
+                400 => S3Code::InvalidArgument,
+                403 => S3Code::AccessDenied,
+                503 => S3Code::ServiceUnavailable,
+                _ => S3Code::InternalError,
+            },
+        };
+        S3Error::new(code, e.to_string())
+    }
+}
+
+impl From<AuthError> for S3Error {
+    fn from(e: AuthError) -> S3Error {
+        S3Error::new(e.code, e.message)
+    }
+}
+
+impl From<XmlError> for S3Error {
+    fn from(e: XmlError) -> S3Error {
+        S3Error::new(
+            S3Code::MalformedXML,
+            format!("The XML you provided was not well-formed or did not validate against our published schema: {e}"),
+        )
+    }
+}

@@ -1,0 +1,346 @@
+//! Reads: GetObject and HeadObject (ranges, conditionals), a member of a tar shard
+//! (`?archpath=`), a transform's result (`?transform=`), and a whole `.tar` shard with a
+//! member transform (a tar stream). The node reads; this file turns the request into a
+//! [`ReadRequest`] and the [`Reply`] into headers: the bytes as the body, or for a
+//! client on this machine that asks for it (`x-granary-local: fd` over the Unix socket),
+//! a read-only descriptor of the cache file (see `crate::local`).
+
+use std::os::fd::OwnedFd;
+use std::time::SystemTime;
+
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use axum::response::{IntoResponse, Response};
+use granary_proto::headers::{
+    CACHE, LOCAL, LOCAL_LENGTH, LOCAL_OFFSET, NODE, PEER_FILL, SPILL, TRANSFORM,
+};
+use granary_proto::range::RangeSpec;
+use http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
+
+use super::Req;
+use crate::api::error::{S3Code, S3Error};
+use crate::api::AppState;
+use crate::archive::{self, Format};
+use crate::backend::ByteRange;
+use crate::cache::{Body as Bytes, CacheError, LocalFile, Origin};
+use crate::cluster::peer::target_of;
+use crate::local::FdSender;
+use crate::node::{Conditions, Item, NodeError, ReadMode, ReadRequest, Reply, Served};
+
+/// What was read: an object (and its headers), a shard member, or a transform's result.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind<'a> {
+    Object,
+    Member,
+    Transformed(&'a str),
+}
+
+/// GetObject, HeadObject, and their `?archpath=` and `?transform=` forms.
+pub async fn get(state: &AppState, r: Req, head: bool) -> Result<Response, S3Error> {
+    let node = &state.node;
+    let member = r.q("archpath");
+    let transform = r.q("transform");
+    if let Some(name) = transform {
+        let t = node.transforms.lookup(name)?;
+        if member.is_none() && !t.members.is_empty() {
+            let (bucket, key) = (r.bucket.clone(), r.key().to_owned());
+            return whole_shard(state, (&bucket, &key), &t, head).await;
+        }
+    }
+    let peer_fill = r.parts.headers.contains_key(PEER_FILL) && !head;
+    let fds = if head || peer_fill {
+        None
+    } else {
+        local_sender(&r)
+    };
+    let mode = match () {
+        () if head => ReadMode::Head,
+        () if peer_fill => ReadMode::Committed,
+        () if fds.is_some() => ReadMode::Local,
+        () => ReadMode::Stream,
+    };
+    let req = ReadRequest {
+        bucket: &r.bucket,
+        key: r.key(),
+        member,
+        transform,
+        range: r.header("range").and_then(RangeSpec::parse),
+        conditions: conditions(&r.parts.headers),
+        mode,
+    };
+    let kind = match (transform, member) {
+        (Some(t), _) => Kind::Transformed(t),
+        (None, Some(_)) => Kind::Member,
+        (None, None) => Kind::Object,
+    };
+    let reply = if kind == Kind::Object && mode == ReadMode::Stream {
+        // Another node with room takes what this one cannot admit; the request carries
+        // the ids of the nodes that refused it, so it never comes back.
+        let tried: Vec<&str> = r
+            .header(SPILL)
+            .unwrap_or("")
+            .split(',')
+            .filter(|s| !s.is_empty())
+            .collect();
+        match node.read_or_leave(&req, &tried).await? {
+            Served::Here(reply) => reply,
+            Served::Elsewhere(i) => match spill_to(state, &r.parts, i, &tried).await {
+                Some(resp) => return Ok(resp),
+                None => node.read(&req).await?,
+            },
+        }
+    } else {
+        match node.read(&req).await {
+            Ok(reply) => reply,
+            Err(NodeError::Cache(CacheError::NotHeld)) => {
+                // The usual answer to a peer's question, not a client's error.
+                let mut resp =
+                    S3Error::new(S3Code::NoSuchKey, "this node holds no copy of the object")
+                        .with_resource(r.resource())
+                        .into_response();
+                resp.extensions_mut().insert(crate::api::NotAnError);
+                return Ok(resp);
+            }
+            Err(e) => return Err(e.into()),
+        }
+    };
+    Ok(answer(state, &r, kind, reply, fds.as_ref()))
+}
+
+/// The answer to a read: headers for `kind`, then the bytes, or the descriptor.
+fn answer(
+    state: &AppState,
+    r: &Req,
+    kind: Kind<'_>,
+    reply: Reply,
+    fds: Option<&FdSender>,
+) -> Response {
+    let Reply {
+        meta,
+        size,
+        range,
+        origin,
+        body,
+    } = reply;
+    // A descriptor only for a client that asked for one over the socket.
+    let (body, file) = match (body, fds) {
+        (Bytes::File(lf), Some(_)) => (Body::empty(), Some(lf)),
+        (other, _) => (Body::from_stream(other.into_stream()), None),
+    };
+    let mut resp = Response::new(body);
+    let h = resp.headers_mut();
+    match kind {
+        Kind::Member => {
+            // A member is not an object: no ETag of its own.
+            h.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/octet-stream"),
+            );
+            h.insert(header::LAST_MODIFIED, http_date(meta.last_modified));
+            h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+            source_headers(state, h, origin);
+        }
+        Kind::Object | Kind::Transformed(_) => {
+            object_headers(state, h, &meta, origin);
+            if let Kind::Transformed(t) = kind {
+                if let Ok(v) = HeaderValue::from_str(t) {
+                    h.insert(TRANSFORM, v);
+                }
+            }
+            response_overrides(r, h);
+        }
+    }
+    match (file, fds) {
+        (Some(lf), Some(fds)) => local_answer(resp, lf, fds),
+        _ => {
+            set_length(&mut resp, range, size);
+            resp
+        }
+    }
+}
+
+/// The conditional headers of a request.
+fn conditions(h: &HeaderMap) -> Conditions {
+    let text = |n: &str| h.get(n).and_then(|v| v.to_str().ok());
+    let date = |n: &str| text(n).and_then(|v| httpdate::parse_http_date(v).ok());
+    Conditions {
+        if_match: text("if-match").map(str::to_owned),
+        if_none_match: text("if-none-match").map(str::to_owned),
+        if_modified_since: date("if-modified-since"),
+        if_unmodified_since: date("if-unmodified-since"),
+    }
+}
+
+pub(super) fn http_date(t: SystemTime) -> HeaderValue {
+    HeaderValue::from_str(&httpdate::fmt_http_date(t)).expect("HTTP dates are ASCII")
+}
+
+/// Where the bytes came from, and the node that holds them.
+fn source_headers(state: &AppState, h: &mut HeaderMap, origin: Origin) {
+    h.insert(CACHE, HeaderValue::from_static(origin.as_str()));
+    if let Ok(v) = HeaderValue::from_str(&state.node.id) {
+        h.insert(NODE, v);
+    }
+}
+
+/// The headers every object read carries.
+fn object_headers(
+    state: &AppState,
+    h: &mut HeaderMap,
+    meta: &crate::backend::ObjectMeta,
+    origin: Origin,
+) {
+    h.insert(header::ETAG, super::quoted(&meta.etag));
+    h.insert(header::LAST_MODIFIED, http_date(meta.last_modified));
+    h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+    let mut has_type = false;
+    for (k, v) in &meta.headers {
+        if let (Ok(name), Ok(value)) = (HeaderName::try_from(k.as_str()), HeaderValue::from_str(v))
+        {
+            has_type |= name == header::CONTENT_TYPE;
+            h.insert(name, value);
+        }
+    }
+    if !has_type {
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/octet-stream"),
+        );
+    }
+    source_headers(state, h, origin);
+}
+
+/// `response-content-type` and friends override the stored headers.
+fn response_overrides(r: &Req, h: &mut HeaderMap) {
+    for (param, name) in [
+        ("response-content-type", header::CONTENT_TYPE),
+        ("response-content-disposition", header::CONTENT_DISPOSITION),
+        ("response-content-encoding", header::CONTENT_ENCODING),
+        ("response-content-language", header::CONTENT_LANGUAGE),
+        ("response-cache-control", header::CACHE_CONTROL),
+        ("response-expires", header::EXPIRES),
+    ] {
+        if let Some(v) = r.q(param).and_then(|v| HeaderValue::from_str(v).ok()) {
+            h.insert(name, v);
+        }
+    }
+}
+
+/// `Content-Length`, and for a range `206` with its `Content-Range`, of a body cut from
+/// `size` bytes.
+fn set_length(resp: &mut Response, resolved: Option<ByteRange>, size: u64) {
+    match resolved {
+        Some(br) => {
+            *resp.status_mut() = StatusCode::PARTIAL_CONTENT;
+            let h = resp.headers_mut();
+            h.insert(header::CONTENT_LENGTH, br.len().into());
+            h.insert(
+                header::CONTENT_RANGE,
+                HeaderValue::from_str(&format!("bytes {}-{}/{}", br.start, br.end - 1, size))
+                    .expect("digits are ASCII"),
+            );
+        }
+        None => {
+            resp.headers_mut()
+                .insert(header::CONTENT_LENGTH, size.into());
+        }
+    }
+}
+
+/// Forwards a read this node could not admit to member `i`, which has room; `None` when
+/// it does not answer (it is marked down).
+async fn spill_to(
+    state: &AppState,
+    parts: &http::request::Parts,
+    i: usize,
+    tried: &[&str],
+) -> Option<Response> {
+    let c = &state.node.cluster;
+    let mut headers = parts.headers.clone();
+    let mut refused: Vec<&str> = tried.to_vec();
+    refused.push(&state.node.id);
+    headers.insert(SPILL, HeaderValue::from_str(&refused.join(",")).ok()?);
+    let target = target_of(&parts.uri);
+    match c
+        .forward(i, &parts.method, &target, &headers, Body::empty())
+        .await
+    {
+        Ok(resp) => Some(resp),
+        Err(why) => {
+            c.mark_down(i, why);
+            None
+        }
+    }
+}
+
+/// The connection's descriptor channel, when the request asks for a descriptor and came
+/// over the Unix socket.
+fn local_sender(r: &Req) -> Option<FdSender> {
+    if !r
+        .header(LOCAL)
+        .is_some_and(|v| v.eq_ignore_ascii_case("fd"))
+    {
+        return None;
+    }
+    r.parts
+        .extensions
+        .get::<ConnectInfo<FdSender>>()
+        .map(|c| c.0.clone())
+}
+
+/// Turns `resp` (an answer's headers, its body empty) into a descriptor answer: the file
+/// leaves with the answer's head; the headers say which of its bytes were asked.
+fn local_answer(mut resp: Response, lf: LocalFile, fds: &FdSender) -> Response {
+    let h = resp.headers_mut();
+    h.insert(header::CONTENT_LENGTH, HeaderValue::from(0u64));
+    h.remove(header::CONTENT_RANGE);
+    h.insert(LOCAL, HeaderValue::from_static("fd"));
+    h.insert(LOCAL_OFFSET, HeaderValue::from(lf.offset));
+    h.insert(LOCAL_LENGTH, HeaderValue::from(lf.len));
+    *resp.status_mut() = StatusCode::OK;
+    *resp.body_mut() = Body::empty();
+    fds.send(OwnedFd::from(lf.file));
+    resp
+}
+
+/// `?transform=` with a member filter on a whole `.tar` shard: the shard as a tar
+/// stream, its members in order, those the filter takes transformed (each result cached
+/// like a member's), the others as they are.
+async fn whole_shard(
+    state: &AppState,
+    (bucket, key): (&str, &str),
+    t: &crate::transform::Named,
+    head: bool,
+) -> Result<Response, S3Error> {
+    if Format::of(key) != Some(Format::Tar) {
+        return Err(S3Error::new(
+            S3Code::InvalidArgument,
+            format!(
+                "transform `{}` applies to the members of .tar shards; name one member of a compressed shard with archpath",
+                t.name
+            ),
+        ));
+    }
+    if head {
+        return Err(S3Error::new(
+            S3Code::InvalidRequest,
+            "a transformed shard's size is known once it is built: use GET",
+        ));
+    }
+    let idx = state.node.shard_index(bucket, key).await?;
+    let mut members: Vec<(&String, &archive::Member)> = idx.iter().collect();
+    members.sort_by_key(|(_, m)| m.offset);
+    let names: Vec<String> = members.iter().map(|(n, _)| (*n).clone()).collect();
+    let items = names
+        .iter()
+        .map(|n| {
+            let apply = t.takes_member(n).then_some(t.name.as_str());
+            Item::member(bucket, key, n, apply)
+        })
+        .collect();
+    let mut resp = crate::api::batch::stream(state.node.clone(), names, items, false).await?;
+    if let Ok(v) = HeaderValue::from_str(&t.name) {
+        resp.headers_mut().insert(TRANSFORM, v);
+    }
+    Ok(resp)
+}

@@ -1,0 +1,201 @@
+//! Hits: a committed entry's bytes, from memory for a small hot object, else streamed
+//! from its file through the read engine with every 64 KiB block checked against its
+//! CRC32C on the way; or, for a client on this machine, the file itself (its blocks
+//! checked through a mapping first). A block that fails its check drops the entry, so the
+//! next read refetches it, and the read fails before the bad bytes are sent.
+
+use std::fs::File;
+use std::io;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use super::index::Entry;
+use super::{store, Body, Cache, CacheError, LocalFile, Origin, Read, HOT_MAX_OBJECT};
+use crate::backend::{ByteRange, ByteStream, RangeFn};
+
+impl Cache {
+    /// A committed entry's bytes, of the range `range` picks: from memory for a hot
+    /// small object, else the entry file.
+    pub(super) fn serve_entry(
+        self: &Arc<Self>,
+        ikey: &str,
+        entry: Arc<Entry>,
+        range: &RangeFn<'_>,
+    ) -> Result<Read, CacheError> {
+        let resolved = range(&entry.meta).map_err(CacheError::Refused)?;
+        let hot = self
+            .hot
+            .get(ikey)
+            .filter(|(e, _)| Arc::ptr_eq(e, &entry))
+            .map(|(_, b)| b);
+        let body: ByteStream = match hot {
+            Some(bytes) => {
+                let (a, b) =
+                    resolved.map_or((0, bytes.len()), |r| (r.start as usize, r.end as usize));
+                let piece = bytes.slice(a..b);
+                Box::pin(futures::stream::once(async move { Ok(piece) }))
+            }
+            None => self
+                .clone()
+                .hit_stream(ikey.to_owned(), entry.clone(), resolved),
+        };
+        Ok(Read {
+            meta: entry.meta.clone(),
+            range: resolved,
+            body: Body::Stream(body),
+            origin: Origin::Hit,
+        })
+    }
+
+    /// A committed entry's file, opened read-only, for a client on this machine: `None`
+    /// when the entry is gone. The bytes of the range are checked against their checksums
+    /// first where reads are checked (`--verify-reads`, or an entry not yet read whole
+    /// since it was loaded); a mismatch drops the entry and fails, as a streamed read
+    /// would.
+    pub(super) async fn local_file(
+        self: &Arc<Self>,
+        ikey: &str,
+        entry: Arc<Entry>,
+        range: &RangeFn<'_>,
+    ) -> Result<Option<LocalFile>, CacheError> {
+        let resolved = range(&entry.meta).map_err(CacheError::Refused)?;
+        let size = entry.meta.size;
+        let (start, end) = resolved.map_or((0, size), |r| (r.start, r.end));
+        // Opened after the lookup: an entry removed meanwhile is simply not held.
+        let file = match File::open(&entry.path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        if self.verify_reads || !entry.verified.load(Ordering::Relaxed) {
+            let (cache, e2, ik) = (self.clone(), entry.clone(), ikey.to_owned());
+            let f2 = file.try_clone()?;
+            tokio::task::spawn_blocking(move || cache.check_blocks(&ik, &e2, &f2, start, end))
+                .await
+                .map_err(io::Error::other)??;
+        }
+        self.stats.hits.fetch_add(1, Ordering::Relaxed);
+        self.stats.local_reads.fetch_add(1, Ordering::Relaxed);
+        Ok(Some(LocalFile {
+            file,
+            meta: entry.meta.clone(),
+            offset: start,
+            len: end - start,
+        }))
+    }
+
+    /// Checks the blocks of an entry's file holding `start..end` against their
+    /// checksums, through a mapping (no copy); marks the entry verified when that is all
+    /// of it.
+    fn check_blocks(
+        &self,
+        ikey: &str,
+        entry: &Arc<Entry>,
+        file: &File,
+        start: u64,
+        end: u64,
+    ) -> io::Result<()> {
+        let size = entry.meta.size;
+        let block = entry.block();
+        let first = start / block;
+        let stop = end.div_ceil(block).saturating_mul(block).min(size);
+        let from = first * block;
+        // A mapping past the end of the file faults when touched: check the length first
+        // (the node never shortens an entry file; only damage does).
+        let long_enough = file.metadata().map(|m| m.len() >= stop);
+        if !matches!(long_enough, Ok(true)) {
+            self.drop_entry(ikey, entry);
+            return Err(io::Error::other("cache entry is shorter than its size"));
+        }
+        // Blocks are 64 KiB or 1 MiB: multiples of the page size.
+        let bytes = match store::Mapped::new(file, from, (stop - from) as usize) {
+            Ok(m) => m,
+            Err(e) => {
+                self.drop_entry(ikey, entry);
+                return Err(io::Error::other(format!("cache entry is unreadable: {e}")));
+            }
+        };
+        self.check_crcs(ikey, entry, from, &bytes)?;
+        if start == 0 && end == size {
+            entry.verified.store(true, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Checks `bytes`, whole blocks of an entry from `pos` (a block boundary), against
+    /// their checksums; a mismatch drops the entry and fails.
+    fn check_crcs(&self, ikey: &str, entry: &Arc<Entry>, pos: u64, bytes: &[u8]) -> io::Result<()> {
+        let block = entry.block();
+        let first = (pos / block) as usize;
+        for (i, chunk) in bytes.chunks(block as usize).enumerate() {
+            if entry.crcs.get(first + i) != Some(&crc32c::crc32c(chunk)) {
+                tracing::error!(key = %ikey, block = first + i, "cache entry failed its checksum; dropping it");
+                self.drop_entry(ikey, entry);
+                return Err(io::Error::other("cache entry failed its checksum"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Streams a committed entry, checking each block's CRC32C before sending it. On a
+    /// mismatch the stream ends with an error (the response is cut short) and the entry
+    /// is dropped, so the next read refetches it.
+    pub(super) fn hit_stream(
+        self: Arc<Self>,
+        ikey: String,
+        entry: Arc<Entry>,
+        range: Option<ByteRange>,
+    ) -> ByteStream {
+        let size = entry.meta.size;
+        let (start, end) = range.map_or((0, size), |r| (r.start, r.end));
+        let verify = self.verify_reads || !entry.verified.load(Ordering::Relaxed);
+        let stream = async_stream::try_stream! {
+            if start < end {
+                let file = Arc::new(File::open(&entry.path)?);
+                // Reads of up to 1 MiB, from the block holding `start` to the end of
+                // the block holding `end - 1`: whole blocks, each checked on arrival.
+                let block = entry.block();
+                let stop = end.div_ceil(block).saturating_mul(block).min(size);
+                let read = |pos: u64| {
+                    let len = (stop - pos).min(store::READ) as usize;
+                    self.engine.read_at(file.clone(), pos, len)
+                };
+                let mut pos = start / block * block;
+                // One read ahead: the next read runs while this one is checked and
+                // sent, so a single stream keeps the disk and the socket both busy.
+                let mut ahead = Some(read(pos));
+                while pos < end {
+                    let buf = match ahead.take() {
+                        Some(r) => r.await?,
+                        None => read(pos).await?,
+                    };
+                    if buf.is_empty() {
+                        self.drop_entry(&ikey, &entry);
+                        Err(io::Error::other("cache entry is shorter than its size"))?;
+                    }
+                    let next = pos + buf.len() as u64;
+                    if next < end {
+                        ahead = Some(read(next));
+                    }
+                    if verify {
+                        self.check_crcs(&ikey, &entry, pos, &buf)?;
+                    }
+                    let lo = (start.max(pos) - pos) as usize;
+                    let hi = (end.min(next) - pos) as usize;
+                    if size <= HOT_MAX_OBJECT && start == 0 && end == size {
+                        self.hot.insert(ikey.clone(), (entry.clone(), buf.clone()));
+                    }
+                    let piece: Bytes = buf.slice(lo..hi);
+                    yield piece;
+                    pos = next;
+                }
+                if start == 0 && end == size {
+                    entry.verified.store(true, Ordering::Relaxed);
+                }
+            }
+        };
+        Box::pin(stream)
+    }
+}

@@ -1,0 +1,434 @@
+//! The cache's state machine against an in-memory source whose bodies can be held back
+//! or made to fail: one fetch for many readers, a failed leader, a write or an
+//! invalidation overlapping a fill, admission when full.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::StreamExt;
+use tokio::sync::Semaphore;
+
+use super::{Body, Cache, CacheError, Mode, Origin, Read};
+use crate::backend::{
+    Backend, BackendError, BucketInfo, ByteRange, ByteStream, GetObject, ListPage, ListQuery,
+    ObjectMeta, PartInfo, PutOptions, RangeFn, Result, Source, UploadInfo,
+};
+use crate::config::CachePolicy;
+use crate::stats::Stats;
+
+/// Objects in memory; bodies come in 64 KiB pieces, the first at once and the rest once
+/// `gate` gives a permit (when set), and fail after the first piece while `fail` is set.
+#[derive(Default)]
+struct Mem {
+    objects: Mutex<HashMap<String, Bytes>>,
+    gets: AtomicUsize,
+    gate: Mutex<Option<Arc<Semaphore>>>,
+    fail: AtomicBool,
+}
+
+const PIECE: usize = 64 << 10;
+
+impl Mem {
+    fn with(objects: &[(&str, Bytes)]) -> Arc<Mem> {
+        let m = Mem::default();
+        for (k, v) in objects {
+            m.objects.lock().unwrap().insert((*k).to_owned(), v.clone());
+        }
+        Arc::new(m)
+    }
+
+    fn hold_bodies(&self) -> Arc<Semaphore> {
+        let s = Arc::new(Semaphore::new(0));
+        *self.gate.lock().unwrap() = Some(s.clone());
+        s
+    }
+
+    fn meta(data: &Bytes) -> ObjectMeta {
+        ObjectMeta {
+            size: data.len() as u64,
+            etag: format!("{:x}", xxhash_rust::xxh3::xxh3_64(data)),
+            last_modified: SystemTime::UNIX_EPOCH,
+            headers: Vec::new(),
+        }
+    }
+
+    fn body(&self, data: Bytes) -> ByteStream {
+        let gate = self.gate.lock().unwrap().clone();
+        let fail = self.fail.load(Ordering::SeqCst);
+        Box::pin(async_stream::try_stream! {
+            let mut at = 0;
+            while at < data.len() {
+                if at > 0 {
+                    if let Some(g) = &gate {
+                        g.acquire().await.expect("open").forget();
+                    }
+                    if fail {
+                        Err(std::io::Error::other("the source broke off"))?;
+                    }
+                }
+                let end = (at + PIECE).min(data.len());
+                yield data.slice(at..end);
+                at = end;
+            }
+        })
+    }
+}
+
+#[async_trait]
+impl Source for Mem {
+    fn describe(&self) -> String {
+        "mem".into()
+    }
+
+    async fn head_object(&self, _: &str, key: &str) -> Result<ObjectMeta> {
+        let data = self.objects.lock().unwrap().get(key).cloned();
+        data.map(|d| Mem::meta(&d))
+            .ok_or_else(|| BackendError::NoSuchKey(key.into()))
+    }
+
+    async fn get_object(
+        &self,
+        _: &str,
+        key: &str,
+        range: &RangeFn<'_>,
+    ) -> Result<(GetObject, Option<ByteRange>)> {
+        self.gets.fetch_add(1, Ordering::SeqCst);
+        let data = self.objects.lock().unwrap().get(key).cloned();
+        let data = data.ok_or_else(|| BackendError::NoSuchKey(key.into()))?;
+        let meta = Mem::meta(&data);
+        let r = range(&meta).map_err(BackendError::Refused)?;
+        let part = r.map_or(data.clone(), |r| {
+            data.slice(r.start as usize..r.end as usize)
+        });
+        Ok((
+            GetObject {
+                meta,
+                body: self.body(part),
+            },
+            r,
+        ))
+    }
+}
+
+#[async_trait]
+impl Backend for Mem {
+    async fn list_buckets(&self) -> Result<Vec<BucketInfo>> {
+        Ok(Vec::new())
+    }
+    async fn create_bucket(&self, _: &str) -> Result<()> {
+        Ok(())
+    }
+    async fn head_bucket(&self, _: &str) -> Result<()> {
+        Ok(())
+    }
+    async fn delete_bucket(&self, _: &str) -> Result<()> {
+        Ok(())
+    }
+    async fn put_object(
+        &self,
+        _: &str,
+        key: &str,
+        mut body: ByteStream,
+        _: PutOptions,
+    ) -> Result<ObjectMeta> {
+        let mut data = Vec::new();
+        while let Some(chunk) = body.next().await {
+            data.extend_from_slice(&chunk.map_err(BackendError::Body)?);
+        }
+        let data = Bytes::from(data);
+        let meta = Mem::meta(&data);
+        self.objects.lock().unwrap().insert(key.to_owned(), data);
+        Ok(meta)
+    }
+    async fn delete_object(&self, _: &str, key: &str) -> Result<()> {
+        self.objects.lock().unwrap().remove(key);
+        Ok(())
+    }
+    async fn list_objects(&self, _: &str, _: &ListQuery) -> Result<ListPage> {
+        Ok(ListPage::default())
+    }
+    async fn create_multipart(&self, _: &str, _: &str, _: PutOptions) -> Result<String> {
+        Err(BackendError::Unavailable("not in this test".into()))
+    }
+    async fn upload_part(
+        &self,
+        _: &str,
+        _: &str,
+        _: &str,
+        _: u32,
+        _: ByteStream,
+        _: PutOptions,
+    ) -> Result<PartInfo> {
+        Err(BackendError::Unavailable("not in this test".into()))
+    }
+    async fn list_parts(&self, _: &str, _: &str, _: &str) -> Result<Vec<PartInfo>> {
+        Ok(Vec::new())
+    }
+    async fn complete_multipart(
+        &self,
+        _: &str,
+        _: &str,
+        _: &str,
+        _: &[(u32, String)],
+    ) -> Result<ObjectMeta> {
+        Err(BackendError::Unavailable("not in this test".into()))
+    }
+    async fn abort_multipart(&self, _: &str, _: &str, _: &str) -> Result<()> {
+        Ok(())
+    }
+    async fn list_uploads(&self, _: &str, _: &str) -> Result<Vec<UploadInfo>> {
+        Ok(Vec::new())
+    }
+}
+
+fn cache(dir: &std::path::Path, capacity: u64) -> Arc<Cache> {
+    let engine = crate::io::engine(crate::io::EngineChoice::Std).unwrap();
+    Arc::new(
+        Cache::open(
+            dir,
+            capacity,
+            CachePolicy::NeverEvict,
+            true,
+            engine,
+            Arc::new(Stats::default()),
+        )
+        .unwrap(),
+    )
+}
+
+fn data(n: usize, seed: u8) -> Bytes {
+    Bytes::from((0..n).map(|i| (i as u8) ^ seed).collect::<Vec<u8>>())
+}
+
+async fn read(c: &Arc<Cache>, src: &Mem, key: &str) -> std::result::Result<Read, CacheError> {
+    c.read(src, "b", key, &|_| Ok(None), Mode::Stream).await
+}
+
+async fn bytes(r: Read) -> std::io::Result<Bytes> {
+    let Body::Stream(mut s) = r.body else {
+        panic!("a stream");
+    };
+    let mut out = Vec::new();
+    while let Some(chunk) = s.next().await {
+        out.extend_from_slice(&chunk?);
+    }
+    Ok(Bytes::from(out))
+}
+
+/// Waits for the fill of `bucket/key` to end, and for every reservation to be given
+/// back or committed (a fill taken out of the table by an invalidation still ends).
+async fn settled_in(c: &Cache, bucket: &str, key: &str) {
+    if let Some(f) = c.flights.get(&super::index::key_of(bucket, key)) {
+        let mut rx = f.state.subscribe();
+        let _ = rx
+            .wait_for(|s| {
+                !matches!(
+                    s.phase,
+                    super::fill::Phase::Starting | super::fill::Phase::Filling
+                )
+            })
+            .await;
+    }
+    for _ in 0..500 {
+        if c.usage().reserved == 0 {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("a reservation was never given back");
+}
+
+async fn settled(c: &Cache, key: &str) {
+    settled_in(c, "b", key).await
+}
+
+#[tokio::test]
+async fn a_leader_and_its_followers_fetch_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = cache(dir.path(), 1 << 30);
+    let obj = data(1 << 20, 7);
+    let src = Mem::with(&[("k", obj.clone())]);
+    let gate = src.hold_bodies();
+    let lead = read(&c, &src, "k").await.unwrap();
+    let follow = read(&c, &src, "k").await.unwrap();
+    assert_eq!((lead.origin, follow.origin), (Origin::Miss, Origin::Miss));
+    gate.add_permits(1000);
+    let (a, b) = tokio::join!(bytes(lead), bytes(follow));
+    assert_eq!((a.unwrap(), b.unwrap()), (obj.clone(), obj.clone()));
+    assert_eq!(src.gets.load(Ordering::SeqCst), 1, "one fetch for both");
+    settled(&c, "k").await;
+    let hit = read(&c, &src, "k").await.unwrap();
+    assert_eq!(hit.origin, Origin::Hit);
+    assert_eq!(bytes(hit).await.unwrap(), obj);
+    assert_eq!(src.gets.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_failed_leader_fails_every_reader_and_commits_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = cache(dir.path(), 1 << 30);
+    let obj = data(1 << 20, 3);
+    let src = Mem::with(&[("k", obj.clone())]);
+    src.fail.store(true, Ordering::SeqCst);
+    let gate = src.hold_bodies();
+    let lead = read(&c, &src, "k").await.unwrap();
+    let follow = read(&c, &src, "k").await.unwrap();
+    gate.add_permits(1000);
+    let (a, b) = tokio::join!(bytes(lead), bytes(follow));
+    assert!(
+        a.is_err() && b.is_err(),
+        "no reader sees a short body as complete"
+    );
+    settled(&c, "k").await;
+    assert_eq!(c.holds("b", "k"), None);
+    assert_eq!(c.usage().reserved, 0, "the reservation is given back");
+    // The next read fetches again, and fills.
+    src.fail.store(false, Ordering::SeqCst);
+    *src.gate.lock().unwrap() = None;
+    let again = read(&c, &src, "k").await.unwrap();
+    assert_eq!(again.origin, Origin::Miss);
+    assert_eq!(bytes(again).await.unwrap(), obj);
+    assert_eq!(src.gets.load(Ordering::SeqCst), 2);
+    settled(&c, "k").await;
+    assert_eq!(c.holds("b", "k"), Some(1 << 20));
+}
+
+#[tokio::test]
+async fn a_write_during_a_fill_wins() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = cache(dir.path(), 1 << 30);
+    let (old, new) = (data(1 << 20, 1), data(300_000, 2));
+    let src = Mem::with(&[("k", old.clone())]);
+    let gate = src.hold_bodies();
+    let reading = read(&c, &src, "k").await.unwrap();
+    let body: ByteStream = Box::pin(futures::stream::iter(vec![Ok(new.clone())]));
+    let opts = PutOptions {
+        size: Some(new.len() as u64),
+        ..PutOptions::default()
+    };
+    c.put_through(&*src, "b", "k", body, opts).await.unwrap();
+    gate.add_permits(1000);
+    // The reader that started before the write gets the version it started on.
+    assert_eq!(bytes(reading).await.unwrap(), old);
+    settled(&c, "k").await;
+    let now = read(&c, &src, "k").await.unwrap();
+    assert_eq!(now.origin, Origin::Hit, "the write was cached");
+    assert_eq!(
+        bytes(now).await.unwrap(),
+        new,
+        "never the old bytes after the write"
+    );
+}
+
+#[tokio::test]
+async fn an_invalidation_during_a_fill_keeps_it_from_committing() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = cache(dir.path(), 1 << 30);
+    let obj = data(1 << 20, 9);
+    let src = Mem::with(&[("k", obj.clone())]);
+    let gate = src.hold_bodies();
+    let reading = read(&c, &src, "k").await.unwrap();
+    c.invalidate("b", "k");
+    gate.add_permits(1000);
+    assert_eq!(
+        bytes(reading).await.unwrap(),
+        obj,
+        "its reader is still served"
+    );
+    settled(&c, "k").await;
+    assert_eq!(c.holds("b", "k"), None);
+    assert_eq!(read(&c, &src, "k").await.unwrap().origin, Origin::Miss);
+}
+
+/// An invalidation racing a fill's commit: whichever comes first, nothing is held after
+/// both (the commit is removed, or never happens).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalidation_racing_a_commit_leaves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = cache(dir.path(), 1 << 30);
+    let src = Mem::with(&[("k", data(100_000, 4))]);
+    for i in 0..100 {
+        let r = read(&c, &src, "k").await.unwrap();
+        let c2 = c.clone();
+        let inv = tokio::spawn(async move {
+            for _ in 0..(i % 7) {
+                tokio::task::yield_now().await;
+            }
+            c2.invalidate("b", "k");
+        });
+        let _ = bytes(r).await;
+        inv.await.unwrap();
+        settled(&c, "k").await;
+        assert_eq!(c.holds("b", "k"), None, "round {i}");
+    }
+}
+
+#[tokio::test]
+async fn a_full_never_evict_cache_serves_through_until_room_returns() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = cache(dir.path(), 1 << 20);
+    let (a, b) = (data(600_000, 1), data(600_000, 2));
+    let src = Mem::with(&[("a", a.clone()), ("b", b.clone())]);
+    let first = read(&c, &src, "a").await.unwrap();
+    assert_eq!(first.origin, Origin::Miss);
+    assert_eq!(bytes(first).await.unwrap(), a);
+    settled(&c, "a").await;
+    let second = read(&c, &src, "b").await.unwrap();
+    assert_eq!(second.origin, Origin::Bypass, "no room");
+    assert_eq!(bytes(second).await.unwrap(), b);
+    assert!(c.refusing());
+    assert!(matches!(
+        c.read(&*src, "b", "b", &|_| Ok(None), Mode::StreamOrDecline)
+            .await,
+        Err(CacheError::NotAdmitted { .. })
+    ));
+    assert_eq!(c.holds("b", "a"), Some(600_000), "never evicted");
+    c.invalidate("b", "a");
+    assert!(!c.refusing());
+    let third = read(&c, &src, "b").await.unwrap();
+    assert_eq!(third.origin, Origin::Miss);
+    assert_eq!(bytes(third).await.unwrap(), b);
+}
+
+#[tokio::test]
+async fn derived_objects_are_computed_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = cache(dir.path(), 1 << 30);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let compute = || {
+        let runs = runs.clone();
+        async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            let out = data(70_000, 5);
+            Ok::<_, std::io::Error>((Mem::meta(&out), out))
+        }
+    };
+    let whole = |_: &ObjectMeta| Ok(None);
+    let (x, y) = tokio::join!(
+        c.read_derived("_r", "k", &whole, Mode::Stream, compute),
+        c.read_derived("_r", "k", &whole, Mode::Stream, compute)
+    );
+    let (x, y) = (x.unwrap(), y.unwrap());
+    assert_eq!(bytes(x).await.unwrap(), data(70_000, 5));
+    assert_eq!(bytes(y).await.unwrap(), data(70_000, 5));
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    settled_in(&c, "_r", "k").await;
+    let hit = c
+        .read_derived("_r", "k", &whole, Mode::Stream, compute)
+        .await
+        .unwrap();
+    assert_eq!(hit.origin, Origin::Hit);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    // A failing computation is the caller's error, and nothing is cached.
+    let failing = || async { Err::<(ObjectMeta, Bytes), _>(std::io::Error::other("no")) };
+    let e = c
+        .read_derived("_r", "f", &whole, Mode::Stream, failing)
+        .await;
+    assert!(matches!(e, Err(super::DeriveError::Compute(e)) if e.to_string() == "no"));
+    assert_eq!(c.holds("_r", "f"), None);
+}

@@ -1,0 +1,94 @@
+//! The node service: the layer beneath HTTP that every request path calls. It owns the
+//! backend, the cache, the cluster view, the transforms and the jobs, and offers typed
+//! operations on them: read (an object, a range, a shard member, a transform's result;
+//! as a stream, metadata only, a committed copy only, or a local file), write, delete,
+//! warm (prefetch), and the items of a GetBatch. S3 handlers, GetBatch, transforms,
+//! prefetch jobs and peer requests all go through it; the node never reads its own data
+//! over HTTP, and nothing here knows HTTP statuses or S3 codes (the API maps
+//! [`NodeError`]).
+
+mod batch;
+mod error;
+mod prefetch;
+mod read;
+mod write;
+
+use std::sync::Arc;
+
+use crate::backend::{Backend, ByteStream, ObjectMeta};
+use crate::cache::{Cache, Peers};
+use crate::cluster::Cluster;
+use crate::jobs::Jobs;
+use crate::stats::Stats;
+use crate::transform::Transforms;
+
+pub use batch::{Data, Item, Outcome};
+pub use error::NodeError;
+pub use prefetch::{PrefetchRequest, PREFETCH_PARALLEL};
+pub use read::{etag_matches, Conditions, ReadMode, ReadRequest, Reply, Served};
+
+pub struct Node {
+    /// This node's id in the cluster.
+    pub id: String,
+    pub backend: Arc<dyn Backend>,
+    pub cache: Arc<Cache>,
+    pub cluster: Arc<Cluster>,
+    pub stats: Arc<Stats>,
+    pub transforms: Transforms,
+    pub jobs: Jobs,
+}
+
+/// The cluster as the cache sees it: members that may hold a copy.
+struct ClusterPeers(Arc<Cluster>);
+
+#[async_trait::async_trait]
+impl Peers for ClusterPeers {
+    async fn peer_copy(&self, bucket: &str, key: &str) -> Option<(ObjectMeta, ByteStream)> {
+        self.0.peer_copy(bucket, key).await
+    }
+}
+
+impl Node {
+    /// Wires the parts together: in a cluster, misses ask peers first, and a node that
+    /// hears the cluster again after hearing no member checks its copies.
+    pub fn new(
+        backend: Arc<dyn Backend>,
+        cache: Arc<Cache>,
+        cluster: Arc<Cluster>,
+        stats: Arc<Stats>,
+        transforms: Transforms,
+    ) -> Arc<Node> {
+        if !cluster.is_single() {
+            cache.set_peers(Arc::new(ClusterPeers(cluster.clone())));
+            let c = cache.clone();
+            cluster.on_rejoin(move || c.revalidate_all());
+        }
+        Arc::new(Node {
+            id: cluster.member(cluster.me()).id.clone(),
+            backend,
+            cache,
+            cluster,
+            stats,
+            transforms,
+            jobs: Jobs::default(),
+        })
+    }
+
+    /// Objects were written or deleted through this node: peers drop their copies.
+    pub fn changed(&self, objects: Vec<(String, String)>) {
+        self.cluster.invalidate_elsewhere(objects);
+    }
+
+    /// Objects were written or deleted through another node: drop this node's copies.
+    pub fn invalidate(&self, objects: &[(String, String)]) {
+        for (bucket, key) in objects {
+            self.cache.invalidate(bucket, key);
+        }
+    }
+
+    /// This node missed invalidations (it was down for another member): check every copy
+    /// against the backend before its next hit.
+    pub fn revalidate(&self) {
+        self.cache.revalidate_all();
+    }
+}

@@ -1,0 +1,542 @@
+//! Reads: an object, a range of it, a member of a tar shard (`archpath`), or a
+//! transform's result, with the client's conditions, in one of four modes (stream,
+//! metadata, committed copy only, local file). Every read goes through the cache.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bytes::{Bytes, BytesMut};
+use futures::StreamExt;
+use granary_proto::range::RangeSpec;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::{Node, NodeError};
+use crate::archive::{self, Format};
+use crate::backend::{BackendError, ByteRange, ObjectMeta, Refusal};
+use crate::cache::{self, Body, CacheError, DeriveError, Mode, Origin};
+use crate::transform::{self, Derived, Named, TransformError, MAX_INPUT, RESULTS};
+
+/// The conditional headers of a read, parsed.
+#[derive(Debug, Clone, Default)]
+pub struct Conditions {
+    pub if_match: Option<String>,
+    pub if_none_match: Option<String>,
+    pub if_modified_since: Option<SystemTime>,
+    pub if_unmodified_since: Option<SystemTime>,
+}
+
+/// Whether an `If-Match`/`If-None-Match` list names `etag` (or is `*`).
+pub fn etag_matches(list: &str, etag: &str) -> bool {
+    list.split(',')
+        .map(granary_proto::encode::unquote)
+        .any(|t| t == "*" || t == etag)
+}
+
+impl Conditions {
+    /// Whether the object may be served: S3's order, `If-Match` before
+    /// `If-Unmodified-Since`, `If-None-Match` before `If-Modified-Since`.
+    pub fn check(&self, meta: &ObjectMeta) -> Result<(), Refusal> {
+        let secs = |t: SystemTime| t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        let mtime = secs(meta.last_modified);
+        if let Some(v) = &self.if_match {
+            if !etag_matches(v, &meta.etag) {
+                return Err(Refusal::PreconditionFailed);
+            }
+        } else if let Some(t) = self.if_unmodified_since {
+            if mtime > secs(t) {
+                return Err(Refusal::PreconditionFailed);
+            }
+        }
+        if let Some(v) = &self.if_none_match {
+            if etag_matches(v, &meta.etag) {
+                return Err(Refusal::NotModified);
+            }
+        } else if let Some(t) = self.if_modified_since {
+            if mtime <= secs(t) {
+                return Err(Refusal::NotModified);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// How a read is to be answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadMode {
+    /// The bytes, streamed.
+    Stream,
+    /// Metadata only (HEAD).
+    Head,
+    /// A committed copy only, never a fill (a peer asking for it).
+    Committed,
+    /// The cache file itself for a client on this machine, where it can be held.
+    Local,
+}
+
+/// What to read.
+#[derive(Debug, Clone)]
+pub struct ReadRequest<'a> {
+    pub bucket: &'a str,
+    pub key: &'a str,
+    /// A member of the object as a tar shard (`archpath`).
+    pub member: Option<&'a str>,
+    /// A configured transform applied to the object or member.
+    pub transform: Option<&'a str>,
+    pub range: Option<RangeSpec>,
+    pub conditions: Conditions,
+    pub mode: ReadMode,
+}
+
+impl<'a> ReadRequest<'a> {
+    /// The whole object, streamed, unconditionally.
+    pub fn object(bucket: &'a str, key: &'a str) -> ReadRequest<'a> {
+        ReadRequest {
+            bucket,
+            key,
+            member: None,
+            transform: None,
+            range: None,
+            conditions: Conditions::default(),
+            mode: ReadMode::Stream,
+        }
+    }
+}
+
+/// A read's answer: the metadata of the object read (of the shard, for a member), the
+/// size of what was read (the member's, for a member), the range of it sent, and where
+/// the bytes came from.
+pub struct Reply {
+    pub meta: ObjectMeta,
+    pub size: u64,
+    pub range: Option<ByteRange>,
+    pub origin: Origin,
+    pub body: Body,
+}
+
+impl Reply {
+    fn of(read: cache::Read) -> Reply {
+        Reply {
+            size: read.meta.size,
+            meta: read.meta,
+            range: read.range,
+            origin: read.origin,
+            body: read.body,
+        }
+    }
+}
+
+/// A read that may be left to another member ([`Node::read_or_leave`]).
+pub enum Served {
+    Here(Reply),
+    /// This node cannot admit the object and member `i` has room: ask it.
+    Elsewhere(usize),
+}
+
+/// The bytes a range names in an object of `size` bytes.
+fn resolve(range: Option<RangeSpec>, size: u64) -> Result<Option<ByteRange>, Refusal> {
+    range
+        .map(|s| {
+            s.resolve(size)
+                .map(ByteRange::from)
+                .map_err(|_| Refusal::Unsatisfiable { size })
+        })
+        .transpose()
+}
+
+impl Node {
+    /// Reads what `req` names.
+    pub async fn read(self: &Arc<Self>, req: &ReadRequest<'_>) -> Result<Reply, NodeError> {
+        match (req.transform, req.member) {
+            (Some(t), _) => self.read_transformed(req, t).await,
+            (None, Some(m)) => self.read_member(req, m).await,
+            (None, None) => self.read_object(req, mode_of(req.mode)).await,
+        }
+    }
+
+    /// [`Node::read`], but an object this node cannot admit is left to a member with
+    /// room, as last heard (`tried`: the ids of members that refused it already).
+    pub async fn read_or_leave(
+        self: &Arc<Self>,
+        req: &ReadRequest<'_>,
+        tried: &[&str],
+    ) -> Result<Served, NodeError> {
+        let plain = req.transform.is_some() || req.member.is_some() || req.mode != ReadMode::Stream;
+        if plain || !self.cluster.can_spill(tried) {
+            return self.read(req).await.map(Served::Here);
+        }
+        match self.read_object(req, Mode::StreamOrDecline).await {
+            Err(NodeError::Cache(CacheError::NotAdmitted { size })) => {
+                match self.cluster.spill_target(req.bucket, req.key, size, tried) {
+                    Some(i) => Ok(Served::Elsewhere(i)),
+                    None => self.read_object(req, Mode::Stream).await.map(Served::Here),
+                }
+            }
+            other => other.map(Served::Here),
+        }
+    }
+
+    async fn read_object(
+        self: &Arc<Self>,
+        req: &ReadRequest<'_>,
+        mode: Mode,
+    ) -> Result<Reply, NodeError> {
+        let range = |meta: &ObjectMeta| -> Result<Option<ByteRange>, Refusal> {
+            req.conditions.check(meta)?;
+            resolve(req.range, meta.size)
+        };
+        let read = self
+            .cache
+            .read(&*self.backend, req.bucket, req.key, &range, mode)
+            .await?;
+        let mut reply = Reply::of(read);
+        if mode == Mode::Committed {
+            // A peer filling from this node.
+            self.stats.peer_serves.fetch_add(1, Ordering::Relaxed);
+            let stats = self.stats.clone();
+            let body = reply.body.into_stream().map(move |item| {
+                if let Ok(b) = &item {
+                    stats
+                        .bytes_to_peers
+                        .fetch_add(b.len() as u64, Ordering::Relaxed);
+                }
+                item
+            });
+            reply.body = Body::Stream(Box::pin(body));
+        }
+        Ok(reply)
+    }
+
+    /// A member of a `.tar`, `.tar.gz` or `.tgz` shard: through the member index of a
+    /// cached `.tar`, or by scanning the shard's stream. Conditions apply to the shard,
+    /// the range to the member.
+    async fn read_member(
+        self: &Arc<Self>,
+        req: &ReadRequest<'_>,
+        member: &str,
+    ) -> Result<Reply, NodeError> {
+        let format = shard_format(req.key, member)?;
+        if format == Format::Tar && req.mode == ReadMode::Local {
+            if let Some(reply) = self.local_member(req, member).await? {
+                return Ok(reply);
+            }
+        }
+        let src = &*self.backend;
+        let head = req.mode == ReadMode::Head;
+        if format == Format::Tar {
+            if let Some((meta, idx)) = self.cache.tar_index(src, req.bucket, req.key).await? {
+                req.conditions.check(&meta)?;
+                let m = *idx
+                    .get(archive::normalize(member))
+                    .ok_or_else(|| NodeError::NoMember(member.to_owned()))?;
+                let range = resolve(req.range, m.size)?;
+                let (a, b) = range.map_or((0, m.size), |x| (x.start, x.end));
+                let body = if head {
+                    Body::Empty
+                } else {
+                    let part = ByteRange {
+                        start: m.offset + a,
+                        end: m.offset + b,
+                    };
+                    let read = self
+                        .cache
+                        .read(
+                            src,
+                            req.bucket,
+                            req.key,
+                            &|_| Ok(Some(part)),
+                            Mode::Committed,
+                        )
+                        .await;
+                    match read {
+                        Ok(read) => read.body,
+                        Err(CacheError::NotHeld) => {
+                            return Err(NodeError::Changed(
+                                "the shard left the cache while it was read; retry",
+                            ))
+                        }
+                        Err(e) => return Err(e.into()),
+                    }
+                };
+                self.stats.hits.fetch_add(1, Ordering::Relaxed);
+                return Ok(Reply {
+                    meta,
+                    size: m.size,
+                    range,
+                    origin: Origin::Hit,
+                    body,
+                });
+            }
+        }
+        // Not indexed: the shard's stream, through the cache like any read, scanned.
+        let whole = |meta: &ObjectMeta| -> Result<Option<ByteRange>, Refusal> {
+            req.conditions.check(meta)?;
+            Ok(None)
+        };
+        let read = self
+            .cache
+            .read(src, req.bucket, req.key, &whole, Mode::Stream)
+            .await?;
+        let (size, body) = archive::scan(read.body.into_stream(), format, member)
+            .await
+            .map_err(|e| NodeError::NotAShard(e.to_string()))?
+            .ok_or_else(|| NodeError::NoMember(member.to_owned()))?;
+        let range = resolve(req.range, size)?;
+        let body = match (head, range) {
+            (true, _) => Body::Empty,
+            (false, Some(x)) => Body::Stream(cache::slice(body, x.start, x.end)),
+            (false, None) => Body::Stream(body),
+        };
+        Ok(Reply {
+            meta: read.meta,
+            size,
+            range,
+            origin: read.origin,
+            body,
+        })
+    }
+
+    /// A member of a `.tar` shard as a range of the shard's cache file (the shard filled
+    /// first when this node does not hold it); `None` when this node cannot hold it.
+    async fn local_member(
+        self: &Arc<Self>,
+        req: &ReadRequest<'_>,
+        member: &str,
+    ) -> Result<Option<Reply>, NodeError> {
+        let (src, cache) = (&*self.backend, &self.cache);
+        let mut origin = Origin::Hit;
+        let mut indexed = cache.tar_index(src, req.bucket, req.key).await?;
+        if indexed.is_none() && !cache.refusing() && cache.hold(src, req.bucket, req.key).await? {
+            origin = Origin::Miss;
+            indexed = cache.tar_index(src, req.bucket, req.key).await?;
+        }
+        let Some((meta, idx)) = indexed else {
+            return Ok(None);
+        };
+        req.conditions.check(&meta)?;
+        let m = *idx
+            .get(archive::normalize(member))
+            .ok_or_else(|| NodeError::NoMember(member.to_owned()))?;
+        let range = resolve(req.range, m.size)?;
+        let (a, b) = range.map_or((0, m.size), |x| (x.start, x.end));
+        let etag = meta.etag.clone();
+        // Still the shard whose index gave the offset.
+        let part = move |shard: &ObjectMeta| -> Result<Option<ByteRange>, Refusal> {
+            if shard.etag != etag {
+                return Err(Refusal::Changed(
+                    "the shard changed while it was read; retry",
+                ));
+            }
+            Ok(Some(ByteRange {
+                start: m.offset + a,
+                end: m.offset + b,
+            }))
+        };
+        let read = cache
+            .read(src, req.bucket, req.key, &part, Mode::Local)
+            .await?;
+        let Body::File(file) = read.body else {
+            return Ok(None);
+        };
+        Ok(Some(Reply {
+            meta,
+            size: m.size,
+            range,
+            origin,
+            body: Body::File(file),
+        }))
+    }
+
+    /// An object or shard member after a configured transform. The result is read
+    /// through the cache under a key naming the source's version and the transform's
+    /// definition, so it is computed once, shared, and never stale.
+    async fn read_transformed(
+        self: &Arc<Self>,
+        req: &ReadRequest<'_>,
+        name: &str,
+    ) -> Result<Reply, NodeError> {
+        let t = self.transforms.lookup(name)?;
+        if let Some(member) = req.member {
+            shard_format(req.key, member)?;
+        }
+        // The source's version names the result.
+        let source = self
+            .cache
+            .read(
+                &*self.backend,
+                req.bucket,
+                req.key,
+                &|_| Ok(None),
+                Mode::Head,
+            )
+            .await?
+            .meta;
+        let derived = Derived::new(req.bucket, req.key, req.member, &source.etag, &t);
+        let range = |meta: &ObjectMeta| -> Result<Option<ByteRange>, Refusal> {
+            req.conditions.check(meta)?;
+            resolve(req.range, meta.size)
+        };
+        let mode = match req.mode {
+            ReadMode::Local => Mode::Local,
+            _ => Mode::Stream,
+        };
+        let compute = || self.compute(&derived, &t);
+        let read = self
+            .cache
+            .read_derived(RESULTS, &derived.cache_key(), &range, mode, compute)
+            .await
+            .map_err(|e| match e {
+                DeriveError::Compute(e) => e,
+                DeriveError::Cache(e) => e.into(),
+            })?;
+        if read.origin == Origin::Hit {
+            self.stats.transform_hits.fetch_add(1, Ordering::Relaxed);
+        }
+        let mut reply = Reply::of(read);
+        if req.mode == ReadMode::Head {
+            reply.body = Body::Empty;
+        }
+        Ok(reply)
+    }
+
+    /// Computes a result: the source read whole (bounded by [`MAX_INPUT`]) and still the
+    /// version the result is keyed by, then the transform.
+    async fn compute(
+        self: &Arc<Self>,
+        d: &Derived,
+        t: &Named,
+    ) -> Result<(ObjectMeta, Bytes), NodeError> {
+        let mut req = ReadRequest::object(&d.bucket, &d.key);
+        req.member = d.archpath.as_deref();
+        let source = match req.member {
+            Some(m) => self.read_member(&req, m).await?,
+            None => self.read_object(&req, Mode::Stream).await?,
+        };
+        if source.size > MAX_INPUT {
+            return Err(TransformError::TooLarge {
+                limit: MAX_INPUT,
+                size: source.size,
+            }
+            .into());
+        }
+        if source.meta.etag != d.etag {
+            return Err(NodeError::Changed(
+                "the source changed while it was transformed; retry",
+            ));
+        }
+        let mut input = BytesMut::with_capacity(source.size as usize);
+        let mut body = source.body.into_stream();
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk.map_err(|e| BackendError::Unavailable(e.to_string()))?;
+            if (input.len() + chunk.len()) as u64 > MAX_INPUT {
+                return Err(TransformError::TooLarge {
+                    limit: MAX_INPUT,
+                    size: (input.len() + chunk.len()) as u64,
+                }
+                .into());
+            }
+            input.extend_from_slice(&chunk);
+        }
+        let out = self.transforms.run(t, input.freeze(), &self.stats).await?;
+        Ok((transform::result_meta(t, &out), out))
+    }
+
+    /// The member index of a `.tar` shard, reading the shard into the cache first if
+    /// need be (for a transform of its members one by one).
+    pub async fn shard_index(
+        self: &Arc<Self>,
+        bucket: &str,
+        key: &str,
+    ) -> Result<Arc<archive::TarIndex>, NodeError> {
+        let src = &*self.backend;
+        if let Some((_, idx)) = self.cache.tar_index(src, bucket, key).await? {
+            return Ok(idx);
+        }
+        if self.cache.hold(src, bucket, key).await? {
+            if let Some((_, idx)) = self.cache.tar_index(src, bucket, key).await? {
+                return Ok(idx);
+            }
+        }
+        Err(NodeError::ShardNotHeld)
+    }
+}
+
+/// The cache mode of a read mode.
+fn mode_of(mode: ReadMode) -> Mode {
+    match mode {
+        ReadMode::Stream => Mode::Stream,
+        ReadMode::Head => Mode::Head,
+        ReadMode::Committed => Mode::Committed,
+        ReadMode::Local => Mode::Local,
+    }
+}
+
+/// The shard format of `key` for reading `member` out of it.
+fn shard_format(key: &str, member: &str) -> Result<Format, NodeError> {
+    if archive::normalize(member).is_empty() {
+        return Err(NodeError::Invalid(
+            "archpath must name a member of the shard".into(),
+        ));
+    }
+    Format::of(key).ok_or_else(|| {
+        NodeError::Invalid("archpath reads members of .tar, .tar.gz and .tgz objects".into())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(etag: &str, mtime: u64) -> ObjectMeta {
+        ObjectMeta {
+            size: 1,
+            etag: etag.into(),
+            last_modified: UNIX_EPOCH + std::time::Duration::from_secs(mtime),
+            headers: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn etag_lists() {
+        assert!(etag_matches("\"abc\"", "abc"));
+        assert!(etag_matches("\"x\", \"abc\"", "abc"));
+        assert!(etag_matches("*", "abc"));
+        assert!(etag_matches("W/\"abc\"", "abc"));
+        assert!(!etag_matches("\"abd\"", "abc"));
+    }
+
+    #[test]
+    fn conditions_in_s3_order() {
+        let m = meta("e", 1000);
+        let at = |s| Some(UNIX_EPOCH + std::time::Duration::from_secs(s));
+        let c = Conditions {
+            if_match: Some("\"e\"".into()),
+            if_unmodified_since: at(10),
+            ..Conditions::default()
+        };
+        assert_eq!(
+            c.check(&m),
+            Ok(()),
+            "If-Match wins over If-Unmodified-Since"
+        );
+        let c = Conditions {
+            if_none_match: Some("\"x\"".into()),
+            if_modified_since: at(5000),
+            ..Conditions::default()
+        };
+        assert_eq!(
+            c.check(&m),
+            Ok(()),
+            "If-None-Match wins over If-Modified-Since"
+        );
+        let c = Conditions {
+            if_modified_since: at(1000),
+            ..Conditions::default()
+        };
+        assert_eq!(c.check(&m), Err(Refusal::NotModified));
+        let c = Conditions {
+            if_match: Some("\"y\"".into()),
+            ..Conditions::default()
+        };
+        assert_eq!(c.check(&m), Err(Refusal::PreconditionFailed));
+    }
+}
