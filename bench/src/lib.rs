@@ -6,7 +6,7 @@
 //! - [`workload`]: epoch schedule, HTTP client, worker tasks.
 //! - [`report`]: the JSON report and the human summary.
 //! - [`stall`]: the data-stall analysis for a group of GPUs.
-//! - [`sigv4`]: SigV4 signing for S3 servers that refuse anonymous requests.
+//! - [`stats`]: the node's counters, before and after a run.
 //! - [`plot`]: the `--plot` SVG.
 //! - [`ringsim`]: `granary-bench ring`, key placement over simulated clusters.
 //! - [`samples`]: `granary-bench batch` and `prefetch`, the training-data features.
@@ -19,9 +19,9 @@ pub mod plot;
 pub mod report;
 pub mod ringsim;
 pub mod samples;
-pub mod sigv4;
 pub mod size;
 pub mod soak;
 pub mod stall;
+pub mod stats;
 pub mod transforms;
 pub mod workload;

@@ -12,10 +12,11 @@ use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
 use granary_bench::http::Target;
 use granary_bench::listing::{generated, Object};
-use granary_bench::report::{fetch_stats, stats_delta, Report, RunConfig};
-use granary_bench::sigv4::Signer;
+use granary_bench::report::{Report, RunConfig};
 use granary_bench::size::{parse_duration, parse_rate, parse_size, parse_size_range, SizeRange};
+use granary_bench::stats::{fetch_stats, stats_delta};
 use granary_bench::workload::{self, Mode, Workload};
+use granary_proto::sigv4::Signer;
 
 #[derive(Parser)]
 #[command(

@@ -19,7 +19,8 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
 use crate::http::Target;
-use crate::listing::{encode, Object};
+use crate::listing::Object;
+use granary_proto::encode;
 
 /// One member of a shard: where it is and how long.
 #[derive(Clone, Debug)]
@@ -92,7 +93,7 @@ fn member_path(bucket: &str, m: &Member) -> String {
     format!(
         "{}?archpath={}",
         Target::object_path(bucket, &m.shard),
-        encode(&m.name, false)
+        encode::query_value(&m.name)
     )
 }
 

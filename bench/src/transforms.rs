@@ -20,7 +20,8 @@ use http_body_util::{BodyExt, Full};
 use serde::Serialize;
 
 use crate::http::Target;
-use crate::listing::{encode, Object};
+use crate::listing::Object;
+use granary_proto::encode;
 use granary_server::transform::image::{apply, ImageSpec};
 
 /// One timed pass.
@@ -76,7 +77,7 @@ fn transformed_url(target: &Target, bucket: &str, key: &str, t: &str) -> String 
         "{}{}?transform={}",
         target.endpoint,
         Target::object_path(bucket, key),
-        encode(t, false)
+        encode::query_value(t)
     )
 }
 
@@ -136,7 +137,7 @@ pub async fn run(
     name: &str,
     shared: &str,
     source_endpoint: &str,
-    source_signer: Option<crate::sigv4::Signer>,
+    source_signer: Option<granary_proto::sigv4::Signer>,
     spec: &ImageSpec,
     jobs: usize,
     workers: usize,

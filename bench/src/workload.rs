@@ -27,7 +27,7 @@ use rand::{Rng, RngCore, SeedableRng};
 
 use crate::http::Target;
 use crate::listing::Object;
-use crate::report::{fetch_stats, ServerStats};
+use crate::stats::{fetch_stats, ServerStats};
 
 /// The order in which epoch `epoch` visits `n` objects: a permutation of `0..n` drawn
 /// from `seed` and the epoch number, so a run is repeatable and every epoch differs.

@@ -4,21 +4,11 @@
 
 use std::time::{Duration, SystemTime};
 
-use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
+use granary_proto::encode;
 
 use crate::http::{Body, BodyReader, Conn, Head};
 use crate::sign::{self, Credentials, Signable, UNSIGNED_PAYLOAD};
 use crate::{Error, Result};
-
-/// Everything but the unreserved characters `A-Za-z0-9-._~`: SigV4's encoding of query
-/// names and values.
-pub(crate) const QUERY_ENCODE: &AsciiSet = &NON_ALPHANUMERIC
-    .remove(b'-')
-    .remove(b'.')
-    .remove(b'_')
-    .remove(b'~');
-/// The same, keeping `/`: SigV4's encoding of paths (object keys keep their slashes).
-pub(crate) const PATH_ENCODE: &AsciiSet = &QUERY_ENCODE.remove(b'/');
 
 /// How many redirects (`307`/`308` from a node in `--route redirect` mode) are followed.
 const MAX_REDIRECTS: usize = 4;
@@ -61,7 +51,7 @@ pub struct Client {
 /// One request to build: method, encoded path, raw query pairs, headers, body.
 pub(crate) struct Req<'a> {
     pub method: &'static str,
-    /// Already encoded (see [`PATH_ENCODE`]).
+    /// Already encoded (`granary_proto::encode::path`).
     pub path: String,
     /// Not yet encoded.
     pub query: Vec<(String, String)>,
@@ -96,16 +86,9 @@ impl<'a> Req<'a> {
         self
     }
 
-    fn encoded_query(&self) -> Vec<(String, String)> {
-        self.query
-            .iter()
-            .map(|(k, v)| {
-                (
-                    utf8_percent_encode(k, QUERY_ENCODE).to_string(),
-                    utf8_percent_encode(v, QUERY_ENCODE).to_string(),
-                )
-            })
-            .collect()
+    /// The query, encoded.
+    fn encoded_query(&self) -> String {
+        encode::query_string(self.query.iter().map(|(k, v)| (k.as_str(), v.as_str())))
     }
 
     /// The request target: path and encoded query.
@@ -114,8 +97,7 @@ impl<'a> Req<'a> {
         if q.is_empty() {
             return self.path.clone();
         }
-        let q: Vec<String> = q.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        format!("{}?{}", self.path, q.join("&"))
+        format!("{}?{q}", self.path)
     }
 }
 
@@ -124,7 +106,7 @@ pub(crate) fn bucket_path(bucket: &str) -> Result<String> {
     if bucket.is_empty() || bucket.contains('/') {
         return Err(Error::Invalid(format!("bucket name `{bucket}`")));
     }
-    Ok(format!("/{}", utf8_percent_encode(bucket, QUERY_ENCODE)))
+    Ok(format!("/{}", encode::query_value(bucket)))
 }
 
 /// `/{bucket}/{key}` with both encoded; the key keeps its slashes.
@@ -132,11 +114,7 @@ pub(crate) fn object_path(bucket: &str, key: &str) -> Result<String> {
     if key.is_empty() {
         return Err(Error::Invalid(format!("empty key in bucket `{bucket}`")));
     }
-    Ok(format!(
-        "{}/{}",
-        bucket_path(bucket)?,
-        utf8_percent_encode(key, PATH_ENCODE)
-    ))
+    Ok(format!("{}/{}", bucket_path(bucket)?, encode::path(key)))
 }
 
 /// The address to connect to: `host:port` of `http://host:port[/]`, or `unix:PATH` of
@@ -290,7 +268,7 @@ impl Client {
             }
             let (path, query) = target.split_once('?').unwrap_or((&target, ""));
             req.path = path.to_owned();
-            req.query = crate::xml::decode_query(query);
+            req.query = encode::query_pairs(query);
             let head = self.head_bytes(&req, &host);
             let mut other = Conn::new(host, self.conn.timeout);
             (h, body) = other.exchange(&head, &mut req.body, head_request, idempotent)?;
@@ -344,7 +322,7 @@ impl Client {
         };
         let (path, query) = target.split_once('?').unwrap_or((target, ""));
         let mut req = Req::new(method, path.to_owned());
-        req.query = crate::xml::decode_query(query);
+        req.query = encode::query_pairs(query);
         if !body.is_empty() {
             req = req.body(Body::Bytes(body));
         }
@@ -372,7 +350,7 @@ fn split_location(location: &str) -> Option<(String, String)> {
 /// The error for an answer outside `2xx`: the S3 code and message when the body is an S3
 /// error document, else the body as text.
 pub(crate) fn status_error(status: u16, target: &str, body: &[u8]) -> Error {
-    if let Some((code, message)) = crate::xml::parse_error(body) {
+    if let Some((code, message)) = granary_proto::xml::parse_error(body) {
         return Error::S3 {
             status,
             code,

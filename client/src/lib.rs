@@ -18,6 +18,7 @@ mod client;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod dataset;
+mod dates;
 mod http;
 mod local;
 mod native;
@@ -25,10 +26,10 @@ mod objects;
 mod sign;
 mod sock;
 mod tarstream;
-mod xml;
 
 pub use client::{Client, Response};
 pub use dataset::{Dataset, DatasetBuilder, Epoch, Sample};
+pub use dates::format_time;
 pub use local::{Local, LocalBytes, LocalFile, Mapping};
 pub use native::{
     BatchItem, ClusterView, Job, JobState, Member, MemberState, Missing, MISSING_PREFIX,
@@ -36,7 +37,6 @@ pub use native::{
 pub use objects::{GetOptions, Listing, ObjectInfo, ObjectMeta, ObjectReader};
 pub use sign::Credentials;
 pub use tarstream::TarReader;
-pub use xml::format_time;
 
 /// Why a call failed. Each variant says which side failed: the endpoint given, the network
 /// or the node (`Io`, `Protocol`), the node's answer (`Status`, `S3`, `Json`, `Xml`), the

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer, Serialize};
 
-use crate::client::{Client, Req, QUERY_ENCODE};
+use crate::client::{Client, Req};
 use crate::http::Body;
 use crate::objects::ObjectReader;
 use crate::tarstream::TarReader;
@@ -256,7 +256,7 @@ impl Client {
         }
         Ok(format!(
             "/_granary/jobs/{}",
-            percent_encoding::utf8_percent_encode(id, QUERY_ENCODE)
+            granary_proto::encode::query_value(id)
         ))
     }
 

@@ -7,9 +7,11 @@ use std::ops::Range;
 use std::time::SystemTime;
 
 use crate::client::{bucket_path, object_path, Client, Req};
+use crate::dates::parse_http_date;
 use crate::http::{Body, BodyReader, Head};
-use crate::xml;
 use crate::{Error, Result};
+use granary_proto::encode::unquote;
+use granary_proto::xml::ListPage;
 
 /// Largest listing page or bucket list read.
 const MAX_XML: usize = 64 << 20;
@@ -62,8 +64,8 @@ impl ObjectMeta {
                 .header("content-length")
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(0),
-            etag: h.header("etag").map(xml::unquote),
-            last_modified: h.header("last-modified").and_then(xml::parse_http_date),
+            etag: h.header("etag").map(|e| unquote(e).to_owned()),
+            last_modified: h.header("last-modified").and_then(parse_http_date),
             content_type: h.header("content-type").map(str::to_owned),
             cache: h.header("x-granary-cache").map(str::to_owned),
             node: h.header("x-granary-node").map(str::to_owned),
@@ -187,13 +189,20 @@ impl Client {
             }
             let target = req.target();
             let (_, body) = self.call_bytes(req, MAX_XML)?;
-            let page = xml::parse_list(&body).map_err(|message| Error::Xml {
+            let page = ListPage::parse(&body).map_err(|e| Error::Xml {
                 path: target,
-                message,
+                message: e.to_string(),
             })?;
-            out.objects.extend(page.objects);
+            out.objects
+                .extend(page.objects.into_iter().map(|o| ObjectInfo {
+                    key: o.key,
+                    size: o.size,
+                    etag: o.etag,
+                    last_modified: o.last_modified,
+                }));
             out.prefixes.extend(page.prefixes);
-            match page.next {
+            let next = page.next_token.filter(|_| page.is_truncated);
+            match next {
                 Some(t) if Some(&t) != token.as_ref() => token = Some(t),
                 _ => return Ok(out),
             }
@@ -203,9 +212,9 @@ impl Client {
     /// The names of all buckets (`GET /`).
     pub fn list_buckets(&mut self) -> Result<Vec<String>> {
         let (_, body) = self.call_bytes(Req::new("GET", "/".into()), MAX_XML)?;
-        xml::parse_buckets(&body).map_err(|message| Error::Xml {
+        granary_proto::xml::parse_buckets(&body).map_err(|e| Error::Xml {
             path: "/".into(),
-            message,
+            message: e.to_string(),
         })
     }
 
@@ -309,7 +318,9 @@ impl Client {
             .header("content-type", "application/octet-stream")
             .body(Body::Reader(body, len));
         let (h, _) = self.call_bytes(req, 1 << 20)?;
-        Ok(h.header("etag").map(xml::unquote).unwrap_or_default())
+        Ok(h.header("etag")
+            .map(|e| unquote(e).to_owned())
+            .unwrap_or_default())
     }
 
     /// Uploads bytes held in memory; returns the new object's ETag.
@@ -318,7 +329,9 @@ impl Client {
             .header("content-type", "application/octet-stream")
             .body(Body::Bytes(data));
         let (h, _) = self.call_bytes(req, 1 << 20)?;
-        Ok(h.header("etag").map(xml::unquote).unwrap_or_default())
+        Ok(h.header("etag")
+            .map(|e| unquote(e).to_owned())
+            .unwrap_or_default())
     }
 
     /// Deletes an object (as S3 does, deleting a missing key succeeds).

@@ -70,6 +70,14 @@ pub fn query_has(query: &str, name: &str) -> bool {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NotUtf8;
 
+/// Percent-decodes; bytes that are not UTF-8 are an error.
+pub fn decode_exact(s: &str) -> Result<String, NotUtf8> {
+    percent_decode_str(s)
+        .decode_utf8()
+        .map(|c| c.into_owned())
+        .map_err(|_| NotUtf8)
+}
+
 /// Splits a raw path-style path into its bucket and decoded key (`None`: a bucket or
 /// the root).
 pub fn split_path(raw: &str) -> Result<(String, Option<String>), NotUtf8> {
@@ -78,13 +86,7 @@ pub fn split_path(raw: &str) -> Result<(String, Option<String>), NotUtf8> {
         Some((b, k)) => (b, (!k.is_empty()).then_some(k)),
         None => (rest, None),
     };
-    let decode = |s: &str| {
-        percent_decode_str(s)
-            .decode_utf8()
-            .map(|c| c.into_owned())
-            .map_err(|_| NotUtf8)
-    };
-    Ok((decode(bucket)?, key.map(decode).transpose()?))
+    Ok((decode_exact(bucket)?, key.map(decode_exact).transpose()?))
 }
 
 /// An ETag without its quotes (or a weak marker).

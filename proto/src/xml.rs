@@ -316,6 +316,9 @@ impl ListPage {
             return Err(XmlError(format!("listing failed: {code} {message}")));
         }
         let text = std::str::from_utf8(body).map_err(|e| XmlError(e.to_string()))?;
+        if !text.contains("<ListBucketResult") {
+            return Err(XmlError("not a ListBucketResult".into()));
+        }
         let r: ListBucketResult =
             quick_xml::de::from_str(text).map_err(|e| XmlError(e.to_string()))?;
         let url = r

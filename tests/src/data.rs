@@ -116,13 +116,7 @@ pub fn gzip(data: &[u8]) -> Vec<u8> {
 /// A key as S3 clients put it in a path: percent-encoded, unreserved characters and `/`
 /// kept.
 pub fn encode_key(key: &str) -> String {
-    const KEEP: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
-        .remove(b'-')
-        .remove(b'.')
-        .remove(b'_')
-        .remove(b'~')
-        .remove(b'/');
-    percent_encoding::utf8_percent_encode(key, KEEP).to_string()
+    granary_proto::encode::path(key)
 }
 
 #[cfg(test)]

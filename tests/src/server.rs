@@ -343,11 +343,10 @@ impl Server {
     pub fn cluster_view(&self, key: Option<(&str, &str)>) -> Result<serde_json::Value> {
         let path = match key {
             Some((bucket, key)) => {
-                let enc = |s: &str| {
-                    percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC)
-                        .to_string()
-                };
-                format!("/_granary/cluster?bucket={}&key={}", enc(bucket), enc(key))
+                format!(
+                    "/_granary/cluster?{}",
+                    granary_proto::encode::query_string([("bucket", bucket), ("key", key)])
+                )
             }
             None => "/_granary/cluster".to_owned(),
         };

@@ -13,7 +13,7 @@ use granary_proto::encode;
 use granary_proto::headers::SPILL;
 use http::{header, Method, StatusCode};
 
-use super::{Node, NodeError, ReadRequest, Served};
+use super::{Node, NodeError, ReadRequest, Reply, Served};
 use crate::backend::ByteStream;
 use crate::cluster::peer::FORWARD_READ_TIMEOUT;
 use crate::cluster::ring::key_hash;
@@ -118,26 +118,21 @@ impl Node {
             }
         }
         let req = it.request();
+        let here = |reply: Reply| {
+            let mtime = reply
+                .meta
+                .last_modified
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            found(reply.size, mtime, reply.body.into_stream(), &self.id)
+        };
         match self.read_or_leave(&req, &[]).await {
-            Ok(Served::Here(reply)) => {
-                let mtime = reply
-                    .meta
-                    .last_modified
-                    .duration_since(UNIX_EPOCH)
-                    .map_or(0, |d| d.as_secs());
-                found(reply.size, mtime, reply.body.into_stream(), &self.id).await
-            }
+            Ok(Served::Here(reply)) => here(reply).await,
             Ok(Served::Elsewhere(i)) => match self.ask_spilled(i, &it.target(), &[]).await {
                 Ok(resp) => outcome(resp, &c.member(i).id).await,
                 Err(e) => {
                     c.mark_down(i, &e);
-                    let reply = self.read(&req).await?;
-                    let mtime = reply
-                        .meta
-                        .last_modified
-                        .duration_since(UNIX_EPOCH)
-                        .map_or(0, |d| d.as_secs());
-                    found(reply.size, mtime, reply.body.into_stream(), &self.id).await
+                    here(self.read(&req).await?).await
                 }
             },
             Err(e) if e.is_missing() => Ok(Outcome::Missing),

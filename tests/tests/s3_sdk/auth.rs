@@ -51,7 +51,7 @@ async fn presigned_urls() {
     resp.assert_s3_error(403, &["SignatureDoesNotMatch"]);
 
     // The signature of one key used for another.
-    let encoded_key = utf8_percent_encode(key, PATH).to_string();
+    let encoded_key = encode::path(key);
     assert!(url.contains(&encoded_key), "{url} vs {encoded_key}");
     let swapped = url.replacen(&encoded_key, "other", 1);
     let resp = fetch(swapped, headers_of(&presigned)).await;
@@ -102,14 +102,12 @@ async fn presigned_urls() {
 
 /// SigV2 query-string presigning, as boto3's default presigner makes it.
 fn sigv2_url(bucket: &str, key: &str, expires: u64, secret: &str) -> String {
-    let resource = format!("/{bucket}/{}", utf8_percent_encode(key, PATH));
+    let resource = format!("/{bucket}/{}", encode::path(key));
     let string_to_sign = format!("GET\n\n\n{expires}\n{resource}");
-    let mut mac = Hmac::<sha1::Sha1>::new_from_slice(secret.as_bytes()).unwrap();
-    mac.update(string_to_sign.as_bytes());
-    let sig = base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes());
+    let sig = granary_proto::sigv2::signature(secret, &string_to_sign);
     format!(
         "{resource}?AWSAccessKeyId={ACCESS}&Expires={expires}&Signature={}",
-        utf8_percent_encode(&sig, QUERY)
+        encode::query_value(&sig)
     )
 }
 

@@ -14,9 +14,7 @@ use granary_tests::{
     bucket_name, etag_of, expect_sdk_error, md5_hex, multipart_etag, random_bytes, request_bytes,
     sdk_error, unix_now, Server, ServerOpts, ACCESS, SECRET,
 };
-use hmac::{Hmac, Mac};
 use md5::{Digest, Md5};
-use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 mod auth;
 mod buckets;
 mod listing;
@@ -26,15 +24,7 @@ mod reads;
 
 const MIB: usize = 1024 * 1024;
 
-/// What S3 leaves unescaped in a URI path: unreserved characters and `/`.
-const PATH: &AsciiSet = &NON_ALPHANUMERIC
-    .remove(b'-')
-    .remove(b'.')
-    .remove(b'_')
-    .remove(b'~')
-    .remove(b'/');
-/// The same for a query value: `/` escaped too.
-const QUERY: &AsciiSet = &PATH.add(b'/');
+use granary_proto::encode;
 
 /// A credentialed server, a client for it, and a fresh bucket.
 async fn setup(prefix: &str) -> (Server, Client, String) {

@@ -399,7 +399,7 @@ async fn copy_object() {
         .await
         .expect("put source");
     let src_etag = etag_of(&data);
-    let copy_source = format!("{bucket}/{}", utf8_percent_encode(src, PATH));
+    let copy_source = format!("{bucket}/{}", encode::path(src));
 
     let out = s3
         .copy_object()

@@ -87,14 +87,12 @@ pub fn checksum_header(h: &HeaderMap) -> Option<(HeaderName, HeaderValue)> {
 pub fn copy_source(r: &Req) -> Result<(String, String), S3Error> {
     let raw = r.header("x-amz-copy-source").unwrap_or("");
     let raw = raw.split_once('?').map_or(raw, |(p, _)| p);
-    let decoded = percent_encoding::percent_decode_str(raw)
-        .decode_utf8()
-        .map_err(|_| {
-            S3Error::new(
-                S3Code::InvalidArgument,
-                "x-amz-copy-source is not valid UTF-8",
-            )
-        })?;
+    let decoded = granary_proto::encode::decode_exact(raw).map_err(|_| {
+        S3Error::new(
+            S3Code::InvalidArgument,
+            "x-amz-copy-source is not valid UTF-8",
+        )
+    })?;
     let trimmed = decoded.strip_prefix('/').unwrap_or(&decoded);
     match trimmed.split_once('/') {
         Some((b, k)) if !b.is_empty() && !k.is_empty() => Ok((b.to_owned(), k.to_owned())),

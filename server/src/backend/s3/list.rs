@@ -46,10 +46,7 @@ pub(super) fn merge(objects: Vec<ObjectEntry>, prefixes: Vec<String>) -> Vec<Ent
 
 /// Decodes a name of a listing asked with `encoding-type=url` (S3 writes a space as `+`).
 pub(super) fn url_decode(s: &str) -> String {
-    let plus = s.replace('+', " ");
-    percent_encoding::percent_decode_str(&plus)
-        .decode_utf8_lossy()
-        .into_owned()
+    granary_proto::encode::decode(&s.replace('+', " "))
 }
 
 /// The common prefix `after` stands for, if it is one: it ends with the delimiter and is
@@ -120,8 +117,7 @@ pub(super) fn lenient_parts<E>(e: &SdkError<E, HttpResponse>) -> Option<PartsPag
     if !ctx.raw().status().is_success() {
         return None;
     }
-    let body = std::str::from_utf8(ctx.raw().body().bytes()?).ok()?;
-    let doc: Doc = quick_xml::de::from_str(body).ok()?;
+    let doc: Doc = granary_proto::xml::parse(ctx.raw().body().bytes()?).ok()?;
     Some(PartsPage {
         parts: doc
             .parts
