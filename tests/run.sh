@@ -20,6 +20,14 @@ fi
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
+step "layers import downward (nothing below the API or the node service imports them)"
+up=$(grep -rlE 'crate::(api|node)\b' server/src/backend server/src/cache server/src/cluster \
+       server/src/io server/src/transform server/src/jobs.rs || true)
+if [ -n "$up" ]; then
+  printf 'imports pointing up, in:\n%s\n' "$up"
+  exit 1
+fi
+
 step "cargo clippy --all-targets -D warnings"
 cargo clippy --release --workspace --all-targets -- -D warnings
 # The client's GPU delivery: loads the CUDA driver at run time, so it builds anywhere.

@@ -432,3 +432,55 @@ async fn derived_objects_are_computed_once() {
     assert!(matches!(e, Err(super::DeriveError::Compute(e)) if e.to_string() == "no"));
     assert_eq!(c.holds("_r", "f"), None);
 }
+
+#[tokio::test]
+async fn a_corrupt_block_is_never_served_and_the_entry_is_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = cache(dir.path(), 1 << 30);
+    let obj = data(1 << 20, 6);
+    let src = Mem::with(&[("k", obj.clone())]);
+    assert_eq!(
+        bytes(read(&c, &src, "k").await.unwrap()).await.unwrap(),
+        obj
+    );
+    settled(&c, "k").await;
+    // Flip a byte of the third 64 KiB block on disk.
+    let path = super::store::entry_path(&dir.path().join("objects"), "b", "k");
+    let mut file_bytes = std::fs::read(&path).unwrap();
+    file_bytes[(2 << 16) + 5] ^= 0xff;
+    std::fs::write(&path, &file_bytes).unwrap();
+    // A range inside the first block is still good: only what is sent is checked.
+    let first = c
+        .read(
+            &*src,
+            "b",
+            "k",
+            &|_| Ok(Some(ByteRange { start: 0, end: 100 })),
+            Mode::Stream,
+        )
+        .await
+        .unwrap();
+    assert_eq!(first.origin, Origin::Hit);
+    assert_eq!(bytes(first).await.unwrap(), obj.slice(0..100));
+    // The whole object: the stream fails before the bad block's bytes leave.
+    let hit = read(&c, &src, "k").await.unwrap();
+    let Body::Stream(mut s) = hit.body else {
+        panic!("a stream");
+    };
+    let mut sent = 0;
+    let mut failed = false;
+    while let Some(chunk) = s.next().await {
+        match chunk {
+            Ok(b) => sent += b.len(),
+            Err(_) => failed = true,
+        }
+    }
+    assert!(
+        failed && sent < 2 << 16,
+        "sent {sent} bytes, then failed: {failed}"
+    );
+    assert_eq!(c.holds("b", "k"), None, "the entry is dropped");
+    let again = read(&c, &src, "k").await.unwrap();
+    assert_eq!(again.origin, Origin::Miss, "the next read refetches");
+    assert_eq!(bytes(again).await.unwrap(), obj);
+}
