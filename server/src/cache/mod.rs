@@ -352,9 +352,10 @@ impl Cache {
                 self.serve_entry(&ikey, entry, range)
             }
             Mode::Local => {
-                let held = self.local(Some((src, bucket, key)), &ikey, range, || {
+                // Boxed: the hot paths should not carry the size of this one's future.
+                let held = Box::pin(self.local(Some((src, bucket, key)), &ikey, range, || {
                     self.hold(src, bucket, key)
-                });
+                }));
                 match held.await? {
                     Some(read) => Ok(read),
                     None => self.stream(src, bucket, key, &ikey, range, false).await,

@@ -144,11 +144,12 @@ fn resolve(range: Option<RangeSpec>, size: u64) -> Result<Option<ByteRange>, Ref
 }
 
 impl Node {
-    /// Reads what `req` names.
+    /// Reads what `req` names. Member and transform reads are boxed: their futures are
+    /// large, and a plain object read (the hot path) should not carry their size.
     pub async fn read(self: &Arc<Self>, req: &ReadRequest<'_>) -> Result<Reply, NodeError> {
         match (req.transform, req.member) {
-            (Some(t), _) => self.read_transformed(req, t).await,
-            (None, Some(m)) => self.read_member(req, m).await,
+            (Some(t), _) => Box::pin(self.read_transformed(req, t)).await,
+            (None, Some(m)) => Box::pin(self.read_member(req, m)).await,
             (None, None) => self.read_object(req, mode_of(req.mode)).await,
         }
     }
@@ -485,6 +486,47 @@ fn shard_format(key: &str, member: &str) -> Result<Format, NodeError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The hot path's future is moved and boxed on every request (axum boxes handler
+    /// futures): the big, rare branches (members, transforms, local files) are boxed so
+    /// that a plain object read does not carry their size. A future of 16 KiB cost a
+    /// 100 KiB warm GET 80% more instructions in memcpy alone.
+    #[test]
+    fn the_object_read_future_stays_small() {
+        let dir = tempfile::tempdir().unwrap();
+        let stats = Arc::new(crate::stats::Stats::default());
+        let engine = crate::io::engine(crate::io::EngineChoice::Std).unwrap();
+        let cache = crate::cache::Cache::open(
+            &dir.path().join("cache"),
+            1 << 20,
+            crate::config::CachePolicy::NeverEvict,
+            true,
+            engine,
+            stats.clone(),
+        )
+        .unwrap();
+        let backend =
+            Arc::new(crate::backend::fs::FsBackend::open(&dir.path().join("origin")).unwrap());
+        let cluster = crate::cluster::Cluster::new(
+            &crate::config::Config::default(),
+            "solo",
+            1,
+            stats.clone(),
+        )
+        .unwrap();
+        let node = Node::new(
+            backend,
+            Arc::new(cache),
+            Arc::new(cluster),
+            stats,
+            crate::transform::Transforms::default(),
+        );
+        let req = ReadRequest::object("b", "k");
+        let read = node.read(&req);
+        let leave = node.read_or_leave(&req, &[]);
+        assert!(std::mem::size_of_val(&read) < 4096);
+        assert!(std::mem::size_of_val(&leave) < 4096);
+    }
 
     fn meta(etag: &str, mtime: u64) -> ObjectMeta {
         ObjectMeta {
