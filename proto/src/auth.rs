@@ -23,6 +23,9 @@ pub const MAX_PRESIGN_EXPIRES: u64 = 7 * 24 * 3600;
 pub struct Credentials {
     pub access_key: String,
     pub secret_key: String,
+    /// What members sign their own requests with (`x-granary-peer-auth`): the cluster's
+    /// secret, which is the secret key unless set apart.
+    pub peer_secret: String,
 }
 
 impl std::fmt::Debug for Credentials {
@@ -162,7 +165,7 @@ pub fn check_peer<'v>(
         .path_and_query()
         .map_or(parts.uri.path(), |pq| pq.as_str());
     peer::verify(
-        &creds.secret_key,
+        &creds.peer_secret,
         parts.method.as_str(),
         target,
         value,
@@ -431,6 +434,7 @@ mod tests {
         Credentials {
             access_key: "AK".into(),
             secret_key: "SK".into(),
+            peer_secret: "SK".into(),
         }
     }
 

@@ -29,6 +29,17 @@ pub struct Config {
     pub node_id: Option<String>,
     /// Cluster members as `ID=URL`, this node included.
     pub peer: Vec<String>,
+    /// The members as a file of `ID=URL` lines, followed while the node runs.
+    pub peers_file: Option<PathBuf>,
+    /// The members as the addresses of a DNS name (`NAME:PORT`), resolved again every
+    /// few seconds.
+    pub peers_dns: Option<String>,
+    /// The DNS server `peers_dns` asks instead of the system's (`IP:PORT`).
+    pub peers_dns_server: Option<SocketAddr>,
+    /// What members prove membership with (a MAC over each request they send one
+    /// another); unset, the secret key. A cluster with neither is open: anyone may
+    /// speak as a member.
+    pub cluster_secret: Option<String>,
     /// How a request that lands on a non-owner is answered.
     pub route: RouteMode,
     /// Access key; with `secret_key`, S3 requests must be signed.
@@ -70,6 +81,10 @@ impl Default for Config {
             cache_policy: CachePolicy::NeverEvict,
             node_id: None,
             peer: Vec::new(),
+            peers_file: None,
+            peers_dns: None,
+            peers_dns_server: None,
+            cluster_secret: None,
             route: RouteMode::Proxy,
             access_key: None,
             secret_key: None,
@@ -178,9 +193,18 @@ impl Config {
             (Some(a), Some(s)) => Some(granary_proto::auth::Credentials {
                 access_key: a.clone(),
                 secret_key: s.clone(),
+                peer_secret: self.cluster_secret().unwrap_or_else(|| s.clone()),
             }),
             _ => None,
         }
+    }
+
+    /// What members prove membership with: `--cluster-secret`, else the secret key.
+    pub fn cluster_secret(&self) -> Option<String> {
+        self.cluster_secret
+            .clone()
+            .filter(|s| !s.is_empty())
+            .or_else(|| self.secret_key.clone())
     }
 
     /// This node's id: the configured one or the host name.
@@ -214,6 +238,17 @@ impl Config {
             return Err(ConfigError::Invalid {
                 field: "tls-cert",
                 message: "--tls-cert and --tls-key go together".into(),
+            });
+        }
+        let sources = [
+            !self.peer.is_empty(),
+            self.peers_file.is_some(),
+            self.peers_dns.is_some(),
+        ];
+        if sources.iter().filter(|s| **s).count() > 1 {
+            return Err(ConfigError::Invalid {
+                field: "peer",
+                message: "give the members one way: --peer, --peers-file or --peers-dns".into(),
             });
         }
         for p in &self.peer {

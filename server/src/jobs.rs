@@ -80,8 +80,8 @@ pub struct Job {
     bytes_done: AtomicU64,
     errors: AtomicU64,
     skipped: AtomicU64,
-    /// Parts on other members: (member index, part id, last progress heard).
-    parts: Mutex<Vec<(usize, String, Counts)>>,
+    /// Parts on other members: (member id, part id, last progress heard).
+    parts: Mutex<Vec<(String, String, Counts)>>,
     message: Mutex<Option<String>>,
     started: Instant,
     finished: Mutex<Option<Instant>>,
@@ -167,7 +167,7 @@ impl Job {
     }
 
     /// A part handed to member `member` as its job `id`; its slot for progress.
-    pub fn add_part(&self, member: usize, id: String) -> usize {
+    pub fn add_part(&self, member: String, id: String) -> usize {
         let mut parts = self.parts.lock().expect("job lock");
         parts.push((member, id, Counts::default()));
         parts.len() - 1

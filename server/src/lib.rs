@@ -107,7 +107,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             "cluster member"
         );
     }
-    cluster::membership::spawn(cluster.clone());
+    cluster::membership::spawn(cluster.clone(), cluster::source::Watch::of(&config)?);
     let transforms = transform::Transforms::new(&config.transforms);
     let node = node::Node::new(backend, Arc::new(cache), cluster, stats, transforms);
     let listen = config.listen;

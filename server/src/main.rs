@@ -56,6 +56,22 @@ struct ServeArgs {
     /// A cluster member as ID=URL; repeat for each, this node included.
     #[arg(long = "peer", env = "GRANARY_PEER", value_delimiter = ',')]
     peer: Vec<String>,
+    /// The members as a file of ID=URL lines, read again when it changes (a Kubernetes
+    /// ConfigMap); instead of --peer.
+    #[arg(long, env = "GRANARY_PEERS_FILE")]
+    peers_file: Option<PathBuf>,
+    /// The members as the addresses NAME resolves to (a headless Service), resolved again
+    /// every few seconds; a member's id is its reverse name's first label, else its
+    /// address. Instead of --peer.
+    #[arg(long, env = "GRANARY_PEERS_DNS", value_name = "NAME:PORT")]
+    peers_dns: Option<String>,
+    /// The DNS server --peers-dns asks instead of the system's.
+    #[arg(long, env = "GRANARY_PEERS_DNS_SERVER", value_name = "IP:PORT")]
+    peers_dns_server: Option<std::net::SocketAddr>,
+    /// What members prove membership with [default: the secret key; neither: an open
+    /// cluster, whose members' headers anyone may send].
+    #[arg(long, env = "GRANARY_CLUSTER_SECRET", hide_env_values = true)]
+    cluster_secret: Option<String>,
     /// Answer requests for keys owned elsewhere by proxying or with 307 [default: proxy].
     #[arg(long, env = "GRANARY_ROUTE", value_enum)]
     route: Option<RouteMode>,
@@ -128,7 +144,11 @@ impl ServeArgs {
             secret_key,
             listen_unix,
             tls_cert,
-            tls_key
+            tls_key,
+            peers_file,
+            peers_dns,
+            peers_dns_server,
+            cluster_secret
         );
         if !self.peer.is_empty() {
             c.peer = self.peer;

@@ -26,6 +26,29 @@ use crate::node::Node;
 use error::{S3Code, S3Error};
 use route::Routed;
 
+/// The member a request came from, when it proves membership (see
+/// `Cluster::member_of`); set on every request by `entry`. Members' own headers
+/// (`x-granary-hop`, `-spill`, `-peer-fill`, `-announce`) count only with it.
+#[derive(Debug, Clone, Default)]
+pub struct FromMember(pub Option<String>);
+
+impl FromMember {
+    /// The member a request came from, if it proved it.
+    pub fn of<B>(req: &http::Request<B>) -> Option<&str> {
+        req.extensions()
+            .get::<FromMember>()
+            .and_then(|m| m.0.as_deref())
+    }
+
+    /// The same, for a request taken apart.
+    pub fn of_parts(parts: &http::request::Parts) -> Option<&str> {
+        parts
+            .extensions
+            .get::<FromMember>()
+            .and_then(|m| m.0.as_deref())
+    }
+}
+
 /// Marks an error status that is a normal answer (a peer asking for a copy this node
 /// does not hold): not counted in `errors`.
 #[derive(Debug, Clone, Copy)]
@@ -71,7 +94,7 @@ pub fn request_id() -> String {
     format!("{:016X}", n ^ (std::process::id() as u64) << 40)
 }
 
-async fn entry(State(state): State<Arc<AppState>>, req: Request) -> Response {
+async fn entry(State(state): State<Arc<AppState>>, mut req: Request) -> Response {
     let span = tracing::info_span!(
         "request",
         op = Empty,
@@ -107,6 +130,12 @@ async fn entry(State(state): State<Arc<AppState>>, req: Request) -> Response {
             }
         }
     };
+    if req.headers().contains_key(granary_proto::headers::HOP) {
+        let (parts, body) = req.into_parts();
+        let member = state.node.cluster.member_of(&parts);
+        req = Request::from_parts(parts, body);
+        req.extensions_mut().insert(FromMember(member));
+    }
     let resp = async {
         let header_bytes: usize = req
             .headers()

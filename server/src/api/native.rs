@@ -19,21 +19,37 @@ pub async fn handle(state: &Arc<AppState>, req: Request) -> Response {
     let get = req.method() == Method::GET || req.method() == Method::HEAD;
     match (path, get) {
         ("/_granary/health", true) => {
+            // A member's probe from its regular round announces it: see it up first.
+            if req
+                .headers()
+                .contains_key(crate::cluster::membership::ANNOUNCE)
+            {
+                if let Some(id) = super::FromMember::of(&req) {
+                    crate::cluster::membership::announced(&node.cluster, id).await;
+                }
+            }
             let u = node.cache.usage();
-            json_response(json!({
-                "status": "ok",
+            let settled = node.cluster.settled();
+            let mut resp = json_response(json!({
+                "status": if settled { "ok" } else { "settling" },
                 "node_id": node.id,
                 "capacity_bytes": u.capacity,
                 "free_bytes": u.capacity.saturating_sub(u.used + u.reserved),
                 "admitting": !node.cache.refusing(),
-            }))
+            }));
+            if !settled {
+                // Not every member probed yet: not ready to agree on owners.
+                *resp.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+                resp.extensions_mut().insert(super::NotAnError);
+            }
+            resp
         }
         ("/_granary/cluster", true) => {
             let q = granary_proto::encode::query_pairs(req.uri().query().unwrap_or(""));
             let arg = |n: &str| q.iter().find(|(k, _)| k == n).map(|(_, v)| v.as_str());
             match (arg("bucket"), arg("key")) {
-                (Some(b), Some(k)) => json_response(node.cluster.view(Some((b, k)))),
-                (None, None) => json_response(node.cluster.view(None)),
+                (Some(b), Some(k)) => json_response(node.cluster.view_json(Some((b, k)))),
+                (None, None) => json_response(node.cluster.view_json(None)),
                 _ => S3Error::new(
                     S3Code::InvalidArgument,
                     "give both bucket= and key= to ask for an owner",
@@ -73,7 +89,7 @@ pub async fn handle(state: &Arc<AppState>, req: Request) -> Response {
         }
         ("/_granary/revalidate", false) if req.method() == Method::POST => {
             let (parts, _) = req.into_parts();
-            match s3::auth::peer_only(state.creds.as_ref(), &parts) {
+            match s3::auth::peer_only(&state.node.cluster, &parts) {
                 Ok(()) => {
                     node.revalidate();
                     json_response(json!({"revalidate": true}))
@@ -104,7 +120,7 @@ pub async fn handle(state: &Arc<AppState>, req: Request) -> Response {
 /// listed, `[{"bucket":…,"key":…}]`, written or deleted through another node.
 async fn invalidate(state: &AppState, req: Request) -> Result<Response, S3Error> {
     let (parts, body) = req.into_parts();
-    s3::auth::peer_only(state.creds.as_ref(), &parts)?;
+    s3::auth::peer_only(&state.node.cluster, &parts)?;
     let body = axum::body::to_bytes(body, MAX_INVALIDATE_BODY)
         .await
         .map_err(|_| S3Error::new(S3Code::EntityTooLarge, "the list is too large"))?;
@@ -173,12 +189,12 @@ async fn job(state: &Arc<AppState>, req: Request) -> Result<Response, S3Error> {
         return Ok(json_response(job.to_json()));
     }
     let c = &state.node.cluster;
-    if !parts.headers.contains_key(granary_proto::headers::HOP) {
+    if super::FromMember::of_parts(&parts).is_none() {
         let target = format!("/_granary/jobs/{id}");
-        for i in c.others_up().collect::<Vec<_>>() {
+        for m in c.others_up() {
             let asked = c
                 .ask(
-                    i,
+                    &m,
                     parts.method.clone(),
                     &target,
                     Body::empty(),

@@ -13,8 +13,6 @@ use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
 use http::{header, HeaderValue, Method, StatusCode};
 
-use granary_proto::headers::HOP;
-
 use super::error::{S3Code, S3Error};
 use super::AppState;
 use crate::cluster::peer::target_of;
@@ -31,7 +29,8 @@ pub enum Routed {
 
 pub async fn route(state: &AppState, req: Request) -> Routed {
     let c = &state.node.cluster;
-    if c.is_single() || req.headers().contains_key(HOP) {
+    // A member sent it: serve it here (it routed it already).
+    if c.is_single() || super::FromMember::of(&req).is_some() {
         return Routed::Local(req);
     }
     let Ok((bucket, Some(key))) = granary_proto::encode::split_path(req.uri().path()) else {
@@ -43,11 +42,10 @@ pub async fn route(state: &AppState, req: Request) -> Routed {
     let target = target_of(&parts.uri);
     let mut body = Some(body);
     for _ in 0..c.members().len() {
-        let owner = c.owner_of_hash(kh);
-        if owner == c.me() {
+        let m = c.owner_of_hash(kh);
+        if c.is_me(&m) {
             break;
         }
-        let m = c.member(owner);
         if read && state.route == RouteMode::Redirect && !granary_proto::auth::client_signed(&parts)
         {
             state
@@ -72,12 +70,12 @@ pub async fn route(state: &AppState, req: Request) -> Routed {
             body.take().unwrap_or_default()
         };
         match c
-            .forward(owner, &parts.method, &target, &parts.headers, send)
+            .forward(&m, &parts.method, &target, &parts.headers, send)
             .await
         {
             Ok(resp) => return Routed::Answered(resp),
             Err(why) => {
-                c.mark_down(owner, why);
+                c.mark_down(&m, why);
                 if !read {
                     let id = m.id.clone();
                     return Routed::Answered(

@@ -1,31 +1,40 @@
 //! The cluster: its members, which of them are up, and which one owns a key.
 //!
-//! Every node is given the same member list (`--peer ID=URL`, itself included). Each key
-//! has one owner by weighted rendezvous hashing (`ring`), weights being the members' cache
-//! capacities, so mixed disks fill evenly. Members are probed every second
-//! (`membership`); one that fails two probes in a row, or refuses a forwarded request,
-//! is down and its keys go to the next member in the key's ranking until it answers
-//! again. A request for a key owned elsewhere is proxied or redirected there (`route`);
-//! a miss on the owner is filled from a peer that holds the object before the backend
-//! (`peer`).
+//! Every node works from a member list (`--peer ID=URL`, itself included, or one that
+//! changes while it runs: `--peers-file`, `--peers-dns`; see `source`). Each key has one
+//! owner by weighted rendezvous hashing (`ring`), weights being the members' cache
+//! capacities, so mixed disks fill evenly. The list and the ring over it form a [`View`],
+//! swapped whole when the list or a weight changes; a member's state (up, its room, what
+//! it may have missed) lives in its [`Member`], shared by every view that lists it.
+//!
+//! Members are probed every second (`membership`); one that fails two probes in a row,
+//! or refuses a forwarded request, is down and its keys go to the next member in the
+//! key's ranking until it answers again. A node answers `/_granary/health` only once it
+//! has probed every member once (its view is settled), and its probes announce it: a
+//! member that hears from a member it does not see up probes it back before answering,
+//! so when every member answers health, they all see one another.
+//!
+//! Requests between members carry proof of membership (`x-granary-hop`, a MAC under the
+//! cluster's secret: `--cluster-secret`, else the secret key), so members' headers mean
+//! nothing from anyone else.
 
 mod error;
 pub mod membership;
 pub mod peer;
 pub mod ring;
-
-pub use error::ClusterError;
+pub mod source;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
+use std::time::SystemTime;
 
 use serde_json::json;
 
-use granary_proto::auth::Credentials;
-
-use crate::config::{parse_peer, Config, ConfigError, RouteMode};
+use crate::config::{Config, ConfigError, RouteMode};
 use crate::stats::Stats;
 use ring::{key_hash, Ring, RingNode};
+
+pub use error::ClusterError;
 
 /// One member of the cluster, this node included.
 #[derive(Debug)]
@@ -42,11 +51,26 @@ pub struct Member {
     full: AtomicBool,
     /// Bytes the member's cache could still admit, as last heard.
     free: AtomicU64,
-    /// Heard at least once: a later return from down is a return, not a first meeting.
-    met: AtomicBool,
+    /// This node may have changed objects the member holds copies of without telling
+    /// it: it was down or not yet heard from, or an invalidation did not reach it. It is
+    /// told to check its copies before it is routed to again.
+    missed: AtomicBool,
 }
 
 impl Member {
+    fn new(id: String, url: String) -> Member {
+        Member {
+            id,
+            url,
+            up: AtomicBool::new(false),
+            fails: AtomicU32::new(0),
+            weight: AtomicU64::new(0),
+            full: AtomicBool::new(false),
+            free: AtomicU64::new(0),
+            missed: AtomicBool::new(true),
+        }
+    }
+
     pub fn is_up(&self) -> bool {
         self.up.load(Ordering::Acquire)
     }
@@ -60,90 +84,191 @@ impl Member {
     }
 }
 
-pub struct Cluster {
+/// The members as this node sees them at one moment, sorted by id, and the ring over
+/// them (ring index `i` is `members[i]`).
+pub struct View {
+    members: Vec<Arc<Member>>,
+    ring: Ring,
     me: usize,
-    members: Vec<Member>,
-    /// Rebuilt when a member's weight changes; up/down does not change it.
-    ring: RwLock<Arc<Ring>>,
+}
+
+impl View {
+    fn new(members: Vec<Arc<Member>>, me: usize) -> View {
+        let ring = Ring::new(members.iter().map(|m| RingNode {
+            id: m.id.clone(),
+            weight: m.weight() as f64,
+        }));
+        View { members, ring, me }
+    }
+
+    pub fn members(&self) -> &[Arc<Member>] {
+        &self.members
+    }
+
+    /// The member that owns the key now: the best-ranked member that is up; this node
+    /// when none of positive weight is.
+    fn owner_of_hash(&self, kh: u64) -> &Arc<Member> {
+        let i = self
+            .ring
+            .owner_where(kh, |i| self.members[i].is_up())
+            .unwrap_or(self.me);
+        &self.members[i]
+    }
+}
+
+pub struct Cluster {
+    /// This node's id.
+    id: String,
+    view: RwLock<Arc<View>>,
     pub route: RouteMode,
-    pub(crate) creds: Option<Credentials>,
+    /// What members prove membership with; `None`: an open cluster, whose members'
+    /// headers are taken as they come.
+    secret: Option<String>,
+    /// How this node's own URL is written when it must add itself to a list.
+    own_url: String,
     pub(crate) http: peer::HttpClient,
     pub(crate) stats: Arc<Stats>,
+    /// Set once every member has been probed once (see `membership`).
+    settled: AtomicBool,
     /// Called when this node hears a member again after hearing none: it may have
     /// missed invalidations meanwhile.
-    on_rejoin: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
+    on_rejoin: OnceLock<Box<dyn Fn() + Send + Sync>>,
+    /// Called when the member list changes or a member comes back: cached objects may
+    /// have new owners.
+    on_change: OnceLock<Box<dyn Fn() + Send + Sync>>,
 }
 
 impl Cluster {
-    /// The members named by `config.peer` (or this node alone), this node weighing
-    /// `capacity`. Other members start down until their first probe answers.
+    /// The members `config` names (`--peer`; `--peers-file` read now; or this node alone
+    /// until `--peers-dns` answers), this node weighing `capacity`. Other members start
+    /// down until their first probe answers.
     pub fn new(
         config: &Config,
         node_id: &str,
         capacity: u64,
         stats: Arc<Stats>,
     ) -> Result<Cluster, ConfigError> {
+        let scheme = if config.tls_cert.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        let own_url = format!("{scheme}://{}", config.listen);
+        let list = source::initial(config)?;
+        let cluster = Cluster {
+            id: node_id.to_owned(),
+            view: RwLock::new(Arc::new(View::new(Vec::new(), 0))),
+            route: config.route,
+            secret: config.cluster_secret(),
+            own_url,
+            http: peer::http_client(config.tls_cert.as_deref()).map_err(|e| {
+                ConfigError::Invalid {
+                    field: "peer",
+                    message: format!("{e:#}"),
+                }
+            })?,
+            stats,
+            settled: AtomicBool::new(false),
+            on_rejoin: OnceLock::new(),
+            on_change: OnceLock::new(),
+        };
+        let strict = !config.peer.is_empty();
+        cluster.install(list, strict, capacity)?;
+        Ok(cluster)
+    }
+
+    /// Makes `list` the member list. With `strict` (a static `--peer` list) this node
+    /// must be in it; otherwise it is added when missing (a DNS name that does not yet
+    /// resolve to it). Members already known keep their state.
+    fn install(
+        &self,
+        mut list: Vec<(String, String)>,
+        strict: bool,
+        capacity: u64,
+    ) -> Result<bool, ConfigError> {
         let invalid = |message: String| ConfigError::Invalid {
             field: "peer",
             message,
         };
-        let mut list: Vec<(String, String)> = config
-            .peer
-            .iter()
-            .map(|p| parse_peer(p))
-            .collect::<Result<_, _>>()?;
-        if list.is_empty() {
-            let scheme = if config.tls_cert.is_some() {
-                "https"
-            } else {
-                "http"
-            };
-            list.push((node_id.to_owned(), format!("{scheme}://{}", config.listen)));
+        if !list.iter().any(|(id, _)| *id == self.id) {
+            if strict && !list.is_empty() {
+                return Err(invalid(format!(
+                    "this node's id `{}` is not among the peers; set --node-id to one of them",
+                    self.id
+                )));
+            }
+            list.push((self.id.clone(), self.own_url.clone()));
         }
         list.sort();
         if let Some(w) = list.windows(2).find(|w| w[0].0 == w[1].0) {
             return Err(invalid(format!("node `{}` is listed twice", w[0].0)));
         }
-        let me = list
-            .iter()
-            .position(|(id, _)| id == node_id)
-            .ok_or_else(|| {
-                invalid(format!(
-                "this node's id `{node_id}` is not among the peers; set --node-id to one of them"
-            ))
-            })?;
-        let members = list
+        let mut guard = self.view.write().unwrap_or_else(|p| p.into_inner());
+        let old = guard.clone();
+        let same = old.members.len() == list.len()
+            && old
+                .members
+                .iter()
+                .zip(&list)
+                .all(|(m, (id, url))| m.id == *id && m.url == *url);
+        if same {
+            return Ok(false);
+        }
+        let members: Vec<Arc<Member>> = list
             .into_iter()
-            .enumerate()
-            .map(|(i, (id, url))| Member {
-                id,
-                url,
-                up: AtomicBool::new(i == me),
-                fails: AtomicU32::new(0),
-                weight: AtomicU64::new(if i == me { capacity } else { 0 }),
-                full: AtomicBool::new(false),
-                free: AtomicU64::new(0),
-                met: AtomicBool::new(i == me),
+            .map(|(id, url)| {
+                old.members
+                    .iter()
+                    .find(|m| m.id == id && m.url == url)
+                    .cloned()
+                    .unwrap_or_else(|| {
+                        let m = Member::new(id, url);
+                        if m.id == self.id {
+                            m.up.store(true, Ordering::Release);
+                            m.missed.store(false, Ordering::Release);
+                            m.weight.store(capacity, Ordering::Relaxed);
+                        }
+                        Arc::new(m)
+                    })
             })
             .collect();
-        let cluster = Cluster {
-            me,
-            members,
-            ring: RwLock::new(Arc::new(Ring::new([]))),
-            route: config.route,
-            creds: config.credentials(),
-            http: peer::http_client(config.tls_cert.as_deref())
-                .map_err(|e| invalid(format!("{e:#}")))?,
-            stats,
-            on_rejoin: std::sync::OnceLock::new(),
-        };
-        cluster.rebuild_ring();
-        Ok(cluster)
+        let me = members
+            .iter()
+            .position(|m| m.id == self.id)
+            .expect("this node is listed");
+        for m in &members {
+            if !old.members.iter().any(|o| Arc::ptr_eq(o, m)) && !old.members.is_empty() {
+                tracing::info!(node = %m.id, url = %m.url, "cluster member added");
+            }
+        }
+        for m in &old.members {
+            if !members.iter().any(|n| Arc::ptr_eq(n, m)) {
+                tracing::info!(node = %m.id, url = %m.url, "cluster member removed");
+            }
+        }
+        *guard = Arc::new(View::new(members, me));
+        Ok(true)
+    }
+
+    /// Takes a new member list from the source (`--peers-file`, `--peers-dns`); a
+    /// changed list may give cached objects new owners.
+    pub fn set_members(&self, list: Vec<(String, String)>) {
+        let capacity = self.me().weight();
+        match self.install(list, false, capacity) {
+            Ok(true) => self.changed(),
+            Ok(false) => {}
+            Err(e) => tracing::warn!(error = %e, "member list refused"),
+        }
     }
 
     /// What to do when this node, cut off from every other member, hears one again.
     pub fn on_rejoin(&self, f: impl Fn() + Send + Sync + 'static) {
         let _ = self.on_rejoin.set(Box::new(f));
+    }
+
+    /// What to do when objects may have new owners (the list changed, a member returned).
+    pub fn on_change(&self, f: impl Fn() + Send + Sync + 'static) {
+        let _ = self.on_change.set(Box::new(f));
     }
 
     fn rejoined(&self) {
@@ -153,83 +278,119 @@ impl Cluster {
         }
     }
 
-    fn rebuild_ring(&self) {
-        let ring = Ring::new(self.members.iter().map(|m| RingNode {
-            id: m.id.clone(),
-            weight: m.weight() as f64,
-        }));
-        debug_assert!(ring
-            .nodes()
-            .iter()
-            .zip(&self.members)
-            .all(|(n, m)| n.id == m.id));
-        *self.ring.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(ring);
+    fn changed(&self) {
+        if let Some(f) = self.on_change.get() {
+            f();
+        }
     }
 
-    fn ring(&self) -> Arc<Ring> {
-        self.ring.read().unwrap_or_else(|p| p.into_inner()).clone()
+    /// The members and the ring, as they are now.
+    pub fn view(&self) -> Arc<View> {
+        self.view.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The ring again over the same members (a weight changed).
+    fn rebuild_ring(&self) {
+        let mut guard = self.view.write().unwrap_or_else(|p| p.into_inner());
+        let v = &**guard;
+        *guard = Arc::new(View::new(v.members.clone(), v.me));
+    }
+
+    /// This node's id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// This node as a member.
+    pub fn me(&self) -> Arc<Member> {
+        let v = self.view();
+        v.members[v.me].clone()
+    }
+
+    pub fn is_me(&self, m: &Member) -> bool {
+        m.id == self.id
     }
 
     /// True when this node is the whole cluster.
     pub fn is_single(&self) -> bool {
-        self.members.len() == 1
+        self.view().members.len() == 1
     }
 
-    pub fn me(&self) -> usize {
-        self.me
+    /// Every member, this node included.
+    pub fn members(&self) -> Vec<Arc<Member>> {
+        self.view().members.clone()
     }
 
-    pub fn member(&self, i: usize) -> &Member {
-        &self.members[i]
+    /// The member named `id`, if listed.
+    pub fn member(&self, id: &str) -> Option<Arc<Member>> {
+        self.view().members.iter().find(|m| m.id == id).cloned()
     }
 
-    pub fn members(&self) -> &[Member] {
-        &self.members
+    /// Whether this node has probed every member once since it started.
+    pub fn settled(&self) -> bool {
+        self.settled.load(Ordering::Acquire)
     }
 
     /// The member that owns the key now: the best-ranked member that is up. This node
     /// when no member of positive weight is up.
-    pub fn owner_of_hash(&self, kh: u64) -> usize {
-        self.ring()
-            .owner_where(kh, |i| self.members[i].is_up())
-            .unwrap_or(self.me)
+    pub fn owner_of_hash(&self, kh: u64) -> Arc<Member> {
+        self.view().owner_of_hash(kh).clone()
     }
 
-    pub fn owner(&self, bucket: &str, key: &str) -> usize {
+    pub fn owner(&self, bucket: &str, key: &str) -> Arc<Member> {
         self.owner_of_hash(key_hash(bucket, key))
     }
 
     /// Up members other than this one, best-ranked for the key first.
-    pub fn others_ranked(&self, bucket: &str, key: &str) -> Vec<usize> {
-        self.ring()
+    pub fn others_ranked(&self, bucket: &str, key: &str) -> Vec<Arc<Member>> {
+        let v = self.view();
+        v.ring
             .ranked(key_hash(bucket, key))
             .into_iter()
-            .filter(|&i| i != self.me && self.members[i].is_up())
+            .map(|i| &v.members[i])
+            .filter(|m| m.id != self.id && m.is_up())
+            .cloned()
+            .collect()
+    }
+
+    /// Members other than this one.
+    pub fn others(&self) -> Vec<Arc<Member>> {
+        let v = self.view();
+        v.members
+            .iter()
+            .filter(|m| m.id != self.id)
+            .cloned()
             .collect()
     }
 
     /// Up members other than this one.
-    pub fn others_up(&self) -> impl Iterator<Item = usize> + '_ {
-        (0..self.members.len()).filter(move |&i| i != self.me && self.members[i].is_up())
+    pub fn others_up(&self) -> Vec<Arc<Member>> {
+        let mut v = self.others();
+        v.retain(|m| m.is_up());
+        v
     }
 
     /// Marks a member down now (a forwarded request found it gone); the next probe
-    /// that answers brings it back.
-    pub fn mark_down(&self, i: usize, why: impl std::fmt::Display) {
-        if i == self.me {
+    /// that answers brings it back, after telling it to check its copies.
+    pub fn mark_down(&self, m: &Member, why: impl std::fmt::Display) {
+        if self.is_me(m) {
             return;
         }
-        let m = &self.members[i];
+        m.missed.store(true, Ordering::Release);
         if m.up.swap(false, Ordering::AcqRel) {
             tracing::warn!(node = %m.id, reason = %why, "cluster member down");
         }
     }
 
+    /// Notes that member `m` did not hear of a change made through this node.
+    pub(crate) fn missed(&self, m: &Member) {
+        m.missed.store(true, Ordering::Release);
+    }
+
     /// Whether a member could take an object of `size` bytes (0: unknown) that others
     /// could not admit, as last heard. `tried` are the ids of members that refused it.
-    fn has_room(&self, i: usize, size: u64, tried: &[&str]) -> bool {
-        let m = &self.members[i];
-        i != self.me
+    fn has_room(&self, m: &Member, size: u64, tried: &[&str]) -> bool {
+        !self.is_me(m)
             && m.is_up()
             && !m.is_full()
             && m.free.load(Ordering::Relaxed) >= size.max(1)
@@ -239,7 +400,8 @@ impl Cluster {
     /// Whether another member could take an object this node cannot admit. Cheap: no
     /// ranking, so it can be asked on every read.
     pub fn can_spill(&self, tried: &[&str]) -> bool {
-        (0..self.members.len()).any(|i| self.has_room(i, 0, tried))
+        let v = self.view();
+        v.members.len() > 1 && v.members.iter().any(|m| self.has_room(m, 0, tried))
     }
 
     /// Where to leave an object of `size` bytes this node cannot admit: the best-ranked
@@ -250,50 +412,107 @@ impl Cluster {
         key: &str,
         size: u64,
         tried: &[&str],
-    ) -> Option<usize> {
-        if self.is_single() {
-            return None;
-        }
+    ) -> Option<Arc<Member>> {
         self.others_ranked(bucket, key)
             .into_iter()
-            .find(|&i| self.has_room(i, size, tried))
+            .find(|m| self.has_room(m, size, tried))
     }
 
     /// Records a probe's answer: up, with this weight, admitting or not, with this many
     /// bytes of room.
-    fn heard(&self, i: usize, weight: u64, full: bool, free: u64) {
-        let m = &self.members[i];
+    fn heard(&self, m: &Member, weight: u64, full: bool, free: u64) {
         m.fails.store(0, Ordering::Relaxed);
         m.full.store(full, Ordering::Relaxed);
         m.free.store(free, Ordering::Relaxed);
-        m.met.store(true, Ordering::Relaxed);
         if m.weight.swap(weight, Ordering::Relaxed) != weight {
             self.rebuild_ring();
         }
         if !m.up.swap(true, Ordering::AcqRel) {
             tracing::info!(node = %m.id, weight, "cluster member up");
+            self.changed();
         }
     }
 
-    /// Whether member `i` is down after having been up: while it was down, this node
-    /// sent it no invalidations.
-    fn returning(&self, i: usize) -> bool {
-        let m = &self.members[i];
-        m.met.load(Ordering::Relaxed) && !m.is_up()
-    }
-
     /// Records a failed probe; the second in a row marks the member down.
-    fn unheard(&self, i: usize, why: &str) {
-        let m = &self.members[i];
+    fn unheard(&self, m: &Member, why: &str) {
         let fails = m.fails.fetch_add(1, Ordering::Relaxed) + 1;
         if fails >= membership::FAILS_TO_DOWN {
-            self.mark_down(i, why);
+            self.mark_down(m, why);
+        }
+    }
+
+    /// The member a request came from, when it proves it (`x-granary-hop` with a MAC
+    /// under the cluster's secret over the method and target); in an open cluster (no
+    /// secret), whatever the header says.
+    pub fn member_of(&self, parts: &http::request::Parts) -> Option<String> {
+        let value = parts
+            .headers
+            .get(granary_proto::headers::HOP)?
+            .to_str()
+            .ok()?;
+        let Some(secret) = &self.secret else {
+            return Some(value.to_owned());
+        };
+        let target = parts
+            .uri
+            .path_and_query()
+            .map_or(parts.uri.path(), |pq| pq.as_str());
+        granary_proto::peer::verify(
+            secret,
+            parts.method.as_str(),
+            target,
+            value,
+            SystemTime::now(),
+        )
+        .ok()
+        .map(str::to_owned)
+    }
+
+    /// Whether a request a member made itself proves it (`x-granary-peer-auth` under
+    /// the cluster's secret); an open cluster takes any.
+    pub fn peer_authenticated(&self, parts: &http::request::Parts) -> bool {
+        let Some(secret) = &self.secret else {
+            return true;
+        };
+        let Some(value) = parts
+            .headers
+            .get(granary_proto::headers::PEER_AUTH)
+            .and_then(|v| v.to_str().ok())
+        else {
+            return false;
+        };
+        let target = parts
+            .uri
+            .path_and_query()
+            .map_or(parts.uri.path(), |pq| pq.as_str());
+        granary_proto::peer::verify(
+            secret,
+            parts.method.as_str(),
+            target,
+            value,
+            SystemTime::now(),
+        )
+        .is_ok()
+    }
+
+    /// The `x-granary-hop` value of a request this node sends (its proof of membership).
+    pub(crate) fn hop_value(&self, method: &http::Method, target: &str) -> String {
+        match &self.secret {
+            Some(secret) => granary_proto::peer::sign(
+                secret,
+                &self.id,
+                method.as_str(),
+                target,
+                SystemTime::now(),
+            ),
+            None => self.id.clone(),
         }
     }
 
     /// `/_granary/cluster`: the members and, for a key, its owner.
-    pub fn view(&self, key: Option<(&str, &str)>) -> serde_json::Value {
-        let members: Vec<_> = self
+    pub fn view_json(&self, key: Option<(&str, &str)>) -> serde_json::Value {
+        let v = self.view();
+        let members: Vec<_> = v
             .members
             .iter()
             .map(|m| {
@@ -306,18 +525,19 @@ impl Cluster {
                 })
             })
             .collect();
-        let mut v = json!({
-            "node_id": self.members[self.me].id,
+        let mut out = json!({
+            "node_id": self.id,
             "route": match self.route {
                 RouteMode::Proxy => "proxy",
                 RouteMode::Redirect => "redirect",
             },
+            "settled": self.settled(),
             "members": members,
         });
         if let Some((bucket, key)) = key {
-            v["owner"] = json!(self.members[self.owner(bucket, key)].id);
+            out["owner"] = json!(v.owner_of_hash(key_hash(bucket, key)).id);
         }
-        v
+        out
     }
 }
 
@@ -332,19 +552,25 @@ mod tests {
         }
     }
 
+    fn owned_by(c: &Cluster, id: &str) -> usize {
+        (0..1000)
+            .filter(|i| c.owner("bk", &i.to_string()).id == id)
+            .count()
+    }
+
     #[test]
     fn membership_is_checked() {
         let stats = Arc::new(Stats::default());
         let c = Cluster::new(&config(&[]), "solo", 10, stats.clone()).unwrap();
         assert!(c.is_single());
-        assert_eq!(c.owner("b", "k"), c.me());
+        assert_eq!(c.owner("b", "k").id, "solo");
         let peers = ["b=http://127.0.0.1:2", "a=http://127.0.0.1:1"];
         let c = Cluster::new(&config(&peers), "b", 10, stats.clone()).unwrap();
-        assert_eq!(c.member(c.me()).id, "b");
+        assert_eq!(c.me().id, "b");
         assert_eq!(c.members().len(), 2);
         // The other member is down until heard: every key is ours.
-        assert!(!c.member(0).is_up());
-        assert!((0..100).all(|i| c.owner("b", &i.to_string()) == c.me()));
+        assert!(!c.members()[0].is_up());
+        assert!((0..100).all(|i| c.owner("b", &i.to_string()).id == "b"));
         assert!(Cluster::new(&config(&peers), "c", 10, stats.clone()).is_err());
         let dup = ["a=http://127.0.0.1:1", "a=http://127.0.0.1:2"];
         assert!(Cluster::new(&config(&dup), "a", 10, stats).is_err());
@@ -355,28 +581,59 @@ mod tests {
         let stats = Arc::new(Stats::default());
         let peers = ["a=http://127.0.0.1:1", "b=http://127.0.0.1:2"];
         let c = Cluster::new(&config(&peers), "a", 100, stats).unwrap();
-        c.heard(1, 100, false, 100);
-        let owned_by_b = (0..1000)
-            .filter(|i| c.owner("bk", &i.to_string()) == 1)
-            .count();
+        let b = c.member("b").unwrap();
+        c.heard(&b, 100, false, 100);
+        let owned_by_b = owned_by(&c, "b");
         assert!((400..600).contains(&owned_by_b), "{owned_by_b}");
         // One failed probe is not enough; two are.
-        c.unheard(1, "test");
-        assert!(c.member(1).is_up());
-        c.unheard(1, "test");
-        assert!(!c.member(1).is_up());
-        assert!((0..1000).all(|i| c.owner("bk", &i.to_string()) == 0));
-        c.heard(1, 300, false, 300);
-        let owned_by_b = (0..1000)
-            .filter(|i| c.owner("bk", &i.to_string()) == 1)
-            .count();
+        c.unheard(&b, "test");
+        assert!(b.is_up());
+        c.unheard(&b, "test");
+        assert!(!b.is_up());
+        assert_eq!(owned_by(&c, "a"), 1000);
+        c.heard(&b, 300, false, 300);
+        let owned_by_b = owned_by(&c, "b");
         assert!(
             (680..820).contains(&owned_by_b),
             "weight 3:1 → {owned_by_b}"
         );
-        let v = c.view(Some(("bk", "1")));
+        let v = c.view_json(Some(("bk", "1")));
         assert_eq!(v["members"][1]["weight"], 300);
         assert_eq!(v["members"][1]["state"], "up");
         assert!(v["owner"] == "a" || v["owner"] == "b");
+    }
+
+    #[test]
+    fn a_new_list_keeps_known_members_and_their_state() {
+        let stats = Arc::new(Stats::default());
+        let c = Cluster::new(&config(&[]), "a", 100, stats).unwrap();
+        c.set_members(vec![
+            ("a".into(), "http://127.0.0.1:1".into()),
+            ("b".into(), "http://127.0.0.1:2".into()),
+        ]);
+        let b = c.member("b").unwrap();
+        assert!(
+            !b.is_up() && b.missed.load(Ordering::Acquire),
+            "new: down, and it missed what came before"
+        );
+        c.heard(&b, 100, false, 100);
+        c.set_members(vec![
+            ("b".into(), "http://127.0.0.1:2".into()),
+            ("c".into(), "http://127.0.0.1:3".into()),
+        ]);
+        // This node stays a member even when the list leaves it out (DNS not updated yet).
+        assert_eq!(
+            c.members()
+                .iter()
+                .map(|m| m.id.as_str())
+                .collect::<Vec<_>>(),
+            ["a", "b", "c"]
+        );
+        assert!(
+            Arc::ptr_eq(&c.member("b").unwrap(), &b),
+            "b keeps its state"
+        );
+        assert!(b.is_up());
+        assert!(!c.member("c").unwrap().is_up());
     }
 }

@@ -2,11 +2,11 @@
 //! for a committed copy of an object (a peer fill), and telling peers to drop copies of
 //! an object written or deleted through this node.
 //!
-//! Requests a node makes itself carry `x-granary-hop` (so the receiver serves them
-//! locally instead of routing them again) and, when credentials are set,
-//! `x-granary-peer-auth` (an HMAC under the shared secret key). Forwarded client requests
-//! keep the client's `Host` and signature, which the owner checks as if it had been asked
-//! directly.
+//! Every request to a member carries `x-granary-hop` (so the receiver serves it locally
+//! instead of routing it again), which proves membership with a MAC under the cluster's
+//! secret. Requests a node makes itself also carry `x-granary-peer-auth`, the same MAC,
+//! which stands in for a client's signature. Forwarded client requests keep the client's
+//! `Host` and signature, which the owner checks as if it had been asked directly.
 
 use std::time::{Duration, SystemTime};
 
@@ -21,7 +21,9 @@ use hyper_util::rt::TokioExecutor;
 
 use granary_proto::headers::{HOP, PEER_AUTH, PEER_FILL};
 
-use super::{Cluster, ClusterError};
+use std::sync::Arc;
+
+use super::{Cluster, ClusterError, Member};
 use crate::backend::{ByteStream, ObjectMeta};
 
 pub type HttpClient = Client<HttpsConnector<HttpConnector>, Body>;
@@ -96,54 +98,51 @@ fn hop_by_hop(name: &HeaderName) -> bool {
 }
 
 impl Cluster {
-    /// A request to member `i` made by this node.
-    fn own_request(&self, i: usize, method: Method, target: &str, body: Body) -> Request<Body> {
-        let mut req = self.request_to(i, &method, target, body);
-        let me = &self.members[self.me].id;
-        let h = req.headers_mut();
-        if let Some(creds) = &self.creds {
+    /// A request to member `m` made by this node, authenticated as a member's own
+    /// (`x-granary-peer-auth`) where the cluster has a secret.
+    fn own_request(&self, m: &Member, method: Method, target: &str, body: Body) -> Request<Body> {
+        let mut req = self.request_to(m, &method, target, body);
+        if let Some(secret) = &self.secret {
             let value = granary_proto::peer::sign(
-                &creds.secret_key,
-                me,
+                secret,
+                &self.id,
                 method.as_str(),
                 target,
                 SystemTime::now(),
             );
             if let Ok(v) = HeaderValue::from_str(&value) {
-                h.insert(PEER_AUTH, v);
+                req.headers_mut().insert(PEER_AUTH, v);
             }
         }
         req
     }
 
-    /// A request to member `i` for `target` (path and query), marked as coming from a
-    /// member (`x-granary-hop`).
-    fn request_to(&self, i: usize, method: &Method, target: &str, body: Body) -> Request<Body> {
+    /// A request to member `m` for `target` (path and query), marked as coming from a
+    /// member (`x-granary-hop`, with its proof).
+    fn request_to(&self, m: &Member, method: &Method, target: &str, body: Body) -> Request<Body> {
         let mut req = Request::new(body);
         *req.method_mut() = method.clone();
-        *req.uri_mut() = format!("{}{}", self.members[i].url, target)
-            .parse()
-            .unwrap_or_default();
-        if let Ok(v) = HeaderValue::from_str(&self.members[self.me].id) {
+        *req.uri_mut() = format!("{}{}", m.url, target).parse().unwrap_or_default();
+        if let Ok(v) = HeaderValue::from_str(&self.hop_value(method, target)) {
             req.headers_mut().insert(HOP, v);
         }
         req
     }
 
-    /// Sends a client's request on to member `i` and streams its answer back. An error
+    /// Sends a client's request on to member `m` and streams its answer back. An error
     /// means no answer came (the member is likely gone); the body may be spent.
     pub async fn forward(
         &self,
-        i: usize,
+        m: &Member,
         method: &Method,
         target: &str,
         headers: &HeaderMap,
         body: Body,
     ) -> Result<Response<Body>, ClusterError> {
-        let mut req = self.request_to(i, method, target, body);
+        let mut req = self.request_to(m, method, target, body);
         let h = req.headers_mut();
         for (k, v) in headers {
-            if !hop_by_hop(k) && k.as_str() != HOP {
+            if !hop_by_hop(k) && k.as_str() != HOP && k.as_str() != PEER_AUTH {
                 h.append(k.clone(), v.clone());
             }
         }
@@ -153,11 +152,11 @@ impl Cluster {
         let answered = if read {
             tokio::time::timeout(FORWARD_READ_TIMEOUT, send)
                 .await
-                .map_err(|_| self.timeout(i))?
+                .map_err(|_| self.timeout(m))?
         } else {
             send.await
         };
-        let resp = answered.map_err(|e| self.unreachable(i, &e))?;
+        let resp = answered.map_err(|e| self.unreachable(m, &e))?;
         self.stats
             .proxied
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -174,30 +173,30 @@ impl Cluster {
         Ok(Response::from_parts(parts, Body::new(incoming)))
     }
 
-    /// A request this node makes of member `i` for its own ends (a batch item, a part of
+    /// A request this node makes of member `m` for its own ends (a batch item, a part of
     /// a prefetch job): the answer, or why none came within `wait`.
     pub async fn ask(
         &self,
-        i: usize,
+        m: &Member,
         method: Method,
         target: &str,
         body: Body,
         wait: Duration,
     ) -> Result<Response<Body>, ClusterError> {
-        self.ask_with(i, method, target, &[], body, wait).await
+        self.ask_with(m, method, target, &[], body, wait).await
     }
 
     /// [`Cluster::ask`] with more headers.
     pub async fn ask_with(
         &self,
-        i: usize,
+        m: &Member,
         method: Method,
         target: &str,
         headers: &[(&'static str, String)],
         body: Body,
         wait: Duration,
     ) -> Result<Response<Body>, ClusterError> {
-        let mut req = self.own_request(i, method, target, body);
+        let mut req = self.own_request(m, method, target, body);
         let h = req.headers_mut();
         h.insert(
             header::CONTENT_TYPE,
@@ -213,38 +212,47 @@ impl Cluster {
                 let (parts, incoming) = resp.into_parts();
                 Ok(Response::from_parts(parts, Body::new(incoming)))
             }
-            Ok(Err(e)) => Err(self.unreachable(i, &e)),
-            Err(_) => Err(self.timeout(i)),
+            Ok(Err(e)) => Err(self.unreachable(m, &e)),
+            Err(_) => Err(self.timeout(m)),
         }
     }
 
-    fn unreachable(&self, i: usize, e: &dyn std::error::Error) -> ClusterError {
+    fn unreachable(&self, m: &Member, e: &dyn std::error::Error) -> ClusterError {
         ClusterError::Unreachable {
-            node: self.members[i].id.clone(),
+            node: m.id.clone(),
             why: chain(e),
         }
     }
 
-    fn timeout(&self, i: usize) -> ClusterError {
-        ClusterError::Timeout {
-            node: self.members[i].id.clone(),
-        }
+    fn timeout(&self, m: &Member) -> ClusterError {
+        ClusterError::Timeout { node: m.id.clone() }
     }
 
     /// A committed copy of the object from a peer that holds one, its metadata as the
     /// peer sends it. Asks the next members in the key's ranking; `None` when none has
     /// it or none answers in time.
     pub async fn peer_copy(&self, bucket: &str, key: &str) -> Option<(ObjectMeta, ByteStream)> {
-        if self.is_single() {
-            return None;
-        }
-        let target = granary_proto::encode::object_path(bucket, key);
-        let asks = self
+        let candidates: Vec<Arc<Member>> = self
             .others_ranked(bucket, key)
             .into_iter()
             .take(PEER_FILL_CANDIDATES)
-            .map(|i| {
-                let mut req = self.own_request(i, Method::GET, &target, Body::empty());
+            .collect();
+        self.copy_from(&candidates, bucket, key).await
+    }
+
+    /// A committed copy of the object from one of `members` (the first that answers with
+    /// one); `None` when none holds it or answers in time.
+    pub async fn copy_from(
+        &self,
+        members: &[Arc<Member>],
+        bucket: &str,
+        key: &str,
+    ) -> Option<(ObjectMeta, ByteStream)> {
+        let target = granary_proto::encode::object_path(bucket, key);
+        let asks = members
+            .iter()
+            .map(|m| {
+                let mut req = self.own_request(m, Method::GET, &target, Body::empty());
                 req.headers_mut()
                     .insert(PEER_FILL, HeaderValue::from_static("1"));
                 let ask = self.http.request(req);
@@ -267,26 +275,31 @@ impl Cluster {
         Some((meta, body))
     }
 
-    /// Asks member `i`, back after being down, to check its cached copies against the
-    /// backend before serving them (`POST /_granary/revalidate`).
-    pub async fn tell_revalidate(&self, i: usize) -> Result<(), ClusterError> {
-        let req = self.own_request(i, Method::POST, "/_granary/revalidate", Body::empty());
+    /// Asks member `m`, back after being down (or first heard, or after an invalidation
+    /// did not reach it), to check its cached copies against the backend before serving
+    /// them (`POST /_granary/revalidate`).
+    pub async fn tell_revalidate(&self, m: &Member) -> Result<(), ClusterError> {
+        let req = self.own_request(m, Method::POST, "/_granary/revalidate", Body::empty());
         match tokio::time::timeout(Duration::from_secs(2), self.http.request(req)).await {
             Ok(Ok(r)) if r.status().is_success() => Ok(()),
             Ok(Ok(r)) => Err(ClusterError::Answered {
-                node: self.members[i].id.clone(),
+                node: m.id.clone(),
                 status: r.status().as_u16(),
             }),
-            Ok(Err(e)) => Err(self.unreachable(i, &e)),
-            Err(_) => Err(self.timeout(i)),
+            Ok(Err(e)) => Err(self.unreachable(m, &e)),
+            Err(_) => Err(self.timeout(m)),
         }
     }
 
-    /// Tells the other up members to drop their copies of these objects (written or
-    /// deleted through this node). In the background; a member that misses it (down)
-    /// is covered by the backend check every peer fill makes.
-    pub fn invalidate_elsewhere(self: &std::sync::Arc<Self>, objects: Vec<(String, String)>) {
-        if self.is_single() || objects.is_empty() {
+    /// Tells every other member to drop its copies of these objects (written or deleted
+    /// through this node), in the background. A member that is not up, or does not take
+    /// it, has missed it: it is told to check all its copies before it is routed to again.
+    pub fn invalidate_elsewhere(self: &Arc<Self>, objects: Vec<(String, String)>) {
+        if objects.is_empty() {
+            return;
+        }
+        let others = self.others();
+        if others.is_empty() {
             return;
         }
         let list: Vec<_> = objects
@@ -294,9 +307,13 @@ impl Cluster {
             .map(|(b, k)| serde_json::json!({"bucket": b, "key": k}))
             .collect();
         let body = Bytes::from(serde_json::Value::Array(list).to_string());
-        for i in self.others_up().collect::<Vec<_>>() {
+        for m in others {
+            if !m.is_up() {
+                self.missed(&m);
+                continue;
+            }
             let mut req = self.own_request(
-                i,
+                &m,
                 Method::POST,
                 "/_granary/invalidate",
                 Body::from(body.clone()),
@@ -306,14 +323,17 @@ impl Cluster {
                 HeaderValue::from_static("application/json"),
             );
             let send = self.http.request(req);
-            let id = self.members[i].id.clone();
+            let cluster = self.clone();
             tokio::spawn(async move {
-                match tokio::time::timeout(Duration::from_secs(5), send).await {
-                    Ok(Ok(r)) if r.status().is_success() => {}
-                    Ok(Ok(r)) => {
-                        tracing::warn!(node = %id, status = %r.status(), "peer refused an invalidation")
-                    }
-                    _ => tracing::warn!(node = %id, "peer did not take an invalidation"),
+                let failed = match tokio::time::timeout(Duration::from_secs(5), send).await {
+                    Ok(Ok(r)) if r.status().is_success() => None,
+                    Ok(Ok(r)) => Some(format!("it answered {}", r.status())),
+                    Ok(Err(e)) => Some(chain(&e)),
+                    Err(_) => Some("no answer in time".to_owned()),
+                };
+                if let Some(why) = failed {
+                    tracing::warn!(node = %m.id, reason = %why, "peer did not take an invalidation; it will check its copies");
+                    cluster.missed(&m);
                 }
             });
         }

@@ -17,6 +17,7 @@ use super::{Node, NodeError, ReadRequest, Reply, Served};
 use crate::backend::ByteStream;
 use crate::cluster::peer::FORWARD_READ_TIMEOUT;
 use crate::cluster::ring::key_hash;
+use crate::cluster::Member;
 
 /// Items up to this size are read whole while they wait their turn (so at most the
 /// batch's parallelism of them are held); larger ones stream when their turn comes.
@@ -99,12 +100,12 @@ impl Node {
             let kh = key_hash(&it.bucket, &it.key);
             for _ in 0..c.members().len() {
                 let owner = c.owner_of_hash(kh);
-                if owner == c.me() {
+                if c.is_me(&owner) {
                     break;
                 }
                 let asked = c
                     .ask(
-                        owner,
+                        &owner,
                         Method::GET,
                         &it.target(),
                         Body::empty(),
@@ -112,8 +113,8 @@ impl Node {
                     )
                     .await;
                 match asked {
-                    Ok(resp) => return outcome(resp, &c.member(owner).id).await,
-                    Err(e) => c.mark_down(owner, e),
+                    Ok(resp) => return outcome(resp, &owner.id).await,
+                    Err(e) => c.mark_down(&owner, e),
                 }
             }
         }
@@ -128,10 +129,10 @@ impl Node {
         };
         match self.read_or_leave(&req, &[]).await {
             Ok(Served::Here(reply)) => here(reply).await,
-            Ok(Served::Elsewhere(i)) => match self.ask_spilled(i, &it.target(), &[]).await {
-                Ok(resp) => outcome(resp, &c.member(i).id).await,
+            Ok(Served::Elsewhere(m)) => match self.ask_spilled(&m, &it.target(), &[]).await {
+                Ok(resp) => outcome(resp, &m.id).await,
                 Err(e) => {
-                    c.mark_down(i, &e);
+                    c.mark_down(&m, &e);
                     here(self.read(&req).await?).await
                 }
             },
@@ -144,7 +145,7 @@ impl Node {
     /// `tried`: the members that refused it before.
     pub(super) async fn ask_spilled(
         &self,
-        i: usize,
+        m: &Member,
         target: &str,
         tried: &[&str],
     ) -> Result<http::Response<Body>, NodeError> {
@@ -154,7 +155,7 @@ impl Node {
         Ok(self
             .cluster
             .ask_with(
-                i,
+                m,
                 Method::GET,
                 target,
                 &headers,

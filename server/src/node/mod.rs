@@ -60,11 +60,11 @@ impl Node {
     ) -> Arc<Node> {
         if !cluster.is_single() {
             cache.set_peers(Arc::new(ClusterPeers(cluster.clone())));
-            let c = cache.clone();
-            cluster.on_rejoin(move || c.revalidate_all());
         }
+        let c = cache.clone();
+        cluster.on_rejoin(move || c.revalidate_all());
         Arc::new(Node {
-            id: cluster.member(cluster.me()).id.clone(),
+            id: cluster.id().to_owned(),
             backend,
             cache,
             cluster,

@@ -19,6 +19,7 @@ use serde_json::json;
 
 use super::{Node, NodeError, ReadRequest, Served};
 use crate::backend::ListQuery;
+use crate::cluster::Member;
 use crate::jobs::{Counts, Job, Obj};
 
 /// Objects one node reads at a time for a prefetch.
@@ -101,20 +102,23 @@ impl Node {
             after = page.last;
         }
         let c = &self.cluster;
-        let mut shares: Vec<Vec<Obj>> = vec![Vec::new(); c.members().len()];
+        let mut mine = Vec::new();
+        let mut shares: Vec<(Arc<Member>, Vec<Obj>)> = Vec::new();
         for o in all {
             let owner = c.owner(&job.bucket, &o.key);
-            shares[owner].push(o);
-        }
-        let mine = std::mem::take(&mut shares[c.me()]);
-        let mut followers = Vec::new();
-        for (i, share) in shares.into_iter().enumerate() {
-            if share.is_empty() {
-                continue;
+            if c.is_me(&owner) {
+                mine.push(o);
+            } else if let Some((_, share)) = shares.iter_mut().find(|(m, _)| m.id == owner.id) {
+                share.push(o);
+            } else {
+                shares.push((owner, vec![o]));
             }
+        }
+        let mut followers = Vec::new();
+        for (m, share) in shares {
             let (node, j) = (self.clone(), job.clone());
             followers.push(tokio::spawn(
-                async move { node.hand_over(&j, i, share).await },
+                async move { node.hand_over(&j, &m, share).await },
             ));
         }
         self.read_here(&job, mine).await;
@@ -129,7 +133,7 @@ impl Node {
 
     /// Gives member `i` its share and follows it to the end. Returns the share back when
     /// the member did not take it or was lost on the way.
-    async fn hand_over(&self, job: &Job, i: usize, share: Vec<Obj>) -> Option<Vec<Obj>> {
+    async fn hand_over(&self, job: &Job, m: &Member, share: Vec<Obj>) -> Option<Vec<Obj>> {
         let c = &self.cluster;
         let body = json!({
             "bucket": job.bucket,
@@ -140,7 +144,7 @@ impl Node {
         .to_string();
         let asked = c
             .ask(
-                i,
+                m,
                 Method::POST,
                 "/_granary/prefetch",
                 Body::from(body),
@@ -156,18 +160,18 @@ impl Node {
                 v.and_then(|v| v["id"].as_str().map(str::to_owned))
             }
             Ok(resp) => {
-                tracing::warn!(job = %job.id, node = %c.member(i).id, status = %resp.status(), "member refused a prefetch part");
+                tracing::warn!(job = %job.id, node = %m.id, status = %resp.status(), "member refused a prefetch part");
                 None
             }
             Err(why) => {
-                c.mark_down(i, why);
+                c.mark_down(m, why);
                 None
             }
         };
         let Some(part_id) = part_id else {
             return Some(share);
         };
-        let slot = job.add_part(i, part_id.clone());
+        let slot = job.add_part(m.id.clone(), part_id.clone());
         let path = format!("/_granary/jobs/{part_id}");
         let mut misses = 0;
         loop {
@@ -175,7 +179,7 @@ impl Node {
             if job.is_cancelled() {
                 let _ = c
                     .ask(
-                        i,
+                        m,
                         Method::DELETE,
                         &path,
                         Body::empty(),
@@ -185,7 +189,7 @@ impl Node {
                 return None;
             }
             let heard = match c
-                .ask(i, Method::GET, &path, Body::empty(), Duration::from_secs(2))
+                .ask(m, Method::GET, &path, Body::empty(), Duration::from_secs(2))
                 .await
             {
                 Ok(resp) if resp.status() == StatusCode::OK => {
@@ -199,7 +203,7 @@ impl Node {
             let Some(v) = heard else {
                 misses += 1;
                 if misses >= 3 {
-                    tracing::warn!(job = %job.id, node = %c.member(i).id, "lost a prefetch part; reading it here");
+                    tracing::warn!(job = %job.id, node = %m.id, "lost a prefetch part; reading it here");
                     job.set_part(slot, Counts::default());
                     return Some(share);
                 }
@@ -247,23 +251,23 @@ impl Node {
         let req = ReadRequest::object(bucket, key);
         let mut body = match self.read_or_leave(&req, &[]).await? {
             Served::Here(reply) => reply.body.into_stream(),
-            Served::Elsewhere(i) => {
+            Served::Elsewhere(m) => {
                 let target = encode::object_path(bucket, key);
-                match self.ask_spilled(i, &target, &[]).await {
+                match self.ask_spilled(&m, &target, &[]).await {
                     Ok(resp) if resp.status() == StatusCode::OK => Box::pin(
                         http_body_util::BodyExt::into_data_stream(resp.into_body())
                             .map(|c| c.map_err(std::io::Error::other)),
                     ),
                     Ok(resp) => {
                         return Err(NodeError::Peer {
-                            node: self.cluster.member(i).id.clone(),
+                            node: m.id.clone(),
                             status: resp.status().as_u16(),
                             what: "a prefetched object",
                             message: String::new(),
                         })
                     }
                     Err(e) => {
-                        self.cluster.mark_down(i, &e);
+                        self.cluster.mark_down(&m, &e);
                         self.read(&req).await?.body.into_stream()
                     }
                 }

@@ -14,6 +14,7 @@ use super::{Node, NodeError};
 use crate::archive::{self, Format};
 use crate::backend::{BackendError, ByteRange, ObjectMeta, Refusal};
 use crate::cache::{self, Body, CacheError, DeriveError, Mode, Origin};
+use crate::cluster::Member;
 use crate::transform::{self, Derived, Named, TransformError, MAX_INPUT, RESULTS};
 
 /// The conditional headers of a read, parsed.
@@ -128,8 +129,8 @@ impl Reply {
 /// A read that may be left to another member ([`Node::read_or_leave`]).
 pub enum Served {
     Here(Reply),
-    /// This node cannot admit the object and member `i` has room: ask it.
-    Elsewhere(usize),
+    /// This node cannot admit the object and this member has room: ask it.
+    Elsewhere(Arc<Member>),
 }
 
 /// The bytes a range names in an object of `size` bytes.

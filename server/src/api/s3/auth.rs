@@ -6,7 +6,6 @@
 use http::request::Parts;
 
 pub use granary_proto::auth::{Credentials, Payload, Verdict};
-use granary_proto::headers::PEER_AUTH;
 
 use crate::api::error::{S3Code, S3Error};
 
@@ -23,16 +22,15 @@ pub fn authenticate(
     )?)
 }
 
-/// With credentials set, only a member (`x-granary-peer-auth`) may make this request.
-pub fn peer_only(creds: Option<&Credentials>, parts: &Parts) -> Result<(), S3Error> {
-    let Some(creds) = creds else {
-        return Ok(());
-    };
-    let value = parts
-        .headers
-        .get(PEER_AUTH)
-        .and_then(|v| v.to_str().ok())
-        .ok_or_else(|| S3Error::new(S3Code::AccessDenied, "only cluster members may ask this"))?;
-    granary_proto::auth::check_peer(creds, parts, value)?;
-    Ok(())
+/// Only a member (`x-granary-peer-auth` under the cluster's secret) may make this
+/// request; in an open cluster (no secret), anyone.
+pub fn peer_only(cluster: &crate::cluster::Cluster, parts: &Parts) -> Result<(), S3Error> {
+    if cluster.peer_authenticated(parts) {
+        Ok(())
+    } else {
+        Err(S3Error::new(
+            S3Code::AccessDenied,
+            "only cluster members may ask this",
+        ))
+    }
 }

@@ -47,7 +47,9 @@ pub async fn get(state: &AppState, r: Req, head: bool) -> Result<Response, S3Err
             return whole_shard(state, (&bucket, &key), &t, head).await;
         }
     }
-    let peer_fill = r.parts.headers.contains_key(PEER_FILL) && !head;
+    // Members' own headers count only from a member.
+    let from_member = crate::api::FromMember::of_parts(&r.parts).is_some();
+    let peer_fill = from_member && r.parts.headers.contains_key(PEER_FILL) && !head;
     let fds = if head || peer_fill {
         None
     } else {
@@ -78,13 +80,14 @@ pub async fn get(state: &AppState, r: Req, head: bool) -> Result<Response, S3Err
         // the ids of the nodes that refused it, so it never comes back.
         let tried: Vec<&str> = r
             .header(SPILL)
+            .filter(|_| from_member)
             .unwrap_or("")
             .split(',')
             .filter(|s| !s.is_empty())
             .collect();
         match node.read_or_leave(&req, &tried).await? {
             Served::Here(reply) => reply,
-            Served::Elsewhere(i) => match spill_to(state, &r.parts, i, &tried).await {
+            Served::Elsewhere(m) => match spill_to(state, &r.parts, &m, &tried).await {
                 Some(resp) => return Ok(resp),
                 None => node.read(&req).await?,
             },
@@ -252,7 +255,7 @@ fn set_length(resp: &mut Response, resolved: Option<ByteRange>, size: u64) {
 async fn spill_to(
     state: &AppState,
     parts: &http::request::Parts,
-    i: usize,
+    m: &crate::cluster::Member,
     tried: &[&str],
 ) -> Option<Response> {
     let c = &state.node.cluster;
@@ -262,12 +265,12 @@ async fn spill_to(
     headers.insert(SPILL, HeaderValue::from_str(&refused.join(",")).ok()?);
     let target = target_of(&parts.uri);
     match c
-        .forward(i, &parts.method, &target, &headers, Body::empty())
+        .forward(m, &parts.method, &target, &headers, Body::empty())
         .await
     {
         Ok(resp) => Some(resp),
         Err(why) => {
-            c.mark_down(i, why);
+            c.mark_down(m, why);
             None
         }
     }

@@ -1,0 +1,205 @@
+//! Where the member list comes from, and how it is followed while the node runs:
+//! - `--peer ID=URL` (repeated): fixed;
+//! - `--peers-file FILE`: `ID=URL` lines, read again whenever its bytes change (polled
+//!   every probe round, so the symlink swap a Kubernetes ConfigMap makes is seen too);
+//! - `--peers-dns NAME:PORT`: the addresses NAME resolves to (a headless Service), asked
+//!   again every few seconds; a member's id is the first label of its address's reverse
+//!   name (a StatefulSet pod's host name), else the address.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use hickory_resolver::config::{NameServerConfigGroup, ResolverConfig};
+use hickory_resolver::name_server::TokioConnectionProvider;
+use hickory_resolver::TokioResolver;
+
+use super::Cluster;
+use crate::config::{parse_peer, Config, ConfigError};
+
+/// How often a DNS name is resolved again.
+pub const DNS_EVERY: Duration = Duration::from_secs(3);
+
+/// The list at start: `--peer`, or `--peers-file` as it is now (an unreadable file is an
+/// error); empty for `--peers-dns` until it answers.
+pub fn initial(config: &Config) -> Result<Vec<(String, String)>, ConfigError> {
+    if let Some(path) = &config.peers_file {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Invalid {
+            field: "peers-file",
+            message: format!("cannot read {}: {e}", path.display()),
+        })?;
+        return parse_file(&text).map_err(|message| ConfigError::Invalid {
+            field: "peers-file",
+            message: format!("{}: {message}", path.display()),
+        });
+    }
+    config.peer.iter().map(|p| parse_peer(p)).collect()
+}
+
+/// `ID=URL` lines; blank lines and `#` comments are skipped.
+pub fn parse_file(text: &str) -> Result<Vec<(String, String)>, String> {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|l| parse_peer(l).map_err(|e| e.to_string()))
+        .collect()
+}
+
+/// Follows the member list's source.
+pub enum Watch {
+    Fixed,
+    File {
+        path: PathBuf,
+        last: Option<Vec<u8>>,
+    },
+    Dns {
+        name: String,
+        port: u16,
+        scheme: &'static str,
+        resolver: Box<TokioResolver>,
+        next: Instant,
+    },
+}
+
+impl Watch {
+    /// The watch `config` asks for.
+    pub fn of(config: &Config) -> Result<Watch, ConfigError> {
+        if let Some(path) = &config.peers_file {
+            return Ok(Watch::File {
+                path: path.clone(),
+                last: std::fs::read(path).ok(),
+            });
+        }
+        let Some(spec) = &config.peers_dns else {
+            return Ok(Watch::Fixed);
+        };
+        let invalid = |message: String| ConfigError::Invalid {
+            field: "peers-dns",
+            message,
+        };
+        let (name, port) = spec
+            .rsplit_once(':')
+            .and_then(|(n, p)| Some((n.to_owned(), p.parse::<u16>().ok()?)))
+            .ok_or_else(|| invalid(format!("`{spec}`: expected NAME:PORT")))?;
+        let mut builder = match config.peers_dns_server {
+            Some(server) => TokioResolver::builder_with_config(
+                ResolverConfig::from_parts(
+                    None,
+                    vec![],
+                    NameServerConfigGroup::from_ips_clear(&[server.ip()], server.port(), true),
+                ),
+                TokioConnectionProvider::default(),
+            ),
+            None => TokioResolver::builder_tokio()
+                .map_err(|e| invalid(format!("cannot read the system's DNS setup: {e}")))?,
+        };
+        // Every answer fresh: the point is to see the name change.
+        builder.options_mut().cache_size = 0;
+        builder.options_mut().timeout = Duration::from_secs(2);
+        let scheme = if config.tls_cert.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        Ok(Watch::Dns {
+            name,
+            port,
+            scheme,
+            resolver: Box::new(builder.build()),
+            next: Instant::now(),
+        })
+    }
+
+    /// Reads the source again when it is due and gives the cluster what changed.
+    pub async fn poll(&mut self, cluster: &Cluster) {
+        match self {
+            Watch::Fixed => {}
+            Watch::File { path, last } => {
+                let Ok(bytes) = std::fs::read(&*path) else {
+                    // A ConfigMap swap has a moment without the file: keep the list.
+                    return;
+                };
+                if last.as_ref() == Some(&bytes) {
+                    return;
+                }
+                match parse_file(&String::from_utf8_lossy(&bytes)) {
+                    Ok(list) => {
+                        tracing::info!(path = %path.display(), members = list.len(), "member list read again");
+                        cluster.set_members(list);
+                        *last = Some(bytes);
+                    }
+                    Err(e) => {
+                        tracing::warn!(path = %path.display(), error = %e, "member list refused")
+                    }
+                }
+            }
+            Watch::Dns {
+                name,
+                port,
+                scheme,
+                resolver,
+                next,
+            } => {
+                if Instant::now() < *next {
+                    return;
+                }
+                *next = Instant::now() + DNS_EVERY;
+                match resolve(resolver, name, *port, scheme).await {
+                    Ok(list) if !list.is_empty() => cluster.set_members(list),
+                    Ok(_) => tracing::warn!(name = %name, "the member name resolves to no address"),
+                    Err(e) => {
+                        tracing::warn!(name = %name, error = %e, "cannot resolve the member name")
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The members a name resolves to: `(id, url)` per address, the id the first label of
+/// the address's reverse name, else the address.
+async fn resolve(
+    resolver: &TokioResolver,
+    name: &str,
+    port: u16,
+    scheme: &str,
+) -> Result<Vec<(String, String)>, String> {
+    let ips = resolver.lookup_ip(name).await.map_err(|e| e.to_string())?;
+    let mut out = Vec::new();
+    for ip in ips.iter() {
+        let id = match resolver.reverse_lookup(ip).await {
+            Ok(names) => names
+                .iter()
+                .next()
+                .map(|n| n.to_string())
+                .and_then(|n| n.split('.').next().map(str::to_owned))
+                .filter(|l| !l.is_empty()),
+            Err(_) => None,
+        }
+        .unwrap_or_else(|| ip.to_string());
+        out.push((id, format!("{scheme}://{}", SocketAddr::new(ip, port))));
+    }
+    out.sort();
+    out.dedup_by(|a, b| a.0 == b.0);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peer_files_parse() {
+        let list = parse_file("# the members\n a=http://127.0.0.1:1\n\nb=https://h:2/\n").unwrap();
+        assert_eq!(
+            list,
+            vec![
+                ("a".to_owned(), "http://127.0.0.1:1".to_owned()),
+                ("b".to_owned(), "https://h:2".to_owned())
+            ]
+        );
+        assert!(parse_file("a=ftp://x").is_err());
+        assert!(parse_file("just-a-name").is_err());
+        assert_eq!(parse_file("").unwrap(), vec![]);
+    }
+}
