@@ -4,7 +4,8 @@
 #   2. unit tests and Rust integration tests (real granary processes, aws-sdk-s3)
 #   3. real-client tests in a venv this script creates (boto3, the AWS CLI, moto, pytest);
 #      the venv is made first, since Rust tests start moto from it too
-# Needs: a Rust toolchain, python3 with venv. Installs the Python packages it uses.
+# Needs: a Rust toolchain, python3 with venv. Installs the Python packages it uses, and
+# dnsmasq (Debian's dnsmasq-base, with apt-get) for the member-list-from-DNS test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -64,6 +65,13 @@ fi
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r tests/python/requirements.txt
 export PATH="$venv/bin:$PATH"
 export MOTO_SERVER="$venv/bin/moto_server"
+
+step "a DNS server for the member-list tests (Debian's dnsmasq-base)"
+if ! command -v dnsmasq >/dev/null 2>&1 && [ ! -x /usr/sbin/dnsmasq ]; then
+  sudo_=""; [ "$(id -u)" = 0 ] || sudo_=sudo
+  $sudo_ apt-get update -qq
+  $sudo_ apt-get install -y -qq dnsmasq-base >/dev/null
+fi
 
 step "Rust unit and integration tests"
 cargo test --release --workspace --no-fail-fast

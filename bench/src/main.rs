@@ -59,6 +59,43 @@ enum Command {
     /// by the bench with --granary) is killed and restarted; every byte read is checked
     /// against what was written, and the node's memory is sampled.
     Soak(SoakArgs),
+    /// What a rebalance costs: a cluster (started by the bench over a data set it lays
+    /// out) caches every object; reads of random objects through every member are timed
+    /// while nothing changes, then while a new member joins and the others hand it its
+    /// share. Rebalance MB/s, read latency p50/p99 without and with it.
+    Rebalance(RebalanceArgs),
+}
+
+#[derive(Args)]
+struct RebalanceArgs {
+    /// The `granary` binary to start the members from.
+    #[arg(long)]
+    granary: PathBuf,
+    /// An argument for every member's `granary serve` (repeat), e.g. --rebalance-rate.
+    #[arg(long = "serve-arg", allow_hyphen_values = true)]
+    serve_args: Vec<String>,
+    /// Where the data set, the members' data directories and logs go.
+    #[arg(long, default_value = "rebalance-bench")]
+    dir: PathBuf,
+    /// Members before the join.
+    #[arg(long, default_value_t = 3)]
+    members: usize,
+    #[arg(long, default_value_t = 1000)]
+    objects: usize,
+    #[arg(long, value_parser = parse_size, default_value = "1MiB")]
+    object_size: u64,
+    /// Reader threads.
+    #[arg(long, default_value_t = 4)]
+    readers: usize,
+    /// How long reads are timed with nothing changing.
+    #[arg(long, value_parser = parse_duration, default_value = "10s")]
+    steady: Duration,
+    /// The longest the rebalance is waited for.
+    #[arg(long, value_parser = parse_duration, default_value = "5m")]
+    limit: Duration,
+    /// Write the report as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -97,6 +134,21 @@ struct SoakArgs {
     /// SIGKILL and restart the node this often.
     #[arg(long, value_parser = parse_duration, requires = "granary")]
     restart_every: Option<Duration>,
+    /// Start a cluster of N members instead of one node (listed in a peers file; each
+    /// with its own data directory under --cluster-dir); --endpoint is not used.
+    #[arg(
+        long,
+        value_name = "N",
+        requires = "granary",
+        conflicts_with = "restart_every"
+    )]
+    cluster: Option<usize>,
+    /// Where the cluster's data directories, peers file and logs go.
+    #[arg(long, default_value = "soak-cluster")]
+    cluster_dir: PathBuf,
+    /// With --cluster: kill and restart a member, add one, remove one, under the load.
+    #[arg(long, requires = "cluster")]
+    churn: bool,
     /// Write the report as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -323,6 +375,7 @@ fn main() -> anyhow::Result<()> {
         Command::Ring(a) => return ring(a),
         Command::Local(a) => return local(a),
         Command::Soak(a) => return soak(a),
+        Command::Rebalance(a) => return rebalance(a),
         Command::Batch(a) => a.common.threads,
         Command::Prefetch(a) => a.common.threads,
         Command::Transform(a) => a.common.threads,
@@ -336,7 +389,7 @@ fn main() -> anyhow::Result<()> {
         match cli.command {
             Command::Run(a) => run(a).await,
             Command::Get(a) => get(a).await,
-            Command::Ring(_) | Command::Local(_) | Command::Soak(_) => {
+            Command::Ring(_) | Command::Local(_) | Command::Soak(_) | Command::Rebalance(_) => {
                 unreachable!("handled before the runtime starts")
             }
             Command::Batch(a) => {
@@ -461,8 +514,62 @@ fn local(a: &LocalArgs) -> anyhow::Result<()> {
     write_json(c, &r)
 }
 
+fn rebalance(a: &RebalanceArgs) -> anyhow::Result<()> {
+    use granary_bench::cluster::ClusterCmd;
+    use granary_bench::rebalance::{run, RebalancePlan};
+    let plan = RebalancePlan {
+        cmd: ClusterCmd {
+            binary: a.granary.clone(),
+            args: a.serve_args.clone(),
+            dir: a.dir.clone(),
+        },
+        members: a.members,
+        objects: a.objects,
+        object_size: a.object_size,
+        readers: a.readers,
+        steady: a.steady,
+        limit: a.limit,
+    };
+    let r = run(&plan)?;
+    println!(
+        "{} members, {} objects, {:.1} MB: cached/data set {:.2} before the join, {:.2} after the rebalance",
+        r.members,
+        r.objects,
+        r.dataset_bytes as f64 / 1e6,
+        r.cached_over_dataset_before,
+        r.cached_over_dataset_after
+    );
+    println!(
+        "rebalance: {} objects, {:.1} MB handed to the new member in {:.2} s: {:.1} MB/s",
+        r.moved_objects,
+        r.moved_bytes as f64 / 1e6,
+        r.rebalance_seconds,
+        r.rebalance_mb_per_s
+    );
+    for (what, l) in [
+        ("steady", &r.steady),
+        ("from the join to the first pass", &r.joining),
+        ("during the rebalance", &r.during_rebalance),
+    ] {
+        println!(
+            "reads {what}: {} reads, p50 {:.2} ms, p99 {:.2} ms, {:.1} MB/s",
+            l.reads, l.p50_ms, l.p99_ms, l.mb_per_s
+        );
+    }
+    println!("failed reads: {}", r.failed_reads);
+    if let Some(path) = &a.json {
+        std::fs::write(path, serde_json::to_string_pretty(&r)? + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if r.failed_reads > 0 {
+        anyhow::bail!("reads failed");
+    }
+    Ok(())
+}
+
 fn soak(a: &SoakArgs) -> anyhow::Result<()> {
-    use granary_bench::soak::{run, NodeCmd, SoakPlan};
+    use granary_bench::cluster::ClusterCmd;
+    use granary_bench::soak::{run, ClusterPlan, NodeCmd, SoakPlan};
     anyhow::ensure!(
         a.pct_put + a.pct_delete <= 100,
         "--pct-put + --pct-delete > 100"
@@ -484,6 +591,18 @@ fn soak(a: &SoakArgs) -> anyhow::Result<()> {
             log: a.node_log.clone(),
         }),
         restart_every: a.restart_every,
+        cluster: match (a.cluster, &a.granary) {
+            (Some(members), Some(binary)) => Some(ClusterPlan {
+                cmd: ClusterCmd {
+                    binary: binary.clone(),
+                    args: a.serve_args.clone(),
+                    dir: a.cluster_dir.clone(),
+                },
+                members,
+                churn: a.churn,
+            }),
+            _ => None,
+        },
     };
     let r = run(&plan)?;
     println!(
@@ -511,6 +630,19 @@ fn soak(a: &SoakArgs) -> anyhow::Result<()> {
                 .collect::<Vec<_>>()
         );
     }
+    if plan.cluster.is_some() {
+        println!(
+            "reads failed outside the moments after a kill {}; every key read once more at the end: {}",
+            r.failed_reads, r.swept
+        );
+        println!(
+            "cached bytes {:.1} MB for {:.1} MB of distinct objects: {:.3}x, {:.1} s after the load stopped",
+            r.cached_bytes as f64 / 1e6,
+            r.distinct_bytes as f64 / 1e6,
+            r.cached_over_distinct,
+            r.settle_seconds
+        );
+    }
     for p in &r.first_problems {
         println!("  {p}");
     }
@@ -520,6 +652,9 @@ fn soak(a: &SoakArgs) -> anyhow::Result<()> {
     }
     if r.mismatches > 0 || r.lost_writes > 0 || r.errors > 0 {
         anyhow::bail!("the soak found problems");
+    }
+    if plan.cluster.is_some() && r.cached_over_distinct > 1.05 {
+        anyhow::bail!("the cluster holds more than one copy of its objects");
     }
     Ok(())
 }

@@ -12,17 +12,36 @@
 //!
 //! With `--granary BIN --serve-arg ...`, the bench starts the node itself, restarts it
 //! every `--restart-every`, and samples its resident memory once a second.
+//!
+//! With `--cluster N` it starts N members instead (listed in a peers file, see
+//! [`crate::cluster`]), sends each request to one of the members serving, and changes
+//! the cluster under the load: a member is killed and, once the others have had time to
+//! see it down, restarted; a new member joins through the peers file; one leaves. Only
+//! requests that started within moments of a kill ([`DETECTION`]) may fail; any other
+//! failure is counted. At the end, once rebalance has settled, the members' cached bytes
+//! are compared with the bytes of the distinct objects the bucket holds, and every key is
+//! read once more through the cluster.
 
 use std::io::{self, Write};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use granary_client::{Client, Error};
 use serde::Serialize;
+
+use crate::cluster::{Cluster, ClusterCmd};
+
+/// How long after a member is killed requests through the others may fail: the others
+/// mark a member down within 5 s; a request in flight when it died may fail too.
+pub const DETECTION: Duration = Duration::from_secs(6);
+/// How long before a kill a failed request is taken to have been in flight then.
+const IN_FLIGHT: Duration = Duration::from_secs(2);
+/// How long the cluster is given at the end to come back to one copy of each object.
+const SETTLE: Duration = Duration::from_secs(90);
 
 /// What to run against.
 #[derive(Debug, Clone)]
@@ -41,6 +60,18 @@ pub struct SoakPlan {
     /// The node to start and restart, if the bench manages it.
     pub node: Option<NodeCmd>,
     pub restart_every: Option<Duration>,
+    /// A cluster the bench starts and changes instead of one node.
+    pub cluster: Option<ClusterPlan>,
+}
+
+/// The cluster mode.
+#[derive(Debug, Clone)]
+pub struct ClusterPlan {
+    pub cmd: ClusterCmd,
+    /// Members at the start.
+    pub members: usize,
+    /// Kill and restart one, add one, remove one, while the load runs.
+    pub churn: bool,
 }
 
 /// How to start the node.
@@ -73,6 +104,18 @@ pub struct SoakReport {
     pub rss_warm_kib: u64,
     pub rss_max_kib: u64,
     pub rss_per_minute_max_kib: Vec<u64>,
+    /// Cluster mode: reads that failed, other than those a kill excuses.
+    pub failed_reads: u64,
+    /// Cluster mode: what happened to the membership, and when (seconds from the start).
+    pub events: Vec<String>,
+    /// Cluster mode, at the end: the members' cached bytes, the bytes of the distinct
+    /// objects in the bucket, their ratio, and how long rebalance took to get there.
+    pub cached_bytes: u64,
+    pub distinct_bytes: u64,
+    pub cached_over_distinct: f64,
+    pub settle_seconds: f64,
+    /// Cluster mode: keys read in the final sweep.
+    pub swept: u64,
     pub first_problems: Vec<String>,
 }
 
@@ -204,6 +247,8 @@ struct Counters {
     lost: AtomicU64,
     unavailable: AtomicU64,
     errors: AtomicU64,
+    failed_reads: AtomicU64,
+    swept: AtomicU64,
     problems: Mutex<Vec<String>>,
 }
 
@@ -217,29 +262,71 @@ impl Counters {
     }
 }
 
-/// Whether a failure is the node being away (restarting), not an answer; then the
-/// worker waits a moment rather than spin on refused connections.
-fn away(e: &Error) -> bool {
-    let away = matches!(e, Error::Io { .. } | Error::Protocol(_)) || e.status() == Some(503);
-    if away {
-        std::thread::sleep(Duration::from_millis(20));
+/// Where requests go, and which failures are excused.
+struct Targets {
+    /// The endpoints serving now: the node, or the cluster's members.
+    serving: RwLock<Vec<String>>,
+    /// When members were killed (cluster mode).
+    kills: Mutex<Vec<Instant>>,
+    cluster: bool,
+}
+
+impl Targets {
+    fn new(serving: Vec<String>, cluster: bool) -> Targets {
+        Targets {
+            serving: RwLock::new(serving),
+            kills: Mutex::new(Vec::new()),
+            cluster,
+        }
     }
-    away
+
+    fn pick(&self, roll: u64) -> Option<String> {
+        let s = self.serving.read().unwrap_or_else(|e| e.into_inner());
+        (!s.is_empty()).then(|| s[(roll % s.len() as u64) as usize].clone())
+    }
+
+    fn set(&self, endpoint: &str, serving: bool) {
+        let mut s = self.serving.write().unwrap_or_else(|e| e.into_inner());
+        s.retain(|e| e != endpoint);
+        if serving {
+            s.push(endpoint.to_owned());
+        }
+    }
+
+    fn killed(&self) {
+        self.kills
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Instant::now());
+    }
+
+    /// Whether the failure of a request that started at `started` is excused: one node,
+    /// away (restarting); a cluster, within moments of a member's kill. Then the worker
+    /// waits a moment rather than spin on refused connections.
+    fn excused(&self, started: Instant, e: &Error) -> bool {
+        let excused = if self.cluster {
+            let kills = self.kills.lock().unwrap_or_else(|e| e.into_inner());
+            kills
+                .iter()
+                .any(|&k| started + IN_FLIGHT >= k && started < k + DETECTION)
+        } else {
+            matches!(e, Error::Io { .. } | Error::Protocol(_)) || e.status() == Some(503)
+        };
+        if excused {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        excused
+    }
 }
 
 fn key_name(k: usize) -> String {
     format!("soak/{:02x}/{k:06}", k % 256)
 }
 
-/// One worker's loop over its keys until `stop`.
-fn worker(plan: &SoakPlan, w: usize, stop: &AtomicBool, c: &Counters) {
-    let mut client = match Client::new(&plan.endpoint) {
-        Ok(cl) => cl.with_timeout(Duration::from_secs(30)),
-        Err(e) => {
-            c.problem(&c.errors, format!("worker {w}: {e}"));
-            return;
-        }
-    };
+/// One worker's loop over its keys until `stop`; then, once `sweep` is set, one read of
+/// each of its keys (cluster mode).
+fn worker(plan: &SoakPlan, w: usize, t: &Targets, flags: &Flags, c: &Counters) {
+    let mut clients: Vec<(String, Client)> = Vec::new();
     let mine: Vec<usize> = (w..plan.keys).step_by(plan.workers).collect();
     if mine.is_empty() {
         return;
@@ -251,12 +338,17 @@ fn worker(plan: &SoakPlan, w: usize, stop: &AtomicBool, c: &Counters) {
         rng
     };
     let mut version = 0u64;
-    while !stop.load(Ordering::Relaxed) {
+    while !flags.stop.load(Ordering::Relaxed) {
         let i = (next() % mine.len() as u64) as usize;
+        let Some(client) = client_for(&mut clients, t, next(), c) else {
+            std::thread::sleep(Duration::from_millis(20));
+            continue;
+        };
         let k = mine[i];
         let key = key_name(k);
         let roll = (next() % 100) as u32;
         let e = &mut expect[i];
+        let started = Instant::now();
         if roll < plan.pct_put {
             version += 1;
             let v = (w as u64) << 40 | version;
@@ -270,31 +362,105 @@ fn worker(plan: &SoakPlan, w: usize, stop: &AtomicBool, c: &Counters) {
                     c.bytes_written.fetch_add(size, Ordering::Relaxed);
                     e.acked(new);
                 }
-                Err(err) if away(&err) => {
-                    c.unavailable.fetch_add(1, Ordering::Relaxed);
+                Err(err) => {
+                    // It may have landed or not.
                     e.maybe(new);
+                    if t.excused(started, &err) {
+                        c.unavailable.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        c.problem(&c.errors, format!("PUT {key}: {err}"));
+                    }
                 }
-                Err(err) => c.problem(&c.errors, format!("PUT {key}: {err}")),
             }
         } else if roll < plan.pct_put + plan.pct_delete {
             c.deletes.fetch_add(1, Ordering::Relaxed);
             match client.delete(&plan.bucket, &key) {
                 Ok(()) => e.acked(State::Absent),
-                Err(err) if away(&err) => {
-                    c.unavailable.fetch_add(1, Ordering::Relaxed);
+                Err(err) => {
                     e.maybe(State::Absent);
+                    if t.excused(started, &err) {
+                        c.unavailable.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        c.problem(&c.errors, format!("DELETE {key}: {err}"));
+                    }
                 }
-                Err(err) => c.problem(&c.errors, format!("DELETE {key}: {err}")),
             }
         } else {
             c.gets.fetch_add(1, Ordering::Relaxed);
-            read(&mut client, plan, k, &key, e, c);
+            read(client, plan, k, &key, e, (t, started), c);
         }
+    }
+    if !t.cluster {
+        return;
+    }
+    while !flags.sweep.load(Ordering::Relaxed) {
+        if flags.abandon.load(Ordering::Relaxed) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for (i, &k) in mine.iter().enumerate() {
+        let Some(client) = client_for(&mut clients, t, next(), c) else {
+            return;
+        };
+        read(
+            client,
+            plan,
+            k,
+            &key_name(k),
+            &mut expect[i],
+            (t, Instant::now()),
+            c,
+        );
+        c.swept.fetch_add(1, Ordering::Relaxed);
     }
 }
 
+/// What the workers are told.
+#[derive(Default)]
+struct Flags {
+    /// Stop the load.
+    stop: AtomicBool,
+    /// Read every key once (the cluster has settled).
+    sweep: AtomicBool,
+    /// Exit without the sweep (the run failed).
+    abandon: AtomicBool,
+}
+
+/// A client of one of the endpoints serving, made on first use.
+fn client_for<'a>(
+    clients: &'a mut Vec<(String, Client)>,
+    t: &Targets,
+    roll: u64,
+    c: &Counters,
+) -> Option<&'a mut Client> {
+    let endpoint = t.pick(roll)?;
+    let at = match clients.iter().position(|(e, _)| *e == endpoint) {
+        Some(at) => at,
+        None => match Client::new(&endpoint) {
+            Ok(cl) => {
+                clients.push((endpoint, cl.with_timeout(Duration::from_secs(30))));
+                clients.len() - 1
+            }
+            Err(e) => {
+                c.problem(&c.errors, format!("{endpoint}: {e}"));
+                return None;
+            }
+        },
+    };
+    Some(&mut clients[at].1)
+}
+
 /// Reads `key` and judges what came against `e`; settles an uncertain state.
-fn read(client: &mut Client, plan: &SoakPlan, k: usize, key: &str, e: &mut Expect, c: &Counters) {
+fn read(
+    client: &mut Client,
+    plan: &SoakPlan,
+    k: usize,
+    key: &str,
+    e: &mut Expect,
+    (t, started): (&Targets, Instant),
+    c: &Counters,
+) {
     // Every version the bytes may be: the possible ones first, then older ones.
     let written: Vec<(u64, u64)> = e
         .possible
@@ -335,11 +501,14 @@ fn read(client: &mut Client, plan: &SoakPlan, k: usize, key: &str, e: &mut Expec
             }
         }
         Err(err) if err.is_not_found() => State::Absent,
-        Err(err) if away(&err) => {
+        Err(err) if t.excused(started, &err) => {
             c.unavailable.fetch_add(1, Ordering::Relaxed);
             return;
         }
-        Err(err) => return c.problem(&c.errors, format!("GET {key}: {err}")),
+        Err(err) => {
+            c.failed_reads.fetch_add(1, Ordering::Relaxed);
+            return c.problem(&c.errors, format!("GET {key}: {err}"));
+        }
     };
     if e.possible.contains(&seen) {
         e.settle(seen);
@@ -447,61 +616,52 @@ pub fn run(plan: &SoakPlan) -> anyhow::Result<SoakReport> {
         "--keys must be at least --workers"
     );
     anyhow::ensure!(plan.min_size <= plan.max_size, "object size range is empty");
-    let mut node = match &plan.node {
-        Some(cmd) => Some(Node::start(cmd, &plan.endpoint)?),
+    let mut node = match (&plan.node, &plan.cluster) {
+        (Some(cmd), None) => Some(Node::start(cmd, &plan.endpoint)?),
+        _ => None,
+    };
+    let mut cluster = match &plan.cluster {
+        Some(cp) => Some(Cluster::start(cp.cmd.clone(), cp.members)?),
         None => None,
     };
-    let mut admin = Client::new(&plan.endpoint)?;
+    let serving = match &cluster {
+        Some(cl) => cl.running().iter().map(|&i| cl.endpoint(i)).collect(),
+        None => vec![plan.endpoint.clone()],
+    };
+    let mut admin = Client::new(&serving[0])?;
     match admin.create_bucket(&plan.bucket) {
         Ok(()) => {}
         Err(e) if e.status() == Some(409) => {}
         Err(e) => return Err(e).context("creating the bucket"),
     }
-    let stop = Arc::new(AtomicBool::new(false));
+    let targets = Arc::new(Targets::new(serving, cluster.is_some()));
+    let flags = Arc::new(Flags::default());
     let counters = Arc::new(Counters::default());
     let started = Instant::now();
     let mut report = SoakReport::default();
     std::thread::scope(|s| -> anyhow::Result<()> {
         for w in 0..plan.workers {
-            let (stop, c) = (stop.clone(), counters.clone());
-            s.spawn(move || worker(plan, w, &stop, &c));
+            let (t, f, c) = (targets.clone(), flags.clone(), counters.clone());
+            s.spawn(move || worker(plan, w, &t, &f, &c));
         }
-        let mut last_restart = Instant::now();
-        let mut minute_max = 0u64;
-        let mut minute_start = Instant::now();
-        let result = (|| -> anyhow::Result<()> {
-            while started.elapsed() < plan.duration {
-                std::thread::sleep(Duration::from_secs(1));
-                if let Some(n) = &mut node {
-                    if let Some(rss) = rss_kib(n.pid()) {
-                        minute_max = minute_max.max(rss);
-                        report.rss_max_kib = report.rss_max_kib.max(rss);
-                        if started.elapsed() >= Duration::from_secs(60) && report.rss_warm_kib == 0
-                        {
-                            report.rss_warm_kib = rss;
-                        }
-                    }
-                    if minute_start.elapsed() >= Duration::from_secs(60) {
-                        report.rss_per_minute_max_kib.push(minute_max);
-                        minute_max = 0;
-                        minute_start = Instant::now();
-                    }
-                    if plan
-                        .restart_every
-                        .is_some_and(|every| last_restart.elapsed() >= every)
-                    {
-                        n.restart(&plan.endpoint)?;
-                        report.restarts += 1;
-                        last_restart = Instant::now();
-                    }
+        let result = match (&mut cluster, &plan.cluster) {
+            (Some(cl), Some(cp)) => {
+                let r = drive_cluster(cl, cp, plan, &targets, started, &mut report);
+                flags.stop.store(true, Ordering::Relaxed);
+                let r = r.and_then(|()| settle(cl, plan, &mut report));
+                if r.is_ok() {
+                    flags.sweep.store(true, Ordering::Relaxed);
+                } else {
+                    flags.abandon.store(true, Ordering::Relaxed);
                 }
+                r
             }
-            Ok(())
-        })();
-        stop.store(true, Ordering::Relaxed);
-        if minute_max > 0 {
-            report.rss_per_minute_max_kib.push(minute_max);
-        }
+            _ => {
+                let r = drive_node(node.as_mut(), plan, started, &mut report);
+                flags.stop.store(true, Ordering::Relaxed);
+                r
+            }
+        };
         result
     })?;
     let c = &counters;
@@ -516,8 +676,135 @@ pub fn run(plan: &SoakPlan) -> anyhow::Result<SoakReport> {
     report.lost_writes = r(&c.lost);
     report.unavailable = r(&c.unavailable);
     report.errors = r(&c.errors);
+    report.failed_reads = r(&c.failed_reads);
+    report.swept = r(&c.swept);
     report.first_problems = c.problems.lock().unwrap_or_else(|e| e.into_inner()).clone();
     Ok(report)
+}
+
+/// One node: sampled once a second, restarted every `restart_every`.
+fn drive_node(
+    mut node: Option<&mut Node>,
+    plan: &SoakPlan,
+    started: Instant,
+    report: &mut SoakReport,
+) -> anyhow::Result<()> {
+    let mut last_restart = Instant::now();
+    let mut minute_max = 0u64;
+    let mut minute_start = Instant::now();
+    while started.elapsed() < plan.duration {
+        std::thread::sleep(Duration::from_secs(1));
+        let Some(n) = node.as_deref_mut() else {
+            continue;
+        };
+        if let Some(rss) = rss_kib(n.pid()) {
+            minute_max = minute_max.max(rss);
+            report.rss_max_kib = report.rss_max_kib.max(rss);
+            if started.elapsed() >= Duration::from_secs(60) && report.rss_warm_kib == 0 {
+                report.rss_warm_kib = rss;
+            }
+        }
+        if minute_start.elapsed() >= Duration::from_secs(60) {
+            report.rss_per_minute_max_kib.push(minute_max);
+            minute_max = 0;
+            minute_start = Instant::now();
+        }
+        if plan
+            .restart_every
+            .is_some_and(|every| last_restart.elapsed() >= every)
+        {
+            n.restart(&plan.endpoint)?;
+            report.restarts += 1;
+            last_restart = Instant::now();
+        }
+    }
+    if minute_max > 0 {
+        report.rss_per_minute_max_kib.push(minute_max);
+    }
+    Ok(())
+}
+
+/// A cluster: with `churn`, at 15% of the run a member is killed, and restarted once
+/// the others have had [`DETECTION`] to see it down; at 40% one joins; at 65% one
+/// leaves. Requests go only to members serving (a client would drop a dead address).
+fn drive_cluster(
+    cl: &mut Cluster,
+    cp: &ClusterPlan,
+    plan: &SoakPlan,
+    t: &Targets,
+    started: Instant,
+    report: &mut SoakReport,
+) -> anyhow::Result<()> {
+    let at = |f: f64| plan.duration.mul_f64(f);
+    let wait_until = |when: Duration| {
+        while started.elapsed() < when {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let mut event = |what: String| {
+        let line = format!("{:.1} s: {what}", started.elapsed().as_secs_f64());
+        eprintln!("{line}");
+        report.events.push(line);
+    };
+    if cp.churn {
+        wait_until(at(0.15));
+        let victim = cl.running()[1 % cl.running().len()];
+        t.set(&cl.endpoint(victim), false);
+        t.killed();
+        cl.kill(victim)?;
+        event(format!("{} killed (SIGKILL)", cl.id(victim)));
+        std::thread::sleep(DETECTION);
+        cl.restart(victim)?;
+        t.set(&cl.endpoint(victim), true);
+        event(format!("{} restarted and answering health", cl.id(victim)));
+        report.restarts += 1;
+
+        wait_until(at(0.40));
+        let joined = cl.join()?;
+        t.set(&cl.endpoint(joined), true);
+        event(format!(
+            "{} joined through the peers file and answers health",
+            cl.id(joined)
+        ));
+
+        wait_until(at(0.65));
+        let leaving = cl.running()[0];
+        t.set(&cl.endpoint(leaving), false);
+        let took = cl.remove(leaving, Duration::from_secs(30))?;
+        event(format!(
+            "{} out of the peers file; out of every view after {:.1} s, then stopped",
+            cl.id(leaving),
+            took.as_secs_f64()
+        ));
+    }
+    wait_until(plan.duration);
+    Ok(())
+}
+
+/// After the load: waits (up to [`SETTLE`]) until the members' cached bytes are within
+/// 1.05× of the distinct objects' bytes, and records where they stand.
+fn settle(cl: &Cluster, plan: &SoakPlan, report: &mut SoakReport) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let endpoint = cl.endpoint(cl.running()[0]);
+    let mut lister = Client::new(&endpoint)?.with_timeout(Duration::from_secs(30));
+    loop {
+        let distinct: u64 = lister
+            .list(&plan.bucket, "")
+            .context("listing the bucket")?
+            .iter()
+            .map(|o| o.size)
+            .sum();
+        let cached = cl.stat_sum("used_bytes")?;
+        let busy = cl.stat_sum("reserved_bytes")? > 0;
+        report.cached_bytes = cached;
+        report.distinct_bytes = distinct;
+        report.cached_over_distinct = cached as f64 / distinct.max(1) as f64;
+        report.settle_seconds = started.elapsed().as_secs_f64();
+        if (!busy && report.cached_over_distinct <= 1.05) || started.elapsed() > SETTLE {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
 }
 
 #[cfg(test)]

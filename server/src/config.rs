@@ -36,6 +36,9 @@ pub struct Config {
     pub peers_dns: Option<String>,
     /// The DNS server `peers_dns` asks instead of the system's (`IP:PORT`).
     pub peers_dns_server: Option<SocketAddr>,
+    /// Bytes per second a rebalance hands to other members (0: no rebalance).
+    #[serde(deserialize_with = "de_size")]
+    pub rebalance_rate: u64,
     /// What members prove membership with (a MAC over each request they send one
     /// another); unset, the secret key. A cluster with neither is open: anyone may
     /// speak as a member.
@@ -85,6 +88,7 @@ impl Default for Config {
             peers_dns: None,
             peers_dns_server: None,
             cluster_secret: None,
+            rebalance_rate: 100_000_000,
             route: RouteMode::Proxy,
             access_key: None,
             secret_key: None,
@@ -298,6 +302,10 @@ fn de_duration<'de, D: Deserializer<'de>>(d: D) -> Result<std::time::Duration, D
         Dur::Secs(n) => Ok(std::time::Duration::from_secs(n)),
         Dur::Text(s) => parse_duration(&s).map_err(serde::de::Error::custom),
     }
+}
+
+fn de_size<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    de_opt_size(d)?.ok_or_else(|| serde::de::Error::custom("a size is required"))
 }
 
 fn de_opt_size<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {

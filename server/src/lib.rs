@@ -109,7 +109,15 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     }
     cluster::membership::spawn(cluster.clone(), cluster::source::Watch::of(&config)?);
     let transforms = transform::Transforms::new(&config.transforms);
-    let node = node::Node::new(backend, Arc::new(cache), cluster, stats, transforms);
+    let node = node::Node::new(
+        backend,
+        Arc::new(cache),
+        cluster,
+        stats,
+        transforms,
+        config.rebalance_rate,
+    );
+    node.start();
     let listen = config.listen;
     let unix = config.listen_unix.clone();
     let idle = config.idle_timeout;

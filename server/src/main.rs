@@ -68,6 +68,10 @@ struct ServeArgs {
     /// The DNS server --peers-dns asks instead of the system's.
     #[arg(long, env = "GRANARY_PEERS_DNS_SERVER", value_name = "IP:PORT")]
     peers_dns_server: Option<std::net::SocketAddr>,
+    /// Bytes per second a rebalance hands to other members after a membership change
+    /// (`100MB`; 0: no rebalance) [default: 100MB].
+    #[arg(long, env = "GRANARY_REBALANCE_RATE", value_parser = parse_size)]
+    rebalance_rate: Option<u64>,
     /// What members prove membership with [default: the secret key; neither: an open
     /// cluster, whose members' headers anyone may send].
     #[arg(long, env = "GRANARY_CLUSTER_SECRET", hide_env_values = true)]
@@ -133,7 +137,8 @@ impl ServeArgs {
             read_engine,
             max_requests,
             max_backend_fetches,
-            idle_timeout
+            idle_timeout,
+            rebalance_rate
         );
         set_opt!(
             backend,

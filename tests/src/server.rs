@@ -185,6 +185,16 @@ impl Server {
     /// Blocks the calling thread for up to 20 s; the binary is `$GRANARY_BIN`, else
     /// `<workspace>/target/release/granary`.
     pub fn start(opts: ServerOpts) -> Result<Server> {
+        Server::start_waiting(opts, &[200])
+    }
+
+    /// [`Server::start`], returning as soon as it serves HTTP, before its cluster view is
+    /// settled (health `503`, "settling").
+    pub fn start_unready(opts: ServerOpts) -> Result<Server> {
+        Server::start_waiting(opts, &[200, 503])
+    }
+
+    fn start_waiting(opts: ServerOpts, health: &[u16]) -> Result<Server> {
         let root = tempfile::Builder::new().prefix("granary-test-").tempdir()?;
         let data_dir = root.path().join("data");
         std::fs::create_dir_all(&data_dir)?;
@@ -201,7 +211,7 @@ impl Server {
                 None => free_port()?,
             };
             let mut child = spawn_granary(&opts, addr, &data_dir, &log_path)?;
-            match wait_healthy(&mut child, addr) {
+            match wait_healthy(&mut child, addr, health) {
                 Ok(()) => {
                     return Ok(Server {
                         opts,
@@ -267,7 +277,7 @@ impl Server {
             None => free_port()?,
         };
         let mut child = spawn_granary(&self.opts, addr, &self.data_dir, &self.log_path)?;
-        if let Err(err) = wait_healthy(&mut child, addr) {
+        if let Err(err) = wait_healthy(&mut child, addr, &[200]) {
             let _ = child.kill();
             let _ = child.wait();
             return Err(err.context(format!("server log:\n{}", self.log())));
@@ -336,6 +346,37 @@ impl Server {
                 );
             }
             std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// One counter of `GET /_granary/stats`; panics when it has none.
+    pub fn stat(&self, field: &str) -> u64 {
+        let stats = self.stats().expect("GET /_granary/stats");
+        stats[field]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no {field} in {stats}"))
+    }
+
+    /// The state (`up`, `down`) of member `id` in this node's view.
+    pub fn member_state(&self, id: &str) -> Option<String> {
+        let view = self.cluster_view(None).ok()?;
+        view["members"]
+            .as_array()?
+            .iter()
+            .find(|m| m["id"] == id)
+            .and_then(|m| m["state"].as_str().map(str::to_owned))
+    }
+
+    /// Waits until no node has a fill in flight: a response may end a moment before its
+    /// fill commits, and only reads that start after the commit are hits.
+    pub fn settle(nodes: &[&Server]) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while nodes.iter().any(|n| n.stat("reserved_bytes") != 0) {
+            assert!(
+                Instant::now() < deadline,
+                "fills still in flight after 20 s"
+            );
+            std::thread::sleep(Duration::from_millis(20));
         }
     }
 
@@ -544,7 +585,8 @@ pub fn bench_bin() -> PathBuf {
     granary_bin().with_file_name("granary-bench")
 }
 
-fn wait_healthy(child: &mut Child, addr: SocketAddr) -> Result<()> {
+/// Waits until `GET /_granary/health` answers one of `statuses`.
+fn wait_healthy(child: &mut Child, addr: SocketAddr, statuses: &[u16]) -> Result<()> {
     let deadline = Instant::now() + START_TIMEOUT;
     loop {
         if let Some(status) = child.try_wait()? {
@@ -552,12 +594,12 @@ fn wait_healthy(child: &mut Child, addr: SocketAddr) -> Result<()> {
         }
         let req = request_bytes("GET", "/_granary/health", addr, &[], b"");
         if let Ok(resp) = raw_request_with_timeout(addr, &req, Duration::from_secs(2)) {
-            if resp.status == 200 {
+            if statuses.contains(&resp.status) {
                 return Ok(());
             }
         }
         if Instant::now() > deadline {
-            bail!("GET /_granary/health did not answer 200 within {START_TIMEOUT:?}");
+            bail!("GET /_granary/health did not answer {statuses:?} within {START_TIMEOUT:?}");
         }
         std::thread::sleep(Duration::from_millis(50));
     }

@@ -165,27 +165,15 @@ fn header(resp: &RawResponse, name: &str) -> String {
 }
 
 fn stat(node: &Server, field: &str) -> u64 {
-    let stats = node.stats().expect("GET /_granary/stats");
-    stats[field]
-        .as_u64()
-        .unwrap_or_else(|| panic!("no {field} in {stats}"))
+    node.stat(field)
 }
 
 fn sum_stat(nodes: &[&Server], field: &str) -> u64 {
     nodes.iter().map(|n| stat(n, field)).sum()
 }
 
-/// Waits until no node has a fill in flight: a response may end a moment before its
-/// fill commits, and only reads that start after the commit are hits.
 fn settle(nodes: &[&Server]) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while nodes.iter().any(|n| stat(n, "reserved_bytes") != 0) {
-        assert!(
-            Instant::now() < deadline,
-            "fills still in flight after 20 s"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    Server::settle(nodes)
 }
 
 /// The owner of `key` as every node names it; panics unless they agree.
@@ -204,14 +192,8 @@ fn owner(nodes: &[&Server], key: &str) -> String {
     names[0].clone()
 }
 
-/// The state of member `id` in `node`'s view.
 fn member_state(node: &Server, id: &str) -> Option<String> {
-    let view = node.cluster_view(None).ok()?;
-    view["members"]
-        .as_array()?
-        .iter()
-        .find(|m| m["id"] == id)
-        .and_then(|m| m["state"].as_str().map(str::to_owned))
+    node.member_state(id)
 }
 
 /// GETs `o` through `node`: panics unless `200` with exactly its bytes; returns the

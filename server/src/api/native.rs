@@ -19,13 +19,15 @@ pub async fn handle(state: &Arc<AppState>, req: Request) -> Response {
     let get = req.method() == Method::GET || req.method() == Method::HEAD;
     match (path, get) {
         ("/_granary/health", true) => {
-            // A member's probe from its regular round announces it: see it up first.
+            // A member's probe from its regular round announces it: see it up first,
+            // and say whether it is in this node's list.
+            let mut known = None;
             if req
                 .headers()
                 .contains_key(crate::cluster::membership::ANNOUNCE)
             {
                 if let Some(id) = super::FromMember::of(&req) {
-                    crate::cluster::membership::announced(&node.cluster, id).await;
+                    known = Some(crate::cluster::membership::announced(&node.cluster, id).await);
                 }
             }
             let u = node.cache.usage();
@@ -41,6 +43,16 @@ pub async fn handle(state: &Arc<AppState>, req: Request) -> Response {
                 // Not every member probed yet: not ready to agree on owners.
                 *resp.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
                 resp.extensions_mut().insert(super::NotAnError);
+            }
+            if let Some(known) = known {
+                resp.headers_mut().insert(
+                    crate::cluster::membership::ANNOUNCE,
+                    http::HeaderValue::from_static(if known {
+                        crate::cluster::membership::KNOWN
+                    } else {
+                        "unknown"
+                    }),
+                );
             }
             resp
         }
@@ -87,6 +99,10 @@ pub async fn handle(state: &Arc<AppState>, req: Request) -> Response {
                 Err(e) => e.into_response(),
             }
         }
+        ("/_granary/take", false) if req.method() == Method::POST => match take(state, req).await {
+            Ok(r) => r,
+            Err(e) => e.into_response(),
+        },
         ("/_granary/revalidate", false) if req.method() == Method::POST => {
             let (parts, _) = req.into_parts();
             match s3::auth::peer_only(&state.node.cluster, &parts) {
@@ -134,6 +150,23 @@ async fn invalidate(state: &AppState, req: Request) -> Result<Response, S3Error>
     let objects: Vec<(String, String)> = items.into_iter().map(|it| (it.bucket, it.key)).collect();
     state.node.invalidate(&objects);
     Ok(json_response(json!({"invalidated": objects.len()})))
+}
+
+/// `POST /_granary/take` (from a member, during a rebalance): take its copy of an object
+/// this node owns, `{"bucket","key","etag","size","from"}`; answered with what became of
+/// it (`"held"`, `"stale"`, `"not-admitted"`, `"not-owner"`).
+async fn take(state: &AppState, req: Request) -> Result<Response, S3Error> {
+    let (parts, body) = req.into_parts();
+    s3::auth::peer_only(&state.node.cluster, &parts)?;
+    let body = axum::body::to_bytes(body, 64 << 10)
+        .await
+        .map_err(|_| S3Error::new(S3Code::EntityTooLarge, "the offer is too large"))?;
+    let offer: crate::node::Offer = serde_json::from_slice(&body)
+        .map_err(|e| S3Error::new(S3Code::InvalidArgument, format!("bad offer: {e}")))?;
+    let taken = state.node.take(&offer).await?;
+    Ok(json_response(
+        serde_json::to_value(taken).unwrap_or_default(),
+    ))
 }
 
 /// `POST /_granary/prefetch`: `{"bucket","prefix"}` starts a cluster-wide prefetch,

@@ -73,16 +73,16 @@ struct Inner {
 
 impl FsBackend {
     /// Opens (creating if needed) a backend rooted at `root` and clears temp files left
-    /// by an earlier run.
+    /// by an earlier run. Only old ones: the members of a cluster may share the
+    /// directory (a network file system), and another member's write in progress has
+    /// its temp file there.
     pub fn open(root: &Path) -> io::Result<FsBackend> {
         fs::create_dir_all(root)?;
         let root = root.canonicalize()?;
         let tmp = root.join(".granary").join("tmp");
         let uploads = root.join(".granary").join("uploads");
-        if tmp.exists() {
-            fs::remove_dir_all(&tmp)?;
-        }
         fs::create_dir_all(&tmp)?;
+        clear_stale_temps(&tmp, STALE_TEMP);
         fs::create_dir_all(&uploads)?;
         let inner = Inner {
             root,
@@ -168,6 +168,27 @@ impl FsBackend {
         }
         let (md5, n) = written?;
         Ok((temp, md5, n))
+    }
+}
+
+/// How old a temp file must be for a starting node to take it for a crashed write's.
+const STALE_TEMP: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// Removes the files in `dir` not modified for `age`.
+fn clear_stale_temps(dir: &Path, age: std::time::Duration) {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let old = e
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|a| a >= age);
+        if old {
+            let _ = fs::remove_file(e.path());
+        }
     }
 }
 
@@ -1077,6 +1098,29 @@ mod tests {
         assert!(b.root().join("bkt/a").is_file());
         assert_eq!(read(&b, "bkt", "a").await, b"again");
         assert!(keys(&b, "bkt", "a").await.contains(&"a".to_string()));
+    }
+
+    /// A starting node removes a crashed write's temp file, not the one of a write in
+    /// progress on another member sharing the directory.
+    #[test]
+    fn only_old_temp_files_are_cleared_at_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let tmp = dir.path().join(".granary").join("tmp");
+        fs::create_dir_all(&tmp).unwrap();
+        let old = tmp.join("tmp-old");
+        let new = tmp.join("tmp-new");
+        fs::write(&old, b"crashed").unwrap();
+        fs::write(&new, b"in progress").unwrap();
+        let long_ago = std::time::SystemTime::now() - STALE_TEMP - Duration::from_secs(60);
+        File::options()
+            .write(true)
+            .open(&old)
+            .unwrap()
+            .set_modified(long_ago)
+            .unwrap();
+        FsBackend::open(dir.path()).unwrap();
+        assert!(!old.exists(), "the crashed write's temp file is gone");
+        assert_eq!(fs::read(&new).unwrap(), b"in progress");
     }
 
     #[tokio::test]

@@ -38,10 +38,13 @@ impl Admission {
 }
 
 impl Cache {
-    /// Asks the policy for room for `size` bytes; removes the files of the entries it
-    /// evicts. Under the commit lock, as every commit and unlink of an entry file is: an
+    /// Asks the policy for room for `size` bytes (none while distrusted); removes the
+    /// files of the entries it evicts. Under the commit lock, as every commit and unlink of an entry file is: an
     /// evicted key's file cannot be a newer commit of that key.
     pub(super) fn admit(&self, size: u64) -> bool {
+        if !self.trusted() {
+            return false;
+        }
         let _commit = self.flights.lock();
         match self.lock_index().admit(size) {
             Admission::Admitted { evicted } => {

@@ -81,6 +81,14 @@ impl Fill {
         self.state.send_modify(|s| s.phase = phase);
     }
 
+    /// Waits until the fill has ended (committed, failed or abandoned).
+    pub async fn ended(&self) {
+        let mut rx = self.state.subscribe();
+        let _ = rx
+            .wait_for(|s| !matches!(s.phase, Phase::Starting | Phase::Filling))
+            .await;
+    }
+
     /// Waits until the leader has decided; returns the state then.
     pub async fn started(&self) -> FillState {
         let mut rx = self.state.subscribe();

@@ -90,6 +90,14 @@ impl Index {
         }
     }
 
+    /// Every entry: its key and the entry (not a read: the LRU order stays).
+    pub fn entries(&self) -> Vec<(String, Arc<Entry>)> {
+        self.map
+            .iter()
+            .map(|(k, s)| (k.clone(), s.entry.clone()))
+            .collect()
+    }
+
     /// Whether `key` has an entry (not a read: the LRU order stays).
     pub fn contains(&self, key: &str) -> bool {
         self.map.contains_key(key)

@@ -6,7 +6,6 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 
-use super::fill::Phase;
 use super::index;
 use super::{Body, Cache, CacheError, Origin, Read};
 use crate::backend::{ByteRange, RangeFn, Source};
@@ -101,10 +100,7 @@ impl Cache {
             chunk.map_err(|e| CacheError::FillFailed(e.to_string()))?;
         }
         if let Some(f) = self.flights.get(&index::key_of(bucket, key)) {
-            let mut rx = f.state.subscribe();
-            let _ = rx
-                .wait_for(|s| !matches!(s.phase, Phase::Starting | Phase::Filling))
-                .await;
+            f.ended().await;
         }
         Ok(true)
     }

@@ -11,6 +11,7 @@
 //! accounting), `store` (the files on disk), `write` (writes through the cache).
 
 mod admission;
+mod adopt;
 mod derived;
 mod error;
 mod fill;
@@ -40,6 +41,7 @@ use flight::Flights;
 use index::{Entry, Index};
 
 pub use admission::{Admission, Refused};
+pub use adopt::Adopted;
 pub use error::{CacheError, DeriveError};
 pub use fill::slice;
 pub use index::Usage;
@@ -183,6 +185,10 @@ pub struct Cache {
     /// Set when never-evict refuses an object for want of room; cleared when an entry
     /// is removed.
     refusing: AtomicBool,
+    /// Whether copies may be served as they are and new ones kept. A cluster member
+    /// whose view is not settled (members may still write without telling it) checks
+    /// each hit against the source, and keeps nothing new, until it is.
+    trusted: AtomicBool,
     /// Entries checked before this generation are checked against the source before
     /// they are served. 0 (nothing to check) on a single node.
     generation: AtomicU64,
@@ -267,6 +273,7 @@ impl Cache {
                 )
                 .build(),
             refusing: AtomicBool::new(false),
+            trusted: AtomicBool::new(true),
             generation: AtomicU64::new(0),
         })
     }
@@ -284,6 +291,22 @@ impl Cache {
     /// the invalidations of writes made through other nodes meanwhile.
     pub fn revalidate_all(&self) {
         self.generation.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Trusts this node's copies or not (see [`Cache::trusted`]). Trusted again, every
+    /// copy is checked once more before its next hit: a check made while distrusted may
+    /// predate a write nobody told this node of.
+    pub fn set_trusted(&self, trusted: bool) {
+        if trusted && !self.trusted() {
+            self.revalidate_all();
+        }
+        self.trusted.store(trusted, Ordering::Release);
+    }
+
+    /// Whether copies are served without a check against the source on every hit, and
+    /// new objects admitted.
+    pub fn trusted(&self) -> bool {
+        self.trusted.load(Ordering::Acquire)
     }
 
     fn generation(&self) -> u64 {
@@ -330,11 +353,21 @@ impl Cache {
         mode: Mode,
     ) -> Result<Read, CacheError> {
         let ikey = index::key_of(bucket, key);
+        // Distrusted, this node keeps nothing new: not a refusal to leave to a member
+        // with room.
+        let mode = match mode {
+            Mode::StreamOrDecline if !self.trusted() => Mode::Stream,
+            m => m,
+        };
         match mode {
             Mode::Head => {
                 // Bound first: the index lock is not held while the source is asked.
                 let cached = self.lock_index().get(&ikey);
-                let (meta, origin) = match cached {
+                let current = match cached {
+                    Some(e) if self.still_current(src, bucket, key, &ikey, &e).await? => Some(e),
+                    _ => None,
+                };
+                let (meta, origin) = match current {
                     Some(e) => (e.meta.clone(), Origin::Hit),
                     None => (src.head_object(bucket, key).await?, Origin::Bypass),
                 };
@@ -409,7 +442,7 @@ impl Cache {
         entry: &Arc<Entry>,
     ) -> Result<bool, CacheError> {
         let generation = self.generation();
-        if entry.checked.load(Ordering::Acquire) >= generation {
+        if entry.checked.load(Ordering::Acquire) >= generation && self.trusted() {
             return Ok(true);
         }
         match src.head_object(bucket, key).await {

@@ -6,10 +6,13 @@
 //! check its copies if it may have missed a change made through this node.
 //!
 //! A probe from the regular round announces its sender (`x-granary-announce`): a member
-//! that does not see the sender up probes it back before answering. So a node's first
-//! round, after which it answers health `200` (its view is settled), leaves every member
-//! it reached seeing it up; and a round is bounded (every probe times out), so a node
-//! settles even when members are down.
+//! that does not see the sender up probes it back before answering, and says whether
+//! its list has the sender at all (a member whose peers file or DNS answer lags does
+//! not, for a moment). A node's view is settled, and it answers health `200`, after the
+//! first round in which every member that answered lists it and sees it up; from then on
+//! every write made through any of them reaches its copies. A round is bounded (every
+//! probe times out), so a node settles even when members are down; and a member that
+//! never lists it holds it back [`SETTLE_LIMIT`] at most.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -25,8 +28,14 @@ pub const PROBE_EVERY: Duration = Duration::from_secs(1);
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 /// Failed probes in a row that mark a member down.
 pub const FAILS_TO_DOWN: u32 = 2;
-/// The header a round's probe announces its sender with.
+/// The header a round's probe announces its sender with, and the answer's header that
+/// says whether the sender is in the answering member's list ([`KNOWN`] or not).
 pub const ANNOUNCE: &str = "x-granary-announce";
+/// The value of [`ANNOUNCE`] in an answer from a member that lists the sender.
+pub const KNOWN: &str = "known";
+/// The longest a node waits for members that answer but do not list it before it
+/// settles anyway (a member whose list does not have this node is misconfigured).
+pub const SETTLE_LIMIT: Duration = Duration::from_secs(30);
 
 /// Starts probing the members (and following the member list's source).
 pub fn spawn(cluster: Arc<Cluster>, mut source: Watch) {
@@ -44,17 +53,26 @@ pub fn spawn(cluster: Arc<Cluster>, mut source: Watch) {
             let others = cluster.others();
             let probes = others.iter().map(|m| probe_member(&cluster, m, true));
             futures::future::join_all(probes).await;
-            if !cluster
-                .settled
-                .swap(true, std::sync::atomic::Ordering::AcqRel)
-            {
+            let unaware = cluster.unaware();
+            let ready = unaware.is_empty() && cluster.source_ready();
+            if !cluster.settled() && !ready && started.elapsed() < SETTLE_LIMIT {
+                if unaware.is_empty() {
+                    tracing::info!("waiting for the member list's source to answer");
+                } else {
+                    tracing::info!(members = ?unaware, "waiting for members to list this node");
+                }
+            } else if cluster.set_settled() {
+                if !ready {
+                    tracing::warn!(members = ?unaware, "settling although the member list's source has not answered or these members do not list this node");
+                }
                 tracing::info!(
                     members = others.len() + 1,
                     up = cluster.others_up().len() + 1,
                     after_ms = started.elapsed().as_millis() as u64,
-                    "cluster view settled: every member probed once"
+                    "cluster view settled: every member probed, and every one that answered lists this node"
                 );
             }
+            cluster.check_trust();
             let any_up = !cluster.others_up().is_empty();
             if any_up && alone {
                 cluster.rejoined();
@@ -67,7 +85,8 @@ pub fn spawn(cluster: Arc<Cluster>, mut source: Watch) {
 
 /// Probes member `m` and records what it says; `announce`: this node's regular round
 /// (the member probes back if it does not see this node up). A member heard after it may
-/// have missed a change is told to check its copies before it counts as up.
+/// have missed a change is told to check its copies before it counts as up. Whether it
+/// answered.
 pub async fn probe_member(c: &Cluster, m: &Arc<Member>, announce: bool) -> bool {
     use std::sync::atomic::Ordering;
     match probe(c, m, announce).await {
@@ -79,7 +98,11 @@ pub async fn probe_member(c: &Cluster, m: &Arc<Member>, announce: bool) -> bool 
                     return false;
                 }
             }
+            if let Some(aware) = h.knows_me {
+                c.set_aware(m, aware);
+            }
             c.heard(m, h.capacity, h.full, h.free);
+            c.check_trust();
             true
         }
         Err(why) => {
@@ -91,17 +114,21 @@ pub async fn probe_member(c: &Cluster, m: &Arc<Member>, announce: bool) -> bool 
 
 /// An announcement from member `id` (its probe): when this node does not see it up, or
 /// it may have missed changes, it is probed back now, so that it is up here before the
-/// announcing probe is answered.
-pub async fn announced(c: &Cluster, id: &str) {
+/// announcing probe is answered. Whether this node lists it.
+pub async fn announced(c: &Cluster, id: &str) -> bool {
     let Some(m) = c.member(id) else {
-        return;
+        return false;
     };
     if c.is_me(&m) {
-        return;
+        return true;
     }
+    // It probes the members it lists: this node is one.
+    c.set_aware(&m, true);
     if !m.is_up() || m.missed.load(std::sync::atomic::Ordering::Acquire) {
         probe_member(c, &m, false).await;
     }
+    c.check_trust();
+    true
 }
 
 /// What a member says of itself.
@@ -109,6 +136,8 @@ struct Heard {
     capacity: u64,
     full: bool,
     free: u64,
+    /// It lists this node (asked by an announcing probe only).
+    knows_me: Option<bool>,
 }
 
 /// One probe: what the member says, or why it failed. A member still settling answers
@@ -130,15 +159,24 @@ async fn probe(c: &Cluster, m: &Member, announce: bool) -> Result<Heard, String>
         if !status.is_success() && status != http::StatusCode::SERVICE_UNAVAILABLE {
             return Err(format!("health answered {status}"));
         }
+        // No answer to the announcement: a member from before announcements, which
+        // takes every member's invalidations.
+        let knows_me = announce.then(|| {
+            resp.headers()
+                .get(ANNOUNCE)
+                .and_then(|v| v.to_str().ok())
+                .is_none_or(|v| v == KNOWN)
+        });
         let body = resp
             .into_body()
             .collect()
             .await
             .map_err(|e| e.to_string())?
             .to_bytes();
-        serde_json::from_slice::<serde_json::Value>(&body).map_err(|e| e.to_string())
+        let v = serde_json::from_slice::<serde_json::Value>(&body).map_err(|e| e.to_string())?;
+        Ok::<_, String>((v, knows_me))
     };
-    let v = tokio::time::timeout(PROBE_TIMEOUT, answer)
+    let (v, knows_me) = tokio::time::timeout(PROBE_TIMEOUT, answer)
         .await
         .map_err(|_| "health probe timed out".to_owned())??;
     if v["node_id"] != m.id.as_str() {
@@ -151,5 +189,6 @@ async fn probe(c: &Cluster, m: &Member, announce: bool) -> Result<Heard, String>
         capacity: v["capacity_bytes"].as_u64().unwrap_or(0),
         full: v["admitting"] == false,
         free: v["free_bytes"].as_u64().unwrap_or(0),
+        knows_me,
     })
 }

@@ -26,7 +26,7 @@ pub mod source;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};
-use std::time::SystemTime;
+use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::json;
 
@@ -35,6 +35,15 @@ use crate::stats::Stats;
 use ring::{key_hash, Ring, RingNode};
 
 pub use error::ClusterError;
+
+/// How long writes still tell a member taken out of the list (every member's list has
+/// caught up long before: a peers file is read every second, DNS every few seconds).
+pub const DEPARTED_GRACE: Duration = Duration::from_secs(60);
+
+/// Whether a view is this node alone, added to an empty list.
+fn list_was_empty(v: &View) -> bool {
+    v.members.len() == 1
+}
 
 /// One member of the cluster, this node included.
 #[derive(Debug)]
@@ -55,6 +64,9 @@ pub struct Member {
     /// it: it was down or not yet heard from, or an invalidation did not reach it. It is
     /// told to check its copies before it is routed to again.
     missed: AtomicBool,
+    /// The member lists this node, as its answer to this node's last announcing probe
+    /// said: writes made through it reach this node's copies.
+    aware: AtomicBool,
 }
 
 impl Member {
@@ -68,6 +80,7 @@ impl Member {
             full: AtomicBool::new(false),
             free: AtomicU64::new(0),
             missed: AtomicBool::new(true),
+            aware: AtomicBool::new(false),
         }
     }
 
@@ -128,8 +141,24 @@ pub struct Cluster {
     own_url: String,
     pub(crate) http: peer::HttpClient,
     pub(crate) stats: Arc<Stats>,
-    /// Set once every member has been probed once (see `membership`).
+    /// Set once every member has been probed once and every member that answered lists
+    /// this node (see `membership`).
     settled: AtomicBool,
+    /// The member list follows a file or a DNS name: others may join at any time.
+    dynamic: bool,
+    /// This node is in its own member list (a node taken out of the list keeps serving
+    /// until it is stopped, but no longer hears of every change).
+    listed: AtomicBool,
+    /// The member list's source has answered once (a DNS name may not at first).
+    source_ready: AtomicBool,
+    /// [`Cluster::trusted`] as last told to `on_trust`.
+    trust_told: AtomicBool,
+    /// Members taken out of the list lately, and when: writes still tell them, since a
+    /// member whose list lags may route to them for a moment.
+    departed: std::sync::Mutex<Vec<(Arc<Member>, Instant)>>,
+    /// Called with whether this node's cached copies can be trusted (see [`Cluster::trusted`]),
+    /// each time that changes.
+    on_trust: OnceLock<Box<dyn Fn(bool) + Send + Sync>>,
     /// Called when this node hears a member again after hearing none: it may have
     /// missed invalidations meanwhile.
     on_rejoin: OnceLock<Box<dyn Fn() + Send + Sync>>,
@@ -169,6 +198,12 @@ impl Cluster {
             })?,
             stats,
             settled: AtomicBool::new(false),
+            dynamic: config.peers_file.is_some() || config.peers_dns.is_some(),
+            listed: AtomicBool::new(true),
+            source_ready: AtomicBool::new(config.peers_dns.is_none()),
+            trust_told: AtomicBool::new(false),
+            departed: std::sync::Mutex::new(Vec::new()),
+            on_trust: OnceLock::new(),
             on_rejoin: OnceLock::new(),
             on_change: OnceLock::new(),
         };
@@ -190,7 +225,8 @@ impl Cluster {
             field: "peer",
             message,
         };
-        if !list.iter().any(|(id, _)| *id == self.id) {
+        let listed = list.iter().any(|(id, _)| *id == self.id);
+        if !listed {
             if strict && !list.is_empty() {
                 return Err(invalid(format!(
                     "this node's id `{}` is not among the peers; set --node-id to one of them",
@@ -241,13 +277,88 @@ impl Cluster {
                 tracing::info!(node = %m.id, url = %m.url, "cluster member added");
             }
         }
+        let mut departed = self.departed.lock().unwrap_or_else(|p| p.into_inner());
+        departed.retain(|(m, at)| {
+            at.elapsed() < DEPARTED_GRACE && !members.iter().any(|n| n.id == m.id)
+        });
         for m in &old.members {
             if !members.iter().any(|n| Arc::ptr_eq(n, m)) {
                 tracing::info!(node = %m.id, url = %m.url, "cluster member removed");
+                if m.id != self.id {
+                    departed.push((m.clone(), Instant::now()));
+                }
             }
         }
+        drop(departed);
         *guard = Arc::new(View::new(members, me));
+        drop(guard);
+        // An empty list (DNS not answering yet) says nothing of this node.
+        let listed = listed || list_was_empty(&self.view());
+        if self.listed.swap(listed, Ordering::AcqRel) != listed && !listed {
+            tracing::warn!("this node is no longer in the member list: it serves without trusting its cache until it is listed again");
+        }
         Ok(true)
+    }
+
+    /// Members taken out of the list within [`DEPARTED_GRACE`].
+    pub fn departed(&self) -> Vec<Arc<Member>> {
+        let mut d = self.departed.lock().unwrap_or_else(|p| p.into_inner());
+        d.retain(|(_, at)| at.elapsed() < DEPARTED_GRACE);
+        d.iter().map(|(m, _)| m.clone()).collect()
+    }
+
+    /// Whether this node's cached copies can be served as they are: its view is
+    /// settled, it is in its own list, and every member it sees up lists it and sees it
+    /// up (said so when last probed), so every write made through them reaches its
+    /// copies. Otherwise each hit is checked against the backend, and nothing new is
+    /// cached, until it holds again.
+    pub fn trusted(&self) -> bool {
+        let v = self.view();
+        self.settled()
+            && self.listed.load(Ordering::Acquire)
+            && v.members
+                .iter()
+                .all(|m| m.id == self.id || !m.is_up() || m.aware.load(Ordering::Acquire))
+    }
+
+    /// What to do when [`Cluster::trusted`] changes (called with the new value).
+    pub fn on_trust(&self, f: impl Fn(bool) + Send + Sync + 'static) {
+        let _ = self.on_trust.set(Box::new(f));
+    }
+
+    /// Tells `on_trust` when [`Cluster::trusted`] changed since it was last told.
+    pub(crate) fn check_trust(&self) {
+        let now = self.trusted();
+        if self.trust_told.swap(now, Ordering::AcqRel) != now {
+            if !now && self.settled() {
+                tracing::info!("not every member lists this node: checking every hit against the backend until they do");
+            }
+            if let Some(f) = self.on_trust.get() {
+                f(now);
+            }
+        }
+    }
+
+    /// Records whether member `m` lists this node, as its answer to an announcing probe
+    /// said.
+    pub(crate) fn set_aware(&self, m: &Member, aware: bool) {
+        m.aware.store(aware, Ordering::Release);
+    }
+
+    /// Members seen up that do not list this node, as they last said.
+    pub fn unaware(&self) -> Vec<String> {
+        self.others_up()
+            .into_iter()
+            .filter(|m| !m.aware.load(Ordering::Acquire))
+            .map(|m| m.id.clone())
+            .collect()
+    }
+
+    /// Marks the view settled (once); true the first time.
+    pub(crate) fn set_settled(&self) -> bool {
+        let first = !self.settled.swap(true, Ordering::AcqRel);
+        self.check_trust();
+        first
     }
 
     /// Takes a new member list from the source (`--peers-file`, `--peers-dns`); a
@@ -259,6 +370,14 @@ impl Cluster {
             Ok(false) => {}
             Err(e) => tracing::warn!(error = %e, "member list refused"),
         }
+        self.source_ready.store(true, Ordering::Release);
+        self.check_trust();
+    }
+
+    /// Whether the member list's source has answered (always, but for a DNS name that
+    /// has not resolved yet).
+    pub fn source_ready(&self) -> bool {
+        self.source_ready.load(Ordering::Acquire)
     }
 
     /// What to do when this node, cut off from every other member, hears one again.
@@ -309,6 +428,12 @@ impl Cluster {
 
     pub fn is_me(&self, m: &Member) -> bool {
         m.id == self.id
+    }
+
+    /// Whether other members are listed now or may be (a list that follows a file or a
+    /// DNS name).
+    pub fn may_have_members(&self) -> bool {
+        self.dynamic || !self.is_single()
     }
 
     /// True when this node is the whole cluster.

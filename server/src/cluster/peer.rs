@@ -291,15 +291,27 @@ impl Cluster {
         }
     }
 
-    /// Tells every other member to drop its copies of these objects (written or deleted
-    /// through this node), in the background. A member that is not up, or does not take
-    /// it, has missed it: it is told to check all its copies before it is routed to again.
-    pub fn invalidate_elsewhere(self: &Arc<Self>, objects: Vec<(String, String)>) {
+    /// Tells the other members to drop their copies of these objects (written or
+    /// deleted through this node), and waits for them: the write is acknowledged only
+    /// once every member seen up has dropped its copies, so no read that starts after it
+    /// finds an older version anywhere.
+    ///
+    /// - A member seen up that does not take it within [`INVALIDATE_WAIT`] is marked
+    ///   down: it is routed around, and told to check its copies before it is counted up
+    ///   again.
+    /// - A member seen down is told too, without waiting (it may be back already), and
+    ///   is marked as having missed it. A member that just restarted trusts none of its
+    ///   copies until every member sees it up (see `membership`), so it serves nothing
+    ///   this write made stale.
+    /// - Members taken out of the list within [`super::DEPARTED_GRACE`] are told as
+    ///   well: a member whose list lags may route to them for a moment.
+    pub async fn invalidate_members(self: &Arc<Self>, objects: &[(String, String)]) {
         if objects.is_empty() {
             return;
         }
-        let others = self.others();
-        if others.is_empty() {
+        let mut targets = self.others();
+        targets.extend(self.departed());
+        if targets.is_empty() {
             return;
         }
         let list: Vec<_> = objects
@@ -307,10 +319,11 @@ impl Cluster {
             .map(|(b, k)| serde_json::json!({"bucket": b, "key": k}))
             .collect();
         let body = Bytes::from(serde_json::Value::Array(list).to_string());
-        for m in others {
-            if !m.is_up() {
+        let mut waits = Vec::new();
+        for m in targets {
+            let wait = m.is_up();
+            if !wait {
                 self.missed(&m);
-                continue;
             }
             let mut req = self.own_request(
                 &m,
@@ -324,21 +337,31 @@ impl Cluster {
             );
             let send = self.http.request(req);
             let cluster = self.clone();
-            tokio::spawn(async move {
-                let failed = match tokio::time::timeout(Duration::from_secs(5), send).await {
+            let told = tokio::spawn(async move {
+                let failed = match tokio::time::timeout(INVALIDATE_WAIT, send).await {
                     Ok(Ok(r)) if r.status().is_success() => None,
                     Ok(Ok(r)) => Some(format!("it answered {}", r.status())),
                     Ok(Err(e)) => Some(chain(&e)),
                     Err(_) => Some("no answer in time".to_owned()),
                 };
                 if let Some(why) = failed {
-                    tracing::warn!(node = %m.id, reason = %why, "peer did not take an invalidation; it will check its copies");
-                    cluster.missed(&m);
+                    if m.is_up() {
+                        cluster.mark_down(&m, format!("it did not take an invalidation: {why}"));
+                    } else {
+                        cluster.missed(&m);
+                    }
                 }
             });
+            if wait {
+                waits.push(told);
+            }
         }
+        futures::future::join_all(waits).await;
     }
 }
+
+/// How long a write waits for a member seen up to drop its copies.
+pub const INVALIDATE_WAIT: Duration = Duration::from_secs(2);
 
 /// An error and its sources, on one line.
 fn chain(e: &dyn std::error::Error) -> String {

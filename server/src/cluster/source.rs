@@ -10,8 +10,12 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use hickory_resolver::config::{NameServerConfigGroup, ResolverConfig};
-use hickory_resolver::name_server::TokioConnectionProvider;
+use futures::StreamExt;
+use hickory_resolver::config::{NameServerConfigGroup, ResolverConfig, ResolverOpts};
+use hickory_resolver::name_server::{NameServerPool, TokioConnectionProvider};
+use hickory_resolver::proto::op::Query;
+use hickory_resolver::proto::rr::{Name, RData, RecordType};
+use hickory_resolver::proto::xfer::{DnsHandle, DnsRequestOptions};
 use hickory_resolver::TokioResolver;
 
 use super::Cluster;
@@ -56,9 +60,18 @@ pub enum Watch {
         name: String,
         port: u16,
         scheme: &'static str,
-        resolver: Box<TokioResolver>,
+        dns: Box<Dns>,
         next: Instant,
     },
+}
+
+/// The two ways a name is asked about. Forward lookups go through the resolver, which
+/// applies the search domains a short Service name needs; reverse lookups go straight
+/// to the name servers, because the resolver answers `localhost` itself for every
+/// loopback address, and a member's id must come from the server's records.
+pub struct Dns {
+    resolver: TokioResolver,
+    servers: NameServerPool<TokioConnectionProvider>,
 }
 
 impl Watch {
@@ -81,21 +94,29 @@ impl Watch {
             .rsplit_once(':')
             .and_then(|(n, p)| Some((n.to_owned(), p.parse::<u16>().ok()?)))
             .ok_or_else(|| invalid(format!("`{spec}`: expected NAME:PORT")))?;
-        let mut builder = match config.peers_dns_server {
-            Some(server) => TokioResolver::builder_with_config(
+        let (servers, mut opts) = match config.peers_dns_server {
+            Some(server) => (
                 ResolverConfig::from_parts(
                     None,
                     vec![],
                     NameServerConfigGroup::from_ips_clear(&[server.ip()], server.port(), true),
                 ),
-                TokioConnectionProvider::default(),
+                ResolverOpts::default(),
             ),
-            None => TokioResolver::builder_tokio()
+            None => hickory_resolver::system_conf::read_system_conf()
                 .map_err(|e| invalid(format!("cannot read the system's DNS setup: {e}")))?,
         };
         // Every answer fresh: the point is to see the name change.
-        builder.options_mut().cache_size = 0;
-        builder.options_mut().timeout = Duration::from_secs(2);
+        opts.cache_size = 0;
+        opts.timeout = Duration::from_secs(2);
+        let pool = NameServerPool::from_config(
+            NameServerConfigGroup::from(servers.name_servers().to_vec()),
+            opts.clone(),
+            TokioConnectionProvider::default(),
+        );
+        let mut builder =
+            TokioResolver::builder_with_config(servers, TokioConnectionProvider::default());
+        *builder.options_mut() = opts;
         let scheme = if config.tls_cert.is_some() {
             "https"
         } else {
@@ -105,7 +126,10 @@ impl Watch {
             name,
             port,
             scheme,
-            resolver: Box::new(builder.build()),
+            dns: Box::new(Dns {
+                resolver: builder.build(),
+                servers: pool,
+            }),
             next: Instant::now(),
         })
     }
@@ -137,14 +161,14 @@ impl Watch {
                 name,
                 port,
                 scheme,
-                resolver,
+                dns,
                 next,
             } => {
                 if Instant::now() < *next {
                     return;
                 }
                 *next = Instant::now() + DNS_EVERY;
-                match resolve(resolver, name, *port, scheme).await {
+                match resolve(dns, name, *port, scheme).await {
                     Ok(list) if !list.is_empty() => cluster.set_members(list),
                     Ok(_) => tracing::warn!(name = %name, "the member name resolves to no address"),
                     Err(e) => {
@@ -159,29 +183,51 @@ impl Watch {
 /// The members a name resolves to: `(id, url)` per address, the id the first label of
 /// the address's reverse name, else the address.
 async fn resolve(
-    resolver: &TokioResolver,
+    dns: &Dns,
     name: &str,
     port: u16,
     scheme: &str,
 ) -> Result<Vec<(String, String)>, String> {
-    let ips = resolver.lookup_ip(name).await.map_err(|e| e.to_string())?;
+    let ips = dns
+        .resolver
+        .lookup_ip(name)
+        .await
+        .map_err(|e| e.to_string())?;
     let mut out = Vec::new();
     for ip in ips.iter() {
-        let id = match resolver.reverse_lookup(ip).await {
-            Ok(names) => names
-                .iter()
-                .next()
-                .map(|n| n.to_string())
-                .and_then(|n| n.split('.').next().map(str::to_owned))
-                .filter(|l| !l.is_empty()),
-            Err(_) => None,
-        }
-        .unwrap_or_else(|| ip.to_string());
+        let id = reverse_label(&dns.servers, ip)
+            .await
+            .unwrap_or_else(|| ip.to_string());
         out.push((id, format!("{scheme}://{}", SocketAddr::new(ip, port))));
     }
     out.sort();
     out.dedup_by(|a, b| a.0 == b.0);
     Ok(out)
+}
+
+/// The first label of `ip`'s reverse name, asked of the name servers themselves.
+async fn reverse_label(
+    servers: &NameServerPool<TokioConnectionProvider>,
+    ip: std::net::IpAddr,
+) -> Option<String> {
+    let query = Query::query(Name::from(ip), RecordType::PTR);
+    let response = servers
+        .lookup(query, DnsRequestOptions::default())
+        .next()
+        .await?
+        .ok()?;
+    response
+        .answers()
+        .iter()
+        .find_map(|record| match record.data() {
+            RData::PTR(ptr) => ptr
+                .0
+                .iter()
+                .next()
+                .map(|l| String::from_utf8_lossy(l).into_owned())
+                .filter(|l| !l.is_empty()),
+            _ => None,
+        })
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@ mod batch;
 mod error;
 mod prefetch;
 mod read;
+mod rebalance;
 mod write;
 
 use std::sync::Arc;
@@ -26,6 +27,7 @@ pub use batch::{Data, Item, Outcome};
 pub use error::NodeError;
 pub use prefetch::{PrefetchRequest, PREFETCH_PARALLEL};
 pub use read::{etag_matches, Conditions, ReadMode, ReadRequest, Reply, Served};
+pub use rebalance::{Offer, Taken};
 
 pub struct Node {
     /// This node's id in the cluster.
@@ -36,6 +38,9 @@ pub struct Node {
     pub stats: Arc<Stats>,
     pub transforms: Transforms,
     pub jobs: Jobs,
+    /// Bytes per second a rebalance hands over (0: no rebalance).
+    pub rebalance_rate: u64,
+    rebalancer: rebalance::Rebalancer,
 }
 
 /// The cluster as the cache sees it: members that may hold a copy.
@@ -57,8 +62,9 @@ impl Node {
         cluster: Arc<Cluster>,
         stats: Arc<Stats>,
         transforms: Transforms,
+        rebalance_rate: u64,
     ) -> Arc<Node> {
-        if !cluster.is_single() {
+        if cluster.may_have_members() {
             cache.set_peers(Arc::new(ClusterPeers(cluster.clone())));
         }
         let c = cache.clone();
@@ -71,12 +77,27 @@ impl Node {
             stats,
             transforms,
             jobs: Jobs::default(),
+            rebalance_rate,
+            rebalancer: Default::default(),
         })
     }
 
-    /// Objects were written or deleted through this node: peers drop their copies.
-    pub fn changed(&self, objects: Vec<(String, String)>) {
-        self.cluster.invalidate_elsewhere(objects);
+    /// Starts what the node does in the background: a rebalance pass after each
+    /// membership change (and one now). Within the runtime.
+    pub fn start(self: &Arc<Self>) {
+        if self.cluster.may_have_members() {
+            let cache = self.cache.clone();
+            self.cluster.on_trust(move |t| cache.set_trusted(t));
+            self.cache.set_trusted(self.cluster.trusted());
+        }
+        self.start_rebalancer();
+        self.rebalance_soon();
+    }
+
+    /// Objects were written or deleted through this node: the other members drop their
+    /// copies before the write is acknowledged.
+    pub async fn changed(&self, objects: &[(String, String)]) {
+        self.cluster.invalidate_members(objects).await;
     }
 
     /// Objects were written or deleted through another node: drop this node's copies.

@@ -521,6 +521,7 @@ mod tests {
             Arc::new(cluster),
             stats,
             crate::transform::Transforms::default(),
+            0,
         );
         let req = ReadRequest::object("b", "k");
         let read = node.read(&req);

@@ -24,7 +24,7 @@ impl Node {
         self.stats
             .bytes_received
             .fetch_add(meta.size, Ordering::Relaxed);
-        self.changed(vec![(bucket.to_owned(), key.to_owned())]);
+        self.changed(&[(bucket.to_owned(), key.to_owned())]).await;
         Ok(meta)
     }
 
@@ -48,7 +48,7 @@ impl Node {
             .cache
             .put_through(&*self.backend, bucket, key, src.body, opts)
             .await?;
-        self.changed(vec![(bucket.to_owned(), key.to_owned())]);
+        self.changed(&[(bucket.to_owned(), key.to_owned())]).await;
         Ok(meta)
     }
 
@@ -56,7 +56,7 @@ impl Node {
     pub async fn delete(&self, bucket: &str, key: &str) -> Result<(), NodeError> {
         self.backend.delete_object(bucket, key).await?;
         self.cache.invalidate(bucket, key);
-        self.changed(vec![(bucket.to_owned(), key.to_owned())]);
+        self.changed(&[(bucket.to_owned(), key.to_owned())]).await;
         Ok(())
     }
 
@@ -72,7 +72,7 @@ impl Node {
             }
             outcomes.push(done.map_err(NodeError::from));
         }
-        self.changed(changed);
+        self.changed(&changed).await;
         outcomes
     }
 
@@ -126,7 +126,7 @@ impl Node {
             .complete_multipart(bucket, key, upload_id, parts)
             .await?;
         self.cache.invalidate(bucket, key);
-        self.changed(vec![(bucket.to_owned(), key.to_owned())]);
+        self.changed(&[(bucket.to_owned(), key.to_owned())]).await;
         Ok(meta)
     }
 }

@@ -1,0 +1,319 @@
+//! `granary-bench rebalance`: what moving objects to a new member costs. The bench lays
+//! out a data set in a directory, starts a cluster over it (the `fs:` backend, shared),
+//! reads every object once so each is cached on its owner, then measures reads of random
+//! objects through every member twice: while nothing changes, and from the moment a new
+//! member joins through the peers file until every member's rebalance pass is done. It
+//! reports the rebalance's throughput (bytes handed over per second of the passes, all
+//! members together), the read latency without and with it (p50, p99), and the cached
+//! bytes over the data set's before the join and after the rebalance.
+
+use std::io::Read;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use granary_client::Client;
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+use crate::cluster::{Cluster, ClusterCmd};
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct RebalancePlan {
+    /// The members; `cmd.args` get `--backend fs:<dir>/origin` added.
+    pub cmd: ClusterCmd,
+    pub members: usize,
+    pub objects: usize,
+    pub object_size: u64,
+    /// Reader threads.
+    pub readers: usize,
+    /// How long reads are measured with nothing changing.
+    pub steady: Duration,
+    /// The longest the rebalance is waited for.
+    pub limit: Duration,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct RebalanceReport {
+    pub members: usize,
+    pub objects: usize,
+    pub dataset_bytes: u64,
+    /// Cached bytes over data set bytes once every object was read, and after the
+    /// rebalance that followed the join.
+    pub cached_over_dataset_before: f64,
+    pub cached_over_dataset_after: f64,
+    /// Bytes and objects the members handed to the new one.
+    pub moved_bytes: u64,
+    pub moved_objects: u64,
+    /// From the first pass's start to the last one's end.
+    pub rebalance_seconds: f64,
+    /// `moved_bytes` over `rebalance_seconds`, MB/s.
+    pub rebalance_mb_per_s: f64,
+    pub steady: Latency,
+    /// From the join until the first pass starts (the new member takes its keys' reads,
+    /// filling from the old owners).
+    pub joining: Latency,
+    /// While passes run.
+    pub during_rebalance: Latency,
+    /// Reads that failed or returned the wrong length.
+    pub failed_reads: u64,
+}
+
+/// Read latencies, milliseconds.
+#[derive(Debug, Default, Serialize)]
+pub struct Latency {
+    pub reads: u64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub mb_per_s: f64,
+}
+
+fn object_key(i: usize) -> String {
+    format!("obj-{i:06}")
+}
+
+/// Bytes of object `i` (cheap, distinct per object).
+fn object_bytes(i: usize, size: u64) -> Vec<u8> {
+    let mut out = vec![0u8; size as usize];
+    let mut x = (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    for chunk in out.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let b = x.to_le_bytes();
+        chunk.copy_from_slice(&b[..chunk.len()]);
+    }
+    out
+}
+
+const BUCKET: &str = "rebalance";
+
+/// Readers of random objects through the given members until `stop`; latencies go into
+/// the histogram that `phase` points at.
+struct Readers {
+    stop: Arc<AtomicBool>,
+    endpoints: Arc<Mutex<Vec<String>>>,
+    hist: Arc<Mutex<Histogram<u64>>>,
+    bytes: Arc<AtomicU64>,
+    failed: Arc<AtomicU64>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Readers {
+    fn start(n: usize, endpoints: Vec<String>, objects: usize, size: u64) -> Readers {
+        let stop = Arc::new(AtomicBool::new(false));
+        let endpoints = Arc::new(Mutex::new(endpoints));
+        let hist = Arc::new(Mutex::new(new_hist()));
+        let bytes = Arc::new(AtomicU64::new(0));
+        let failed = Arc::new(AtomicU64::new(0));
+        let threads = (0..n)
+            .map(|t| {
+                let (stop, endpoints, hist) = (stop.clone(), endpoints.clone(), hist.clone());
+                let (bytes, failed) = (bytes.clone(), failed.clone());
+                std::thread::spawn(move || {
+                    let mut rng = (t as u64 + 1).wrapping_mul(0x2545_f491_4f6c_dd1d);
+                    let mut next = || {
+                        rng ^= rng << 13;
+                        rng ^= rng >> 7;
+                        rng ^= rng << 17;
+                        rng
+                    };
+                    let mut clients: Vec<(String, Client)> = Vec::new();
+                    let mut buf = vec![0u8; 256 << 10];
+                    while !stop.load(Ordering::Relaxed) {
+                        let endpoint = {
+                            let e = endpoints.lock().unwrap_or_else(|p| p.into_inner());
+                            e[(next() % e.len() as u64) as usize].clone()
+                        };
+                        let at = match clients.iter().position(|(e, _)| *e == endpoint) {
+                            Some(at) => at,
+                            None => {
+                                let Ok(c) = Client::new(&endpoint) else {
+                                    failed.fetch_add(1, Ordering::Relaxed);
+                                    continue;
+                                };
+                                clients.push((endpoint, c.with_timeout(Duration::from_secs(30))));
+                                clients.len() - 1
+                            }
+                        };
+                        let key = object_key((next() % objects as u64) as usize);
+                        let started = Instant::now();
+                        let got = clients[at].1.open(BUCKET, &key).and_then(|mut r| {
+                            let mut n = 0u64;
+                            loop {
+                                match r.read(&mut buf) {
+                                    Ok(0) => return Ok(n),
+                                    Ok(k) => n += k as u64,
+                                    Err(e) => return Err(granary_client::Error::Local(e)),
+                                }
+                            }
+                        });
+                        match got {
+                            Ok(n) if n == size => {
+                                let us = started.elapsed().as_micros() as u64;
+                                let _ = hist
+                                    .lock()
+                                    .unwrap_or_else(|p| p.into_inner())
+                                    .record(us.max(1));
+                                bytes.fetch_add(n, Ordering::Relaxed);
+                            }
+                            _ => {
+                                failed.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        Readers {
+            stop,
+            endpoints,
+            hist,
+            bytes,
+            failed,
+            threads,
+        }
+    }
+
+    /// The latencies since the last call, and a fresh histogram for the next phase.
+    fn take(&self, seconds: f64) -> Latency {
+        let h = std::mem::replace(
+            &mut *self.hist.lock().unwrap_or_else(|p| p.into_inner()),
+            new_hist(),
+        );
+        let bytes = self.bytes.swap(0, Ordering::Relaxed);
+        Latency {
+            reads: h.len(),
+            p50_ms: h.value_at_quantile(0.5) as f64 / 1000.0,
+            p99_ms: h.value_at_quantile(0.99) as f64 / 1000.0,
+            mb_per_s: bytes as f64 / 1e6 / seconds.max(1e-9),
+        }
+    }
+
+    fn stop(self) -> u64 {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads {
+            let _ = t.join();
+        }
+        self.failed.load(Ordering::Relaxed)
+    }
+}
+
+fn new_hist() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 120_000_000, 3).expect("histogram bounds")
+}
+
+/// Runs the measurement.
+pub fn run(plan: &RebalancePlan) -> anyhow::Result<RebalanceReport> {
+    anyhow::ensure!(plan.members >= 2, "--members must be at least 2");
+    anyhow::ensure!(
+        plan.objects > 0 && plan.object_size > 0,
+        "an empty data set"
+    );
+    let origin = plan.cmd.dir.join("origin");
+    let bucket_dir = origin.join(BUCKET);
+    std::fs::create_dir_all(&bucket_dir)
+        .with_context(|| format!("creating {}", bucket_dir.display()))?;
+    for i in 0..plan.objects {
+        let path = bucket_dir.join(object_key(i));
+        if std::fs::metadata(&path).map(|m| m.len()).ok() != Some(plan.object_size) {
+            std::fs::write(&path, object_bytes(i, plan.object_size))?;
+        }
+    }
+    let mut cmd = plan.cmd.clone();
+    cmd.args
+        .extend(["--backend".to_owned(), format!("fs:{}", origin.display())]);
+    let mut cluster = Cluster::start(cmd, plan.members)?;
+    let dataset = plan.objects as u64 * plan.object_size;
+    let mut report = RebalanceReport {
+        members: plan.members,
+        objects: plan.objects,
+        dataset_bytes: dataset,
+        ..RebalanceReport::default()
+    };
+
+    // Every object cached on its owner.
+    let mut warm = Client::new(&cluster.endpoint(0))?.with_timeout(Duration::from_secs(60));
+    let mut sink = Vec::new();
+    for i in 0..plan.objects {
+        sink.clear();
+        warm.get_into(BUCKET, &object_key(i), &mut sink)?;
+    }
+    let settle = Instant::now();
+    while cluster.stat_sum("reserved_bytes")? > 0 && settle.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    report.cached_over_dataset_before = cluster.stat_sum("used_bytes")? as f64 / dataset as f64;
+
+    let endpoints: Vec<String> = cluster
+        .running()
+        .iter()
+        .map(|&i| cluster.endpoint(i))
+        .collect();
+    let readers = Readers::start(plan.readers, endpoints, plan.objects, plan.object_size);
+    std::thread::sleep(Duration::from_secs(1));
+    readers.take(1.0);
+    std::thread::sleep(plan.steady);
+    report.steady = readers.take(plan.steady.as_secs_f64());
+
+    // A member joins; the others hand it its share.
+    let before: Vec<String> = job_ids(&cluster)?;
+    let joined_at = Instant::now();
+    let joined = cluster.join()?;
+    readers
+        .endpoints
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(cluster.endpoint(joined));
+    let mut passes: Vec<serde_json::Value>;
+    let mut first_pass: Option<Instant> = None;
+    loop {
+        std::thread::sleep(Duration::from_millis(50));
+        passes = cluster
+            .rebalance_jobs()?
+            .into_iter()
+            .filter(|j| !before.iter().any(|id| j["id"] == id.as_str()))
+            .collect();
+        if first_pass.is_none() && !passes.is_empty() {
+            first_pass = Some(Instant::now());
+            report.joining = readers.take(joined_at.elapsed().as_secs_f64());
+        }
+        let running = passes.iter().any(|j| j["state"] == "running");
+        if (!passes.is_empty() && !running) || joined_at.elapsed() > plan.limit {
+            break;
+        }
+    }
+    let window = first_pass.map_or(joined_at, |f| f).elapsed().as_secs_f64();
+    report.during_rebalance = readers.take(window);
+    report.failed_reads = readers.stop();
+    report.moved_bytes = passes
+        .iter()
+        .map(|j| j["bytes_done"].as_u64().unwrap_or(0))
+        .sum();
+    report.moved_objects = passes
+        .iter()
+        .map(|j| j["objects_done"].as_u64().unwrap_or(0))
+        .sum();
+    report.rebalance_seconds = passes
+        .iter()
+        .map(|j| j["elapsed_seconds"].as_f64().unwrap_or(0.0))
+        .fold(0.0, f64::max);
+    report.rebalance_mb_per_s =
+        report.moved_bytes as f64 / 1e6 / report.rebalance_seconds.max(1e-9);
+    let settle = Instant::now();
+    while cluster.stat_sum("reserved_bytes")? > 0 && settle.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    report.cached_over_dataset_after = cluster.stat_sum("used_bytes")? as f64 / dataset as f64;
+    Ok(report)
+}
+
+fn job_ids(cluster: &Cluster) -> anyhow::Result<Vec<String>> {
+    Ok(cluster
+        .rebalance_jobs()?
+        .iter()
+        .filter_map(|j| j["id"].as_str().map(str::to_owned))
+        .collect())
+}
