@@ -1,11 +1,16 @@
 //! `granary-bench rebalance`: what moving objects to a new member costs. The bench lays
-//! out a data set in a directory, starts a cluster over it (the `fs:` backend, shared),
-//! reads every object once so each is cached on its owner, then measures reads of random
-//! objects through every member twice: while nothing changes, and from the moment a new
-//! member joins through the peers file until every member's rebalance pass is done. It
-//! reports the rebalance's throughput (bytes handed over per second of the passes, all
-//! members together), the read latency without and with it (p50, p99), and the cached
-//! bytes over the data set's before the join and after the rebalance.
+//! out a data set in a directory, starts a cluster over it (the `fs:` backend, shared) and
+//! reads every object once so each is cached on its owner. Then:
+//!
+//! 1. a member joins with nothing else going on: the rebalance's throughput (bytes handed
+//!    over per second of the passes, all members together);
+//! 2. reads of random objects through every member are timed while nothing changes;
+//! 3. another member joins while the reads go on: their latency from the join until the
+//!    first pass starts (the new member fills its keys from their old owners as they are
+//!    read), and while the passes run.
+//!
+//! It reports the figures, and the cached bytes over the data set's before the joins and
+//! after the rebalances.
 
 use std::io::Read;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -44,13 +49,16 @@ pub struct RebalanceReport {
     /// rebalance that followed the join.
     pub cached_over_dataset_before: f64,
     pub cached_over_dataset_after: f64,
-    /// Bytes and objects the members handed to the new one.
+    /// The first join, alone: bytes and objects the members handed to the new one.
     pub moved_bytes: u64,
     pub moved_objects: u64,
     /// From the first pass's start to the last one's end.
     pub rebalance_seconds: f64,
     /// `moved_bytes` over `rebalance_seconds`, MB/s.
     pub rebalance_mb_per_s: f64,
+    /// The second join, under reads: what the passes handed over (objects the new member
+    /// took while they were read count too: it held them when offered).
+    pub moved_bytes_under_reads: u64,
     pub steady: Latency,
     /// From the join until the first pass starts (the new member takes its keys' reads,
     /// filling from the old owners).
@@ -247,6 +255,18 @@ pub fn run(plan: &RebalancePlan) -> anyhow::Result<RebalanceReport> {
     }
     report.cached_over_dataset_before = cluster.stat_sum("used_bytes")? as f64 / dataset as f64;
 
+    // 1. A member joins with nothing else going on.
+    let passes = join_and_wait(&mut cluster, plan.limit, None)?;
+    report.moved_bytes = sum_u64(&passes, "bytes_done");
+    report.moved_objects = sum_u64(&passes, "objects_done");
+    report.rebalance_seconds = passes
+        .iter()
+        .map(|j| j["elapsed_seconds"].as_f64().unwrap_or(0.0))
+        .fold(0.0, f64::max);
+    report.rebalance_mb_per_s =
+        report.moved_bytes as f64 / 1e6 / report.rebalance_seconds.max(1e-9);
+
+    // 2. Reads with nothing changing.
     let endpoints: Vec<String> = cluster
         .running()
         .iter()
@@ -258,56 +278,88 @@ pub fn run(plan: &RebalancePlan) -> anyhow::Result<RebalanceReport> {
     std::thread::sleep(plan.steady);
     report.steady = readers.take(plan.steady.as_secs_f64());
 
-    // A member joins; the others hand it its share.
-    let before: Vec<String> = job_ids(&cluster)?;
-    let joined_at = Instant::now();
-    let joined = cluster.join()?;
-    readers
-        .endpoints
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .push(cluster.endpoint(joined));
-    let mut passes: Vec<serde_json::Value>;
-    let mut first_pass: Option<Instant> = None;
-    loop {
-        std::thread::sleep(Duration::from_millis(50));
-        passes = cluster
-            .rebalance_jobs()?
-            .into_iter()
-            .filter(|j| !before.iter().any(|id| j["id"] == id.as_str()))
-            .collect();
-        if first_pass.is_none() && !passes.is_empty() {
-            first_pass = Some(Instant::now());
-            report.joining = readers.take(joined_at.elapsed().as_secs_f64());
-        }
-        let running = passes.iter().any(|j| j["state"] == "running");
-        if (!passes.is_empty() && !running) || joined_at.elapsed() > plan.limit {
-            break;
-        }
-    }
-    let window = first_pass.map_or(joined_at, |f| f).elapsed().as_secs_f64();
-    report.during_rebalance = readers.take(window);
+    // 3. Another member joins under the reads.
+    let passes = join_and_wait(
+        &mut cluster,
+        plan.limit,
+        Some(&mut report_phases(&readers, &mut report)),
+    )?;
+    report.moved_bytes_under_reads = sum_u64(&passes, "bytes_done");
     report.failed_reads = readers.stop();
-    report.moved_bytes = passes
-        .iter()
-        .map(|j| j["bytes_done"].as_u64().unwrap_or(0))
-        .sum();
-    report.moved_objects = passes
-        .iter()
-        .map(|j| j["objects_done"].as_u64().unwrap_or(0))
-        .sum();
-    report.rebalance_seconds = passes
-        .iter()
-        .map(|j| j["elapsed_seconds"].as_f64().unwrap_or(0.0))
-        .fold(0.0, f64::max);
-    report.rebalance_mb_per_s =
-        report.moved_bytes as f64 / 1e6 / report.rebalance_seconds.max(1e-9);
     let settle = Instant::now();
     while cluster.stat_sum("reserved_bytes")? > 0 && settle.elapsed() < Duration::from_secs(30) {
         std::thread::sleep(Duration::from_millis(100));
     }
     report.cached_over_dataset_after = cluster.stat_sum("used_bytes")? as f64 / dataset as f64;
     Ok(report)
+}
+
+fn sum_u64(jobs: &[serde_json::Value], field: &str) -> u64 {
+    jobs.iter().map(|j| j[field].as_u64().unwrap_or(0)).sum()
+}
+
+/// What happens at the two moments of a join under reads: the new member's address
+/// given to the readers, then the latencies taken when the first pass starts and when
+/// the last ends.
+struct Phases<'a> {
+    readers: &'a Readers,
+    report: &'a mut RebalanceReport,
+    joined: Instant,
+    first_pass: Option<Instant>,
+}
+
+fn report_phases<'a>(readers: &'a Readers, report: &'a mut RebalanceReport) -> Phases<'a> {
+    Phases {
+        readers,
+        report,
+        joined: Instant::now(),
+        first_pass: None,
+    }
+}
+
+/// A new member joins; returns the rebalance jobs that followed, once none runs (or after
+/// `limit`).
+fn join_and_wait(
+    cluster: &mut Cluster,
+    limit: Duration,
+    mut phases: Option<&mut Phases<'_>>,
+) -> anyhow::Result<Vec<serde_json::Value>> {
+    let before: Vec<String> = job_ids(cluster)?;
+    // Each member that was there runs a pass of its own (they see the change at
+    // different moments).
+    let senders = cluster.running().len();
+    let joined_at = Instant::now();
+    let joined = cluster.join()?;
+    if let Some(p) = phases.as_deref_mut() {
+        p.joined = joined_at;
+        p.readers
+            .endpoints
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(cluster.endpoint(joined));
+    }
+    loop {
+        std::thread::sleep(Duration::from_millis(50));
+        let passes: Vec<serde_json::Value> = cluster
+            .rebalance_jobs()?
+            .into_iter()
+            .filter(|j| !before.iter().any(|id| j["id"] == id.as_str()))
+            .collect();
+        if let Some(p) = phases.as_deref_mut() {
+            if p.first_pass.is_none() && !passes.is_empty() {
+                p.first_pass = Some(Instant::now());
+                p.report.joining = p.readers.take(p.joined.elapsed().as_secs_f64());
+            }
+        }
+        let running = passes.iter().any(|j| j["state"] == "running");
+        if (passes.len() >= senders && !running) || joined_at.elapsed() > limit {
+            if let Some(p) = phases.as_deref_mut() {
+                let since = p.first_pass.unwrap_or(p.joined);
+                p.report.during_rebalance = p.readers.take(since.elapsed().as_secs_f64());
+            }
+            return Ok(passes);
+        }
+    }
 }
 
 fn job_ids(cluster: &Cluster) -> anyhow::Result<Vec<String>> {

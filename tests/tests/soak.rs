@@ -127,5 +127,10 @@ fn a_short_cluster_soak_through_churn_and_backend_faults() {
         "{text}"
     );
     assert!(proxy.spoiled() > 0, "faults were injected");
-    eprintln!("{text}");
+    eprintln!(
+        "{text}membership: {}\nbackend object GETs {}, spoiled by the fault proxy {}",
+        r["events"],
+        proxy.gets(),
+        proxy.spoiled()
+    );
 }

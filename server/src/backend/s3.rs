@@ -416,7 +416,7 @@ impl Source for S3Backend {
 
     /// One GET of the whole object; its answer's metadata is what the closure decides on.
     /// When the closure wants only part of it (a range the cache will not fill), that
-    /// part is fetched pinned to the same version, as in [`Backend::get_object`].
+    /// part is fetched pinned to the same version, as in [`Source::get_object`](super::Source::get_object).
     async fn get_object_whole_likely(
         &self,
         bucket: &str,

@@ -10,9 +10,15 @@
 //! Members are probed every second (`membership`); one that fails two probes in a row,
 //! or refuses a forwarded request, is down and its keys go to the next member in the
 //! key's ranking until it answers again. A node answers `/_granary/health` only once it
-//! has probed every member once (its view is settled), and its probes announce it: a
-//! member that hears from a member it does not see up probes it back before answering,
-//! so when every member answers health, they all see one another.
+//! has probed every member and every one that answered lists it (its view is settled),
+//! and its probes announce it: a member that hears from a member it does not see up
+//! probes it back before answering, so when every member answers health, they all see
+//! one another.
+//!
+//! A node trusts its cached copies ([`Cluster::trusted`]) only while every member it
+//! sees up lists it, so that every write made through them reaches its copies (writes
+//! wait for that, `peer::invalidate_members`); members taken out of the list are still
+//! told of writes for [`DEPARTED_GRACE`]. The argument is in ARCHITECTURE.md.
 //!
 //! Requests between members carry proof of membership (`x-granary-hop`, a MAC under the
 //! cluster's secret: `--cluster-secret`, else the secret key), so members' headers mean
@@ -39,6 +45,24 @@ pub use error::ClusterError;
 /// How long writes still tell a member taken out of the list (every member's list has
 /// caught up long before: a peers file is read every second, DNS every few seconds).
 pub const DEPARTED_GRACE: Duration = Duration::from_secs(60);
+
+/// The member a proof of membership (a MAC under `secret` over the request's method and
+/// target, time-stamped) names, if it holds.
+fn proven(secret: &str, parts: &http::request::Parts, value: &str) -> Option<String> {
+    let target = parts
+        .uri
+        .path_and_query()
+        .map_or(parts.uri.path(), |pq| pq.as_str());
+    granary_proto::peer::verify(
+        secret,
+        parts.method.as_str(),
+        target,
+        value,
+        SystemTime::now(),
+    )
+    .ok()
+    .map(str::to_owned)
+}
 
 /// Whether a view is this node alone, added to an empty list.
 fn list_was_empty(v: &View) -> bool {
@@ -575,22 +599,10 @@ impl Cluster {
             .get(granary_proto::headers::HOP)?
             .to_str()
             .ok()?;
-        let Some(secret) = &self.secret else {
-            return Some(value.to_owned());
-        };
-        let target = parts
-            .uri
-            .path_and_query()
-            .map_or(parts.uri.path(), |pq| pq.as_str());
-        granary_proto::peer::verify(
-            secret,
-            parts.method.as_str(),
-            target,
-            value,
-            SystemTime::now(),
-        )
-        .ok()
-        .map(str::to_owned)
+        match &self.secret {
+            None => Some(value.to_owned()),
+            Some(secret) => proven(secret, parts, value),
+        }
     }
 
     /// Whether a request a member made itself proves it (`x-granary-peer-auth` under
@@ -599,25 +611,12 @@ impl Cluster {
         let Some(secret) = &self.secret else {
             return true;
         };
-        let Some(value) = parts
+        parts
             .headers
             .get(granary_proto::headers::PEER_AUTH)
             .and_then(|v| v.to_str().ok())
-        else {
-            return false;
-        };
-        let target = parts
-            .uri
-            .path_and_query()
-            .map_or(parts.uri.path(), |pq| pq.as_str());
-        granary_proto::peer::verify(
-            secret,
-            parts.method.as_str(),
-            target,
-            value,
-            SystemTime::now(),
-        )
-        .is_ok()
+            .and_then(|value| proven(secret, parts, value))
+            .is_some()
     }
 
     /// The `x-granary-hop` value of a request this node sends (its proof of membership).
