@@ -76,6 +76,21 @@ impl Doc {
         self
     }
 
+    /// `<tag a="v" ...>`, the values escaped.
+    pub fn open_with(&mut self, tag: &str, attrs: &[(&str, &str)]) -> &mut Doc {
+        self.0.push('<');
+        self.0.push_str(tag);
+        for (name, value) in attrs {
+            self.0.push(' ');
+            self.0.push_str(name);
+            self.0.push_str("=\"");
+            escape_into(&mut self.0, value);
+            self.0.push('"');
+        }
+        self.0.push('>');
+        self
+    }
+
     pub fn close(&mut self, tag: &str) -> &mut Doc {
         self.0.push_str("</");
         self.0.push_str(tag);
@@ -101,7 +116,13 @@ impl Doc {
 }
 
 /// An S3 error document: `<Error><Code>…</Code><Message>…</Message>…</Error>`.
-pub fn error_doc(code: &str, message: &str, resource: Option<&str>, request_id: &str) -> String {
+pub fn error_doc(
+    code: &str,
+    message: &str,
+    resource: Option<&str>,
+    details: &[(&str, String)],
+    request_id: &str,
+) -> String {
     let mut s = String::with_capacity(256);
     s.push_str("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>");
     s.push_str(code);
@@ -112,6 +133,16 @@ pub fn error_doc(code: &str, message: &str, resource: Option<&str>, request_id: 
         s.push_str("<Resource>");
         escape_lossy_into(&mut s, r);
         s.push_str("</Resource>");
+    }
+    // The fields some codes carry (`ActualObjectSize` with `InvalidRange`, ...).
+    for (tag, text) in details {
+        s.push('<');
+        s.push_str(tag);
+        s.push('>');
+        escape_lossy_into(&mut s, text);
+        s.push_str("</");
+        s.push_str(tag);
+        s.push('>');
     }
     s.push_str("<RequestId>");
     s.push_str(request_id);
@@ -139,6 +170,17 @@ pub fn parse_iso8601(s: &str) -> Option<SystemTime> {
 /// have none, and they are where XML parsers are weakest (entity expansion, and a
 /// deserializer panic fuzzing found). Only comments and CDATA may follow `<!`.
 pub fn parse<T: for<'de> Deserialize<'de>>(body: &[u8]) -> Result<T, XmlError> {
+    let text = checked_text(body)?;
+    // Defence in depth: a parser panic on some other input is a refused body, not a
+    // dropped connection.
+    match std::panic::catch_unwind(|| quick_xml::de::from_str::<T>(text)) {
+        Ok(parsed) => parsed.map_err(|e| XmlError(e.to_string())),
+        Err(_) => Err(XmlError("the parser gave up on it".into())),
+    }
+}
+
+/// A body as UTF-8 text with no document type declaration.
+fn checked_text(body: &[u8]) -> Result<&str, XmlError> {
     let text =
         std::str::from_utf8(body).map_err(|_| XmlError("the XML body is not UTF-8".into()))?;
     let declares = text.match_indices("<!").any(|(i, _)| {
@@ -150,27 +192,82 @@ pub fn parse<T: for<'de> Deserialize<'de>>(body: &[u8]) -> Result<T, XmlError> {
             "document type declarations are not accepted".into(),
         ));
     }
-    // Defence in depth: a parser panic on some other input is a refused body, not a
-    // dropped connection.
-    match std::panic::catch_unwind(|| quick_xml::de::from_str::<T>(text)) {
-        Ok(parsed) => parsed.map_err(|e| XmlError(e.to_string())),
-        Err(_) => Err(XmlError("the parser gave up on it".into())),
-    }
+    Ok(text)
 }
 
 /// The body of DeleteObjects.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Default)]
 pub struct Delete {
-    #[serde(rename = "Object", default)]
     pub objects: Vec<DeleteObject>,
-    #[serde(rename = "Quiet", default)]
     pub quiet: bool,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug)]
 pub struct DeleteObject {
-    #[serde(rename = "Key")]
     pub key: String,
+}
+
+impl Delete {
+    /// Parses a DeleteObjects body. Keys are bytes: their white space is theirs (the
+    /// serde reader trims text, which turned key `" "` into an empty one).
+    pub fn parse(body: &[u8]) -> Result<Delete, XmlError> {
+        use quick_xml::events::Event;
+        let text = checked_text(body)?;
+        let mut reader = quick_xml::Reader::from_str(text);
+        reader.config_mut().trim_text(false);
+        let bad = |e: &dyn std::fmt::Display| XmlError(e.to_string());
+        let mut path: Vec<Vec<u8>> = Vec::new();
+        let mut text = String::new();
+        let mut key: Option<String> = None;
+        let mut out = Delete::default();
+        let mut rooted = false;
+        loop {
+            match reader.read_event().map_err(|e| bad(&e))? {
+                Event::Start(e) => {
+                    path.push(e.local_name().as_ref().to_vec());
+                    rooted = true;
+                    text.clear();
+                }
+                Event::Empty(e)
+                    if path_is(&path, &[b"Delete", b"Object"])
+                        && e.local_name().as_ref() == b"Key" =>
+                {
+                    key = Some(String::new());
+                }
+                Event::Text(t) => text.push_str(&t.unescape().map_err(|e| bad(&e))?),
+                Event::CData(t) => text.push_str(
+                    std::str::from_utf8(&t).map_err(|_| XmlError("CDATA is not UTF-8".into()))?,
+                ),
+                Event::End(_) => {
+                    if path_is(&path, &[b"Delete", b"Object", b"Key"]) {
+                        key = Some(std::mem::take(&mut text));
+                    } else if path_is(&path, &[b"Delete", b"Object"]) {
+                        let key = key
+                            .take()
+                            .ok_or_else(|| XmlError("an Object without a Key".into()))?;
+                        out.objects.push(DeleteObject { key });
+                    } else if path_is(&path, &[b"Delete", b"Quiet"]) {
+                        out.quiet = text.trim() == "true";
+                    }
+                    path.pop();
+                    text.clear();
+                }
+                Event::Eof => break,
+                _ => {}
+            }
+            if path.first().is_some_and(|root| root != b"Delete") {
+                return Err(XmlError("the document is not a Delete".into()));
+            }
+        }
+        if !rooted || !path.is_empty() {
+            return Err(XmlError("the document is not one whole Delete".into()));
+        }
+        Ok(out)
+    }
+}
+
+fn path_is(path: &[Vec<u8>], want: &[&[u8]]) -> bool {
+    path.len() == want.len() && path.iter().zip(want).all(|(a, b)| a == b)
 }
 
 /// The body of CompleteMultipartUpload.
@@ -364,13 +461,21 @@ mod tests {
 
     #[test]
     fn parses_delete() {
-        let d: Delete = parse(
+        let d = Delete::parse(
             br#"<?xml version="1.0"?><Delete xmlns="http://s3.amazonaws.com/doc/2006-03-01/"><Object><Key>a&amp;b</Key></Object><Object><Key>c</Key><VersionId>x</VersionId></Object><Quiet>true</Quiet></Delete>"#,
         )
         .unwrap();
         assert_eq!(d.objects.len(), 2);
         assert_eq!(d.objects[0].key, "a&b");
         assert!(d.quiet);
+        // Keys keep their white space.
+        let d = Delete::parse(
+            b"<Delete><Object><Key> </Key></Object><Object><Key>_ </Key></Object><Object><Key>\n a\t</Key></Object></Delete>",
+        )
+        .unwrap();
+        let keys: Vec<&str> = d.objects.iter().map(|o| o.key.as_str()).collect();
+        assert_eq!(keys, [" ", "_ ", "\n a\t"]);
+        assert!(!d.quiet);
     }
 
     #[test]
@@ -392,19 +497,17 @@ mod tests {
             b"\xff\xfe",
             b"<Complete><Part><PartNumber>x</PartNumber></Part></Complete>",
         ] {
-            assert!(
-                parse::<Delete>(bad).is_err() || parse::<CompleteMultipartUpload>(bad).is_err()
-            );
+            assert!(Delete::parse(bad).is_err() || parse::<CompleteMultipartUpload>(bad).is_err());
         }
-        assert!(parse::<Delete>(b"<Delete><Object><Key>a</Key>").is_err());
+        assert!(Delete::parse(b"<Delete><Object><Key>a</Key>").is_err());
     }
 
     #[test]
     fn declarations_are_refused() {
-        assert!(parse::<Delete>(b"<!DOCTYPE d [<!ENTITY a \"x\">]><Delete/>").is_err());
-        assert!(parse::<Delete>(b"<Delete><!DOCTyPE(><Object/></Delete>").is_err());
+        assert!(Delete::parse(b"<!DOCTYPE d [<!ENTITY a \"x\">]><Delete/>").is_err());
+        assert!(Delete::parse(b"<Delete><!DOCTyPE(><Object/></Delete>").is_err());
         // Comments and CDATA are still XML S3 accepts.
-        let d = parse::<Delete>(
+        let d = Delete::parse(
             b"<Delete><!-- c --><Object><Key><![CDATA[a<b]]></Key></Object></Delete>",
         )
         .unwrap();
@@ -419,12 +522,20 @@ mod tests {
         let mut s = String::new();
         escape_lossy_into(&mut s, "k\u{0}\u{1f}<");
         assert_eq!(s, "k%00%1F&lt;");
-        let e = error_doc("NoSuchKey", "a <b>", Some("/b/k\u{1}"), "ID");
+        let e = error_doc("NoSuchKey", "a <b>", Some("/b/k\u{1}"), &[], "ID");
         assert_eq!(
             parse_error(e.as_bytes()),
             Some(("NoSuchKey".into(), "a <b>".into()))
         );
         assert_eq!(element(&e, "Resource").as_deref(), Some("/b/k%01"));
+        let e = error_doc(
+            "InvalidRange",
+            "no",
+            None,
+            &[("ActualObjectSize", "0".into())],
+            "ID",
+        );
+        assert_eq!(element(&e, "ActualObjectSize").as_deref(), Some("0"));
     }
 
     const PAGE: &str = r#"<?xml version="1.0" encoding="UTF-8"?>

@@ -241,6 +241,54 @@ def pytest_runtest_makereport(item, call):
 
 
 # --------------------------------------------------------------------------
+# moto: a real S3-compatible server, the backend of some tests and the reference
+# others compare Granary with
+# --------------------------------------------------------------------------
+MOTO_KEY = "testing"
+
+
+def _wait_http(url: str, proc: subprocess.Popen, timeout: float) -> str | None:
+    """Polls `url` until it answers with any status; returns why it did not."""
+    deadline = time.monotonic() + timeout
+    last = "no attempt"
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return f"exited with {proc.returncode}"
+        try:
+            requests.get(url, timeout=2)
+            return None
+        except requests.RequestException as e:
+            last = repr(e)
+        time.sleep(0.2)
+    return f"no answer within {timeout}s ({last})"
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint(tmp_path_factory):
+    moto_bin = Path(sys.executable).parent / "moto_server"
+    if not moto_bin.exists():
+        pytest.fail(f"moto_server not found at {moto_bin}; "
+                    "pip install -r tests/python/requirements.txt", pytrace=False)
+    port = _free_port()
+    log_path = tmp_path_factory.mktemp("moto") / "moto.log"
+    log = open(log_path, "ab")
+    proc = subprocess.Popen([str(moto_bin), "-H", "127.0.0.1", "-p", str(port)],
+                            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+    endpoint = f"http://127.0.0.1:{port}"
+    why = _wait_http(endpoint + "/", proc, 30)
+    if why is not None:
+        _stop_process(proc)
+        log.close()
+        pytest.fail(f"moto_server did not start: {why}\n"
+                    f"{log_path.read_text('utf-8', 'replace')[-3000:]}", pytrace=False)
+    try:
+        yield endpoint
+    finally:
+        _stop_process(proc)
+        log.close()
+
+
+# --------------------------------------------------------------------------
 # boto3
 # --------------------------------------------------------------------------
 def make_s3_client(endpoint: str, *, access_key: str = ACCESS_KEY,

@@ -363,12 +363,12 @@ def test_statefulset_and_services_fit_together():
     assert config["listen"] == f"0.0.0.0:{PORT}"
     assert config["backend"] == "s3" and config["s3_endpoint"].startswith("http")
 
-    # Every node gets the full peer list, each pod by its DNS name through the headless
-    # Service; a node finds itself by its pod name.
-    name, svc = ss["metadata"]["name"], headless["metadata"]["name"]
-    assert config["peer"] == [f"{name}-{i}=http://{name}-{i}.{svc}:{PORT}"
-                              for i in range(spec["replicas"])]
-    assert [p.split("=", 1)[0] for p in config["peer"]] == ["granary-0", "granary-1", "granary-2"]
+    # Members come from the headless Service's name: every pod's address (ready or not),
+    # each named by its own PTR record, whose first label is the pod's name, the node id
+    # a node gives itself; scaling the StatefulSet needs no change of config.
+    svc = headless["metadata"]["name"]
+    assert "peer" not in config and "peers_file" not in config
+    assert config["peers_dns"] == f"{svc}:{PORT}"
 
     # The cache lives on the claim, and fits in it.
     (claim,) = spec["volumeClaimTemplates"]

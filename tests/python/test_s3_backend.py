@@ -18,11 +18,10 @@ import requests
 from boto3.s3.transfer import TransferConfig
 from botocore.exceptions import ClientError
 
-from conftest import (STARTUP_TIMEOUT_S, GranaryServer, _free_port, _server_binary,
-                      _stop_process, make_s3_client)
+from conftest import (MOTO_KEY, STARTUP_TIMEOUT_S, GranaryServer, _free_port,
+                      _server_binary, _stop_process, _wait_http, make_s3_client)
 from granary_testutil import MiB, md5_hex, multipart_etag, unique_bucket_name
 
-MOTO_KEY = "testing"
 HTTP_TIMEOUT = 30
 
 
@@ -35,48 +34,6 @@ def status_of(resp) -> int:
     return resp["ResponseMetadata"]["HTTPStatusCode"]
 
 
-def _wait_http(url: str, proc: subprocess.Popen, timeout: float) -> str | None:
-    """Polls `url` until it answers with any status; returns why it did not."""
-    deadline = time.monotonic() + timeout
-    last = "no attempt"
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            return f"exited with {proc.returncode}"
-        try:
-            requests.get(url, timeout=2)
-            return None
-        except requests.RequestException as e:
-            last = repr(e)
-        time.sleep(0.2)
-    return f"no answer within {timeout}s ({last})"
-
-
-# --------------------------------------------------------------------------
-# moto and granary processes
-# --------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def moto_endpoint(tmp_path_factory):
-    moto_bin = Path(sys.executable).parent / "moto_server"
-    if not moto_bin.exists():
-        pytest.fail(f"moto_server not found at {moto_bin}; "
-                    "pip install -r tests/python/requirements.txt", pytrace=False)
-    port = _free_port()
-    log_path = tmp_path_factory.mktemp("moto") / "moto.log"
-    log = open(log_path, "ab")
-    proc = subprocess.Popen([str(moto_bin), "-H", "127.0.0.1", "-p", str(port)],
-                            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
-    endpoint = f"http://127.0.0.1:{port}"
-    why = _wait_http(endpoint + "/", proc, 30)
-    if why is not None:
-        _stop_process(proc)
-        log.close()
-        pytest.fail(f"moto_server did not start: {why}\n"
-                    f"{log_path.read_text('utf-8', 'replace')[-3000:]}", pytrace=False)
-    try:
-        yield endpoint
-    finally:
-        _stop_process(proc)
-        log.close()
 
 
 def _start_granary(root: Path, s3_endpoint: str) -> GranaryServer:
@@ -409,6 +366,29 @@ def test_missing_key_and_bucket(gs3, bkt):
     with pytest.raises(ClientError) as ei:
         gs3.put_object(Bucket=missing, Key="k", Body=b"x")
     assert error_of(ei.value) == ("NoSuchBucket", 404)
+
+
+def test_an_unknown_upload_is_no_such_upload(gs3, moto, bkt):
+    """Every way of naming an upload that does not exist is `404 NoSuchUpload` through
+    Granary, as S3 answers (never a `503`, which clients retry); moto itself says so for
+    two of them and fails the other two with `500`."""
+    calls = {
+        "upload_part": lambda c: c.upload_part(Bucket=bkt, Key="k", UploadId="nope",
+                                               PartNumber=1, Body=b"x"),
+        "list_parts": lambda c: c.list_parts(Bucket=bkt, Key="k", UploadId="nope"),
+        "complete": lambda c: c.complete_multipart_upload(
+            Bucket=bkt, Key="k", UploadId="nope",
+            MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": '"' + "0" * 32 + '"'}]}),
+        "abort": lambda c: c.abort_multipart_upload(Bucket=bkt, Key="k", UploadId="nope"),
+    }
+    for name, call in calls.items():
+        seen = []
+        for client in (moto, gs3):
+            with pytest.raises(ClientError) as ei:
+                call(client)
+            seen.append(error_of(ei.value))
+        assert seen[1] == ("NoSuchUpload", 404), (name, seen)
+        assert seen[0] in (seen[1], ("500", 500)), (name, seen)
 
 
 def _peak_rss(pid: int) -> int:

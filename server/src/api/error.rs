@@ -23,6 +23,10 @@ pub struct S3Error {
     pub code: S3Code,
     pub message: String,
     pub resource: Option<String>,
+    /// Fields some codes carry in the document (`ActualObjectSize` with `InvalidRange`).
+    pub details: Vec<(&'static str, String)>,
+    /// Headers some answers carry (`ETag` with `304`).
+    pub headers: Vec<(http::HeaderName, HeaderValue)>,
 }
 
 impl S3Error {
@@ -31,7 +35,19 @@ impl S3Error {
             code,
             message: message.into(),
             resource: None,
+            details: Vec::new(),
+            headers: Vec::new(),
         }
+    }
+
+    pub fn with_detail(mut self, tag: &'static str, text: impl Into<String>) -> S3Error {
+        self.details.push((tag, text.into()));
+        self
+    }
+
+    pub fn with_header(mut self, name: http::HeaderName, value: HeaderValue) -> S3Error {
+        self.headers.push((name, value));
+        self
     }
 
     pub fn with_resource(mut self, resource: impl Into<String>) -> S3Error {
@@ -49,6 +65,7 @@ impl S3Error {
             self.code.as_str(),
             &self.message,
             self.resource.as_deref(),
+            &self.details,
             request_id,
         )
     }
@@ -86,6 +103,9 @@ impl IntoResponse for S3Error {
         if let Ok(code) = HeaderValue::from_str(self.code.as_str()) {
             h.insert("x-amz-error-code", code);
         }
+        for (name, value) in &self.headers {
+            h.insert(name.clone(), value.clone());
+        }
         resp.extensions_mut().insert(self);
         resp
     }
@@ -108,13 +128,26 @@ impl From<std::io::Error> for S3Error {
 
 impl From<Refusal> for S3Error {
     fn from(r: Refusal) -> S3Error {
-        let code = match r {
-            Refusal::PreconditionFailed => S3Code::PreconditionFailed,
-            Refusal::NotModified => S3Code::NotModified,
-            Refusal::Unsatisfiable { .. } => S3Code::InvalidRange,
-            Refusal::Changed(_) | Refusal::Declined => S3Code::ServiceUnavailable,
-        };
-        S3Error::new(code, r.to_string())
+        let message = r.to_string();
+        match r {
+            Refusal::PreconditionFailed => S3Error::new(S3Code::PreconditionFailed, message),
+            // A 304 names the version the client holds.
+            Refusal::NotModified {
+                etag,
+                last_modified,
+            } => S3Error::new(S3Code::NotModified, message)
+                .with_header(http::header::ETAG, crate::api::s3::quoted(&etag))
+                .with_header(
+                    http::header::LAST_MODIFIED,
+                    crate::api::s3::http_date(last_modified),
+                ),
+            // The AWS CRT learns an empty object's size from this field.
+            Refusal::Unsatisfiable { size } => S3Error::new(S3Code::InvalidRange, message)
+                .with_detail("ActualObjectSize", size.to_string()),
+            Refusal::Changed(_) | Refusal::Declined => {
+                S3Error::new(S3Code::ServiceUnavailable, message)
+            }
+        }
     }
 }
 

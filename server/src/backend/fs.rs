@@ -48,6 +48,9 @@ struct StoredMeta {
     mtime_ns: u128,
     #[serde(default)]
     headers: Vec<(String, String)>,
+    /// An object completed from parts: their sizes, in order (for `?partNumber=`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    parts: Vec<u64>,
 }
 
 /// What a multipart upload records at creation.
@@ -263,6 +266,18 @@ impl Inner {
         }
     }
 
+    /// The file of `bucket/key`, open, and its metadata.
+    fn open_object(&self, bucket: &str, key: &str) -> Result<(File, fs::Metadata)> {
+        check_key(key)?;
+        let dir = self.bucket_dir(bucket)?;
+        let path = self
+            .locate(&dir, key)
+            .ok_or_else(|| BackendError::NoSuchKey(key.to_owned()))?;
+        let file = File::open(&path).map_err(|_| BackendError::NoSuchKey(key.to_owned()))?;
+        let md = file.metadata()?;
+        Ok((file, md))
+    }
+
     /// The file holding `key`, if any.
     fn locate(&self, bucket_dir: &Path, key: &str) -> Option<PathBuf> {
         if let Some(rel) = keypath::plain_path(key) {
@@ -275,17 +290,21 @@ impl Inner {
         fs::metadata(&p).is_ok_and(|m| m.is_file()).then_some(p)
     }
 
+    /// The metadata written with the file, if it still describes it.
+    fn stored_meta(&self, file: &File, md: &fs::Metadata) -> Option<StoredMeta> {
+        if !self.xattr_ok.load(Ordering::Relaxed) {
+            return None;
+        }
+        use xattr::FileExt;
+        file.get_xattr(META_XATTR)
+            .ok()
+            .flatten()
+            .and_then(|v| serde_json::from_slice::<StoredMeta>(&v).ok())
+            .filter(|m| m.size == md.len() && m.mtime_ns == mtime_ns(md))
+    }
+
     fn read_meta(&self, file: &File, md: &fs::Metadata) -> ObjectMeta {
-        let stored = if self.xattr_ok.load(Ordering::Relaxed) {
-            use xattr::FileExt;
-            file.get_xattr(META_XATTR)
-                .ok()
-                .flatten()
-                .and_then(|v| serde_json::from_slice::<StoredMeta>(&v).ok())
-                .filter(|m| m.size == md.len() && m.mtime_ns == mtime_ns(md))
-        } else {
-            None
-        };
+        let stored = self.stored_meta(file, md);
         let last_modified = md.modified().unwrap_or(UNIX_EPOCH);
         match stored {
             Some(m) => ObjectMeta {
@@ -308,6 +327,7 @@ impl Inner {
         temp: &TempFile,
         etag: String,
         headers: Vec<(String, String)>,
+        parts: Vec<u64>,
     ) -> io::Result<SystemTime> {
         let md = temp.file.metadata()?;
         if self.xattr_ok.load(Ordering::Relaxed) {
@@ -317,6 +337,7 @@ impl Inner {
                 size: md.len(),
                 mtime_ns: mtime_ns(&md),
                 headers,
+                parts,
             };
             let value = serde_json::to_vec(&stored).map_err(io::Error::other)?;
             if let Err(e) = temp.file.set_xattr(META_XATTR, &value) {
@@ -618,14 +639,24 @@ impl Source for FsBackend {
     async fn head_object(&self, bucket: &str, key: &str) -> Result<ObjectMeta> {
         let (bucket, key) = (bucket.to_owned(), key.to_owned());
         self.blocking(move |inner| {
-            check_key(&key)?;
-            let dir = inner.bucket_dir(&bucket)?;
-            let path = inner
-                .locate(&dir, &key)
-                .ok_or_else(|| BackendError::NoSuchKey(key.clone()))?;
-            let file = File::open(&path).map_err(|_| BackendError::NoSuchKey(key.clone()))?;
-            let md = file.metadata()?;
+            let (file, md) = inner.open_object(&bucket, &key)?;
             Ok(inner.read_meta(&file, &md))
+        })
+        .await
+    }
+
+    async fn part_sizes(&self, bucket: &str, key: &str) -> Result<Option<(String, Vec<u64>)>> {
+        let (bucket, key) = (bucket.to_owned(), key.to_owned());
+        self.blocking(move |inner| {
+            let (file, md) = inner.open_object(&bucket, &key)?;
+            let meta = inner.read_meta(&file, &md);
+            let parts = match inner.stored_meta(&file, &md) {
+                Some(s) if !s.parts.is_empty() => s.parts,
+                // Not from parts: one part, the whole object.
+                _ if !meta.etag.contains('-') => vec![meta.size],
+                _ => return Ok(None),
+            };
+            Ok(Some((meta.etag, parts)))
         })
         .await
     }
@@ -639,13 +670,7 @@ impl Source for FsBackend {
         let (bucket, k) = (bucket.to_owned(), key.to_owned());
         let (file, meta) = self
             .blocking(move |inner| {
-                check_key(&k)?;
-                let dir = inner.bucket_dir(&bucket)?;
-                let path = inner
-                    .locate(&dir, &k)
-                    .ok_or_else(|| BackendError::NoSuchKey(k.clone()))?;
-                let file = File::open(&path).map_err(|_| BackendError::NoSuchKey(k.clone()))?;
-                let md = file.metadata()?;
+                let (file, md) = inner.open_object(&bucket, &k)?;
                 let meta = inner.read_meta(&file, &md);
                 Ok((file, meta))
             })
@@ -739,7 +764,8 @@ impl Backend for FsBackend {
         let key = key.to_owned();
         self.blocking(move |inner| {
             let etag = hex::encode(md5);
-            let last_modified = inner.write_meta(&temp, etag.clone(), opts.headers.clone())?;
+            let last_modified =
+                inner.write_meta(&temp, etag.clone(), opts.headers.clone(), Vec::new())?;
             inner.commit(&bucket_dir, &key, temp)?;
             Ok(ObjectMeta {
                 size,
@@ -920,7 +946,9 @@ impl Backend for FsBackend {
             }
             temp.file.sync_data()?;
             let etag = format!("{}-{}", hex::encode(md5s.finalize()), chosen.len());
-            let last_modified = inner.write_meta(&temp, etag.clone(), rec.headers.clone())?;
+            let sizes = chosen.iter().map(|(p, _)| p.size).collect();
+            let last_modified =
+                inner.write_meta(&temp, etag.clone(), rec.headers.clone(), sizes)?;
             inner.commit(&bucket_dir, &k, temp)?;
             let _ = fs::remove_dir_all(&dir);
             Ok(ObjectMeta {

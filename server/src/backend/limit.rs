@@ -87,6 +87,10 @@ impl Source for Limited {
         self.inner.head_object(bucket, key).await
     }
 
+    async fn part_sizes(&self, bucket: &str, key: &str) -> Result<Option<(String, Vec<u64>)>> {
+        self.inner.part_sizes(bucket, key).await
+    }
+
     async fn get_object(
         &self,
         bucket: &str,

@@ -101,7 +101,10 @@ pub enum Refusal {
     PreconditionFailed,
     /// `If-None-Match` or `If-Modified-Since`: the client's copy is current.
     #[error("Not Modified")]
-    NotModified,
+    NotModified {
+        etag: String,
+        last_modified: SystemTime,
+    },
     /// The range names no byte of the object.
     #[error("The requested range is not satisfiable")]
     Unsatisfiable { size: u64 },
@@ -267,6 +270,13 @@ pub trait Source: Send + Sync + 'static {
         range: &RangeFn<'_>,
     ) -> Result<(GetObject, Option<ByteRange>)> {
         self.get_object(bucket, key, range).await
+    }
+
+    /// The object's ETag and the sizes of the parts it was completed from, in order (one
+    /// part, the whole object, for an object written whole); `None` where the source
+    /// does not know them.
+    async fn part_sizes(&self, _bucket: &str, _key: &str) -> Result<Option<(String, Vec<u64>)>> {
+        Ok(None)
     }
 }
 

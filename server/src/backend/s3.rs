@@ -64,6 +64,26 @@ pub struct S3Backend {
 }
 
 impl S3Backend {
+    /// `err`, a store's failure on an upload, unless the upload is gone: some stores
+    /// (moto) fail a part or a completion of an unknown upload with `500`, which clients
+    /// would retry; S3 says `404 NoSuchUpload`, and so does the node, once a listing of
+    /// the upload's parts confirms it.
+    async fn unless_gone(
+        &self,
+        bucket: &str,
+        key: &str,
+        upload_id: &str,
+        err: BackendError,
+    ) -> BackendError {
+        if !matches!(err, BackendError::Unavailable(_)) {
+            return err;
+        }
+        match self.list_parts(bucket, key, upload_id).await {
+            Err(gone @ BackendError::NoSuchUpload(_)) => gone,
+            _ => err,
+        }
+    }
+
     /// Builds the client from the AWS configuration chain (environment, profiles, IMDS…)
     /// and `endpoint`, an S3-compatible store addressed path-style. Nothing is sent yet:
     /// credentials are resolved on the first request.
@@ -691,7 +711,11 @@ impl Backend for S3Backend {
                         .send()
                 },
             )
-            .await?;
+            .await;
+        let out = match out {
+            Ok(out) => out,
+            Err(e) => return Err(self.unless_gone(bucket, key, upload_id, e).await),
+        };
         Ok(PartInfo {
             number: part,
             etag: unquote(out.e_tag()),
@@ -804,7 +828,7 @@ impl Backend for S3Backend {
                             None => BackendError::StoreRefused { code, message },
                         }
                     }
-                    other => other,
+                    other => self.unless_gone(bucket, key, upload_id, other).await,
                 });
             }
         };

@@ -28,6 +28,7 @@ pub use error::NodeError;
 pub use prefetch::{PrefetchRequest, PREFETCH_PARALLEL};
 pub use read::{etag_matches, Conditions, ReadMode, ReadRequest, Reply, Served};
 pub use rebalance::{Offer, Taken};
+pub use write::WriteConditions;
 
 pub struct Node {
     /// This node's id in the cluster.
@@ -41,6 +42,7 @@ pub struct Node {
     /// Bytes per second a rebalance hands over (0: no rebalance).
     pub rebalance_rate: u64,
     rebalancer: rebalance::Rebalancer,
+    write_locks: write::KeyLocks,
 }
 
 /// The cluster as the cache sees it: members that may hold a copy.
@@ -79,6 +81,7 @@ impl Node {
             jobs: Jobs::default(),
             rebalance_rate,
             rebalancer: Default::default(),
+            write_locks: Default::default(),
         })
     }
 

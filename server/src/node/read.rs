@@ -50,14 +50,21 @@ impl Conditions {
         }
         if let Some(v) = &self.if_none_match {
             if etag_matches(v, &meta.etag) {
-                return Err(Refusal::NotModified);
+                return Err(not_modified(meta));
             }
         } else if let Some(t) = self.if_modified_since {
             if mtime <= secs(t) {
-                return Err(Refusal::NotModified);
+                return Err(not_modified(meta));
             }
         }
         Ok(())
+    }
+}
+
+fn not_modified(meta: &ObjectMeta) -> Refusal {
+    Refusal::NotModified {
+        etag: meta.etag.clone(),
+        last_modified: meta.last_modified,
     }
 }
 
@@ -576,7 +583,7 @@ mod tests {
             if_modified_since: at(1000),
             ..Conditions::default()
         };
-        assert_eq!(c.check(&m), Err(Refusal::NotModified));
+        assert_eq!(c.check(&m), Err(not_modified(&m)));
         let c = Conditions {
             if_match: Some("\"y\"".into()),
             ..Conditions::default()

@@ -2,10 +2,82 @@
 //! cached or invalidated here and told to the other members, so that no node serves an
 //! older version after it.
 
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, Weak};
 
-use super::{Node, NodeError};
-use crate::backend::{check_key, ByteRange, ByteStream, ObjectMeta, PartInfo, PutOptions, RangeFn};
+use md5::{Digest, Md5};
+
+use super::{etag_matches, Node, NodeError};
+use crate::backend::{
+    check_key, BackendError, ByteRange, ByteStream, ObjectMeta, PartInfo, PutOptions, RangeFn,
+    Refusal,
+};
+
+/// A write's preconditions (`If-Match`, `If-None-Match` on PutObject and
+/// CompleteMultipartUpload), checked against the backend's current version.
+#[derive(Debug, Default, Clone)]
+pub struct WriteConditions {
+    pub if_match: Option<String>,
+    pub if_none_match: Option<String>,
+}
+
+impl WriteConditions {
+    fn is_empty(&self) -> bool {
+        self.if_match.is_none() && self.if_none_match.is_none()
+    }
+
+    /// Whether a write may replace `current` (`None`: no object): `If-Match` on a
+    /// missing object is `NoSuchKey`, as S3 answers.
+    fn check(&self, key: &str, current: Option<&ObjectMeta>) -> Result<(), NodeError> {
+        if let Some(v) = &self.if_match {
+            match current {
+                None => return Err(BackendError::NoSuchKey(key.to_owned()).into()),
+                Some(m) if !etag_matches(v, &m.etag) => {
+                    return Err(Refusal::PreconditionFailed.into())
+                }
+                Some(_) => {}
+            }
+        }
+        if let (Some(v), Some(m)) = (&self.if_none_match, current) {
+            if etag_matches(v, &m.etag) {
+                return Err(Refusal::PreconditionFailed.into());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One lock per key with a conditional write under way: two conditional writes of a key
+/// (on its owner, where every write of it goes) check and write one after the other, so
+/// of two `If-None-Match: *` creations one wins.
+#[derive(Default)]
+pub(super) struct KeyLocks(Mutex<HashMap<(String, String), Weak<KeyLock>>>);
+
+type KeyLock = tokio::sync::Mutex<()>;
+
+impl KeyLocks {
+    fn of(&self, bucket: &str, key: &str) -> Arc<KeyLock> {
+        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        map.retain(|_, w| w.strong_count() > 0);
+        let id = (bucket.to_owned(), key.to_owned());
+        if let Some(lock) = map.get(&id).and_then(Weak::upgrade) {
+            return lock;
+        }
+        let lock = Arc::new(KeyLock::new(()));
+        map.insert(id, Arc::downgrade(&lock));
+        lock
+    }
+}
+
+/// The ETag S3 gives an object completed from parts with these ETags.
+fn multipart_etag(parts: &[(u32, String)]) -> Option<String> {
+    let mut md5s = Md5::new();
+    for (_, etag) in parts {
+        md5s.update(hex::decode(etag.trim_matches('"')).ok()?);
+    }
+    Some(format!("{}-{}", hex::encode(md5s.finalize()), parts.len()))
+}
 
 impl Node {
     /// PutObject: written through to the backend, cached on the way.
@@ -15,8 +87,15 @@ impl Node {
         key: &str,
         body: ByteStream,
         opts: PutOptions,
+        cond: &WriteConditions,
     ) -> Result<ObjectMeta, NodeError> {
         check_key(key)?;
+        let lock = self.write_locks.of(bucket, key);
+        let _held = match cond.is_empty() {
+            true => None,
+            false => Some(lock.lock().await),
+        };
+        self.check_write(bucket, key, cond).await?;
         let meta = self
             .cache
             .put_through(&*self.backend, bucket, key, body, opts)
@@ -116,17 +195,144 @@ impl Node {
 
     /// CompleteMultipartUpload: the new object replaces any cached copy, here and on
     /// the other members.
+    ///
+    /// Completing an upload completed already succeeds again, as on S3, while the object
+    /// is still the one those parts made. The new object is then read into the cluster's
+    /// cache in the background, as a PUT's is on its way in.
     pub async fn complete(
-        &self,
+        self: &Arc<Self>,
         (bucket, key, upload_id): (&str, &str, &str),
         parts: &[(u32, String)],
+        cond: &WriteConditions,
     ) -> Result<ObjectMeta, NodeError> {
-        let meta = self
+        let lock = self.write_locks.of(bucket, key);
+        let _held = match cond.is_empty() {
+            true => None,
+            false => Some(lock.lock().await),
+        };
+        self.check_write(bucket, key, cond).await?;
+        let meta = match self
             .backend
             .complete_multipart(bucket, key, upload_id, parts)
-            .await?;
+            .await
+        {
+            Ok(meta) => meta,
+            Err(BackendError::NoSuchUpload(id)) => {
+                let current = self.backend.head_object(bucket, key).await.ok();
+                return match (current, multipart_etag(parts)) {
+                    (Some(m), Some(etag)) if m.etag == etag => Ok(m),
+                    _ => Err(BackendError::NoSuchUpload(id).into()),
+                };
+            }
+            Err(e) => return Err(e.into()),
+        };
         self.cache.invalidate(bucket, key);
         self.changed(&[(bucket.to_owned(), key.to_owned())]).await;
+        let node = self.clone();
+        let (b, k) = (bucket.to_owned(), key.to_owned());
+        tokio::spawn(async move {
+            if let Err(e) = node.warm(&b, &k).await {
+                tracing::debug!(bucket = %b, key = %k, error = %e, "a completed upload was not cached");
+            }
+        });
         Ok(meta)
+    }
+
+    /// Checks `cond` against the backend's current version of `bucket/key`.
+    async fn check_write(
+        &self,
+        bucket: &str,
+        key: &str,
+        cond: &WriteConditions,
+    ) -> Result<(), NodeError> {
+        if cond.is_empty() {
+            return Ok(());
+        }
+        let current = match self.backend.head_object(bucket, key).await {
+            Ok(m) => Some(m),
+            Err(BackendError::NoSuchKey(_)) => None,
+            Err(e) => return Err(e.into()),
+        };
+        cond.check(key, current.as_ref())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::UNIX_EPOCH;
+
+    use super::*;
+
+    fn meta(etag: &str) -> ObjectMeta {
+        ObjectMeta {
+            size: 1,
+            etag: etag.to_owned(),
+            last_modified: UNIX_EPOCH,
+            headers: Vec::new(),
+        }
+    }
+
+    fn code(r: Result<(), NodeError>) -> &'static str {
+        match r {
+            Ok(()) => "ok",
+            Err(NodeError::Backend(BackendError::NoSuchKey(_))) => "NoSuchKey",
+            Err(NodeError::Cache(crate::cache::CacheError::Refused(
+                Refusal::PreconditionFailed,
+            ))) => "PreconditionFailed",
+            Err(e) => panic!("unexpected {e}"),
+        }
+    }
+
+    #[test]
+    fn write_conditions_as_s3_checks_them() {
+        let create = WriteConditions {
+            if_none_match: Some("*".into()),
+            ..Default::default()
+        };
+        assert_eq!(code(create.check("k", None)), "ok");
+        assert_eq!(
+            code(create.check("k", Some(&meta("a")))),
+            "PreconditionFailed"
+        );
+        let replace = WriteConditions {
+            if_match: Some("\"a\"".into()),
+            ..Default::default()
+        };
+        assert_eq!(code(replace.check("k", Some(&meta("a")))), "ok");
+        assert_eq!(
+            code(replace.check("k", Some(&meta("b")))),
+            "PreconditionFailed"
+        );
+        assert_eq!(code(replace.check("k", None)), "NoSuchKey");
+        assert_eq!(code(WriteConditions::default().check("k", None)), "ok");
+    }
+
+    #[test]
+    fn a_completed_uploads_etag_from_its_parts() {
+        // MD5("a") and MD5("b"), as S3 combines them.
+        let parts = [
+            (1, "\"0cc175b9c0f1b6a831c399e269772661\"".to_owned()),
+            (2, "92eb5ffee6ae2fec3ad71c777531578f".to_owned()),
+        ];
+        assert_eq!(
+            multipart_etag(&parts).as_deref(),
+            Some("96e024ba2074fe77e8e965ba43a704be-2")
+        );
+        assert_eq!(multipart_etag(&[(1, "zz".into())]), None);
+    }
+
+    #[test]
+    fn one_lock_per_key_while_it_is_held() {
+        let locks = KeyLocks::default();
+        let a = locks.of("b", "k");
+        assert!(Arc::ptr_eq(&a, &locks.of("b", "k")));
+        assert!(!Arc::ptr_eq(&a, &locks.of("b", "other")));
+        drop(a);
+        let _ = locks.of("b", "k2");
+        assert_eq!(
+            locks.0.lock().unwrap().len(),
+            1,
+            "released locks are dropped"
+        );
     }
 }

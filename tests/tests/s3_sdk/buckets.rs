@@ -26,11 +26,12 @@ async fn bucket_create_list_head_delete() {
         "HeadBucket of a missing bucket: {err:?}"
     );
 
-    expect_sdk_error(
-        s3.create_bucket().bucket(&bucket).send().await,
-        409,
-        &["BucketAlreadyOwnedByYou", "BucketAlreadyExists"],
-    );
+    // Creating a bucket you own already succeeds, as S3 answers in us-east-1.
+    s3.create_bucket()
+        .bucket(&bucket)
+        .send()
+        .await
+        .expect("CreateBucket of a bucket of one's own");
 
     put(&s3, &bucket, "dir/obj", b"payload").await;
     expect_sdk_error(

@@ -6,7 +6,6 @@
 //! a read-only descriptor of the cache file (see `crate::local`).
 
 use std::os::fd::OwnedFd;
-use std::time::SystemTime;
 
 use axum::body::Body;
 use axum::extract::ConnectInfo;
@@ -17,7 +16,7 @@ use granary_proto::headers::{
 use granary_proto::range::RangeSpec;
 use http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
 
-use super::Req;
+use super::{http_date, Req};
 use crate::api::error::{S3Code, S3Error};
 use crate::api::AppState;
 use crate::archive::{self, Format};
@@ -61,13 +60,26 @@ pub async fn get(state: &AppState, r: Req, head: bool) -> Result<Response, S3Err
         () if fds.is_some() => ReadMode::Local,
         () => ReadMode::Stream,
     };
+    let mut conditions = conditions(&r.parts.headers);
+    let mut range = r.header("range").and_then(RangeSpec::parse);
+    let part = match r.q("partNumber") {
+        Some(n) if member.is_none() && transform.is_none() => {
+            let ranged = r.parts.headers.contains_key(header::RANGE);
+            let part = part_of(state, (&r.bucket, r.key()), n, ranged).await?;
+            range = part.range;
+            // The part's bytes come from the version its offsets were read from.
+            conditions.if_match.get_or_insert_with(|| part.etag.clone());
+            Some(part)
+        }
+        _ => None,
+    };
     let req = ReadRequest {
         bucket: &r.bucket,
         key: r.key(),
         member,
         transform,
-        range: r.header("range").and_then(RangeSpec::parse),
-        conditions: conditions(&r.parts.headers),
+        range,
+        conditions,
         mode,
     };
     let kind = match (transform, member) {
@@ -107,7 +119,68 @@ pub async fn get(state: &AppState, r: Req, head: bool) -> Result<Response, S3Err
             Err(e) => return Err(e.into()),
         }
     };
-    Ok(answer(state, &r, kind, reply, fds.as_ref()))
+    let mut resp = answer(state, &r, kind, reply, fds.as_ref());
+    if let Some(p) = part.filter(|p| p.count > 1 || p.etag.contains('-')) {
+        resp.headers_mut()
+            .insert("x-amz-mp-parts-count", HeaderValue::from(p.count));
+    }
+    Ok(resp)
+}
+
+/// `?partNumber=N`: the bytes of part N of an object completed from parts (part 1 of an
+/// object written whole is all of it).
+struct Part {
+    range: Option<RangeSpec>,
+    etag: String,
+    count: usize,
+}
+
+async fn part_of(
+    state: &AppState,
+    (bucket, key): (&str, &str),
+    n: &str,
+    ranged: bool,
+) -> Result<Part, S3Error> {
+    let n: usize = n
+        .parse()
+        .ok()
+        .filter(|n| (1..=10_000).contains(n))
+        .ok_or_else(|| {
+            S3Error::new(
+                S3Code::InvalidArgument,
+                "Part number must be an integer between 1 and 10000, inclusive",
+            )
+        })?;
+    if ranged {
+        return Err(S3Error::new(
+            S3Code::InvalidRequest,
+            "Cannot specify both Range header and partNumber query parameter",
+        ));
+    }
+    let Some((etag, sizes)) = state.node.backend.part_sizes(bucket, key).await? else {
+        return Err(S3Error::new(
+            S3Code::NotImplemented,
+            "this backend does not tell where an object's parts begin: read it whole or by range",
+        ));
+    };
+    let Some(&len) = sizes.get(n - 1) else {
+        return Err(S3Error::new(
+            S3Code::InvalidPartNumber,
+            "The requested partnumber is not satisfiable",
+        )
+        .with_detail("PartNumberRequested", n.to_string())
+        .with_detail("ActualPartCount", sizes.len().to_string()));
+    };
+    let start: u64 = sizes[..n - 1].iter().sum();
+    let range = (len > 0).then_some(RangeSpec::From {
+        start,
+        last: Some(start + len - 1),
+    });
+    Ok(Part {
+        range,
+        etag,
+        count: sizes.len(),
+    })
 }
 
 /// The answer to a read: headers for `kind`, then the bytes, or the descriptor.
@@ -145,6 +218,20 @@ fn answer(
         }
         Kind::Object | Kind::Transformed(_) => {
             object_headers(state, h, &meta, origin);
+            // A stored checksum is of the whole object, sent when asked for.
+            let asked = r
+                .header("x-amz-checksum-mode")
+                .is_some_and(|m| m.eq_ignore_ascii_case("ENABLED"));
+            if !asked || range.is_some() || kind != Kind::Object {
+                let names: Vec<HeaderName> = h
+                    .keys()
+                    .filter(|k| k.as_str().starts_with("x-amz-checksum-"))
+                    .cloned()
+                    .collect();
+                for n in names {
+                    h.remove(n);
+                }
+            }
             if let Kind::Transformed(t) = kind {
                 if let Ok(v) = HeaderValue::from_str(t) {
                     h.insert(TRANSFORM, v);
@@ -172,10 +259,6 @@ fn conditions(h: &HeaderMap) -> Conditions {
         if_modified_since: date("if-modified-since"),
         if_unmodified_since: date("if-unmodified-since"),
     }
-}
-
-pub(super) fn http_date(t: SystemTime) -> HeaderValue {
-    HeaderValue::from_str(&httpdate::fmt_http_date(t)).expect("HTTP dates are ASCII")
 }
 
 /// Where the bytes came from, and the node that holds them.

@@ -71,7 +71,9 @@ pub async fn list_objects(state: &AppState, r: Req, v2: bool) -> Result<Response
         after,
         max_keys,
     };
-    let page = state.node.backend.list_objects(&r.bucket, &query).await?;
+    let mut page = state.node.backend.list_objects(&r.bucket, &query).await?;
+    // A page of no keys, asked for, is all of the answer (as S3 says of `max-keys=0`).
+    page.is_truncated &= max_keys > 0;
 
     let enc = |s: &str| -> String {
         if url {
@@ -82,7 +84,9 @@ pub async fn list_objects(state: &AppState, r: Req, v2: bool) -> Result<Response
         }
     };
     let mut doc = Doc::new("ListBucketResult");
-    doc.elem("Name", &r.bucket).elem("Prefix", &enc(&prefix));
+    // v1 sends its prefix back as given (boto3 decodes it in v2 only).
+    let echoed = if v2 { enc(&prefix) } else { prefix.clone() };
+    doc.elem("Name", &r.bucket).elem("Prefix", &echoed);
     if let Some(d) = &delimiter {
         doc.elem("Delimiter", &enc(d));
     }
@@ -116,14 +120,21 @@ pub async fn list_objects(state: &AppState, r: Req, v2: bool) -> Result<Response
             }
         }
     }
+    // v1 names each object's owner; v2 when asked to.
+    let owner = !v2 || r.q("fetch-owner") == Some("true");
     for o in &page.objects {
         doc.open("Contents")
             .elem("Key", &enc(&o.key))
             .time("LastModified", o.last_modified)
             .elem("ETag", &format!("\"{}\"", o.etag))
-            .elem("Size", &o.size.to_string())
-            .elem("StorageClass", "STANDARD")
-            .close("Contents");
+            .elem("Size", &o.size.to_string());
+        if owner {
+            doc.open("Owner")
+                .elem("ID", super::OWNER)
+                .elem("DisplayName", super::OWNER)
+                .close("Owner");
+        }
+        doc.elem("StorageClass", "STANDARD").close("Contents");
     }
     for p in &page.common_prefixes {
         doc.open("CommonPrefixes")

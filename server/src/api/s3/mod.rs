@@ -24,6 +24,9 @@ use super::AppState;
 use crate::backend::ByteStream;
 use auth::Verdict;
 
+/// The one owner of everything a node serves, as listings and ACLs name it.
+pub const OWNER: &str = "granary";
+
 /// Largest XML request body read into memory (DeleteObjects of 1,000 long keys fits).
 const MAX_XML_BODY: usize = 4 << 20;
 
@@ -122,6 +125,9 @@ pub(crate) fn split_path(raw: &str) -> Result<(String, Option<String>), S3Error>
 
 pub async fn handle(state: &AppState, req: Request) -> Result<Response, S3Error> {
     let (parts, body) = req.into_parts();
+    if parts.method == Method::OPTIONS {
+        return Err(preflight(&parts));
+    }
     let verdict = auth::authenticate(state.creds.as_ref(), state.anonymous_read, &parts)?;
     let (bucket, key) = split_path(parts.uri.path())?;
     let query = granary_proto::encode::query_pairs(parts.uri.query().unwrap_or(""));
@@ -148,10 +154,10 @@ pub async fn handle(state: &AppState, req: Request) -> Result<Response, S3Error>
     })
 }
 
-/// Sub-resources Granary does not serve; named here so they are refused rather than
-/// mistaken for a plain GET/PUT of the object or bucket.
+/// Sub-resources Granary does not serve; named here so they are answered `501
+/// NotImplemented` (as S3, MinIO and Ceph answer what they do not serve, and clients
+/// tolerate) rather than mistaken for a plain GET/PUT of the object or bucket.
 const UNSERVED: &[&str] = &[
-    "acl",
     "policy",
     "tagging",
     "cors",
@@ -182,16 +188,29 @@ async fn dispatch(state: &AppState, r: Req) -> Result<Response, S3Error> {
     if let Some(sub) = UNSERVED.iter().find(|s| r.has(s)) {
         op("Unsupported");
         return Err(S3Error::new(
-            S3Code::InvalidRequest,
+            S3Code::NotImplemented,
             format!("Granary does not serve the `{sub}` sub-resource"),
         ));
     }
     let m = r.parts.method.clone();
+    if r.has("acl") && !r.bucket.is_empty() {
+        return match m {
+            Method::GET => {
+                op("GetAcl");
+                bucket::get_acl(state, r).await
+            }
+            Method::PUT => {
+                op("PutAcl");
+                bucket::put_acl(state, r).await
+            }
+            _ => Err(method_not_allowed()),
+        };
+    }
     if r.bucket.is_empty() {
         return match m {
             Method::GET => {
                 op("ListBuckets");
-                bucket::list_buckets(state).await
+                bucket::list_buckets(state, r).await
             }
             _ => Err(method_not_allowed()),
         };
@@ -285,6 +304,23 @@ async fn dispatch(state: &AppState, r: Req) -> Result<Response, S3Error> {
     }
 }
 
+/// A CORS preflight: Granary keeps no CORS rules, so it allows none. Without an
+/// `Origin` it is no preflight at all: `400`, as S3 answers.
+fn preflight(parts: &Parts) -> S3Error {
+    tracing::Span::current().record("op", "PreflightCors");
+    if parts.headers.contains_key(header::ORIGIN) {
+        S3Error::new(
+            S3Code::AccessDenied,
+            "CORSResponse: This CORS request is not allowed",
+        )
+    } else {
+        S3Error::new(
+            S3Code::InvalidRequest,
+            "Insufficient information. Origin request header needed.",
+        )
+    }
+}
+
 fn method_not_allowed() -> S3Error {
     S3Error::new(
         S3Code::MethodNotAllowed,
@@ -307,6 +343,11 @@ pub fn empty(status: StatusCode) -> Response {
     let mut resp = Response::new(Body::empty());
     *resp.status_mut() = status;
     resp
+}
+
+/// A time as HTTP headers write it.
+pub fn http_date(t: std::time::SystemTime) -> HeaderValue {
+    HeaderValue::from_str(&httpdate::fmt_http_date(t)).expect("HTTP dates are ASCII")
 }
 
 /// `"etag"`, quoted as S3 sends it.

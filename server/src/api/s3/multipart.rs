@@ -92,14 +92,17 @@ async fn upload_part_copy(
         })?),
         None => None,
     };
+    // Unlike a read's range, a copied part's names bytes the source has, every one.
     let resolve = |meta: &ObjectMeta| -> Result<Option<ByteRange>, Refusal> {
-        range
-            .map(|s| {
-                s.resolve(meta.size)
-                    .map(ByteRange::from)
-                    .map_err(|_| Refusal::Unsatisfiable { size: meta.size })
-            })
-            .transpose()
+        let unsatisfiable = Refusal::Unsatisfiable { size: meta.size };
+        match range {
+            None => Ok(None),
+            Some(RangeSpec::From {
+                start,
+                last: Some(last),
+            }) if last < meta.size => Ok(Some(ByteRange::from(start..last + 1))),
+            Some(_) => Err(unsatisfiable),
+        }
     };
     let info = state
         .node
@@ -120,15 +123,25 @@ pub async fn complete(state: &AppState, mut r: Req) -> Result<Response, S3Error>
             "The XML you provided was not well-formed or did not validate against our published schema",
         ));
     }
-    let parts: Vec<(u32, String)> = req
+    let mut parts: Vec<(u32, String)> = req
         .parts
         .into_iter()
         .map(|p| (p.number, p.etag.trim().trim_matches('"').to_owned()))
         .collect();
+    // A part named twice in a row (sent again while the first was in flight): the last
+    // naming counts.
+    parts.dedup_by(|later, earlier| {
+        let same = later.0 == earlier.0;
+        if same {
+            std::mem::swap(later, earlier);
+        }
+        same
+    });
     let id = upload_id(&r).to_owned();
+    let cond = super::object::write_conditions(&r);
     let meta = state
         .node
-        .complete((&r.bucket, r.key(), &id), &parts)
+        .complete((&r.bucket, r.key(), &id), &parts, &cond)
         .await?;
     let mut doc = Doc::new("CompleteMultipartUploadResult");
     doc.elem("Location", &format!("/{}/{}", r.bucket, r.key()))

@@ -10,7 +10,7 @@ use super::{empty, quoted, xml_response, Req};
 use crate::api::error::{S3Code, S3Error};
 use crate::api::AppState;
 use crate::backend::{check_key, ByteRange, ObjectMeta, PutOptions, Refusal};
-use crate::node::etag_matches;
+use crate::node::{etag_matches, WriteConditions};
 
 /// The headers of a write that are kept with the object.
 pub fn stored_headers(h: &HeaderMap) -> Vec<(String, String)> {
@@ -54,21 +54,40 @@ pub fn content_md5(r: &Req) -> Result<Option<[u8; 16]>, S3Error> {
 pub async fn put(state: &AppState, mut r: Req) -> Result<Response, S3Error> {
     check_key(r.key())?;
     let expected_md5 = content_md5(&r)?;
-    let headers = stored_headers(&r.parts.headers);
+    let mut headers = stored_headers(&r.parts.headers);
     let checksum_echo = checksum_header(&r.parts.headers);
+    // Kept with the object, for reads in checksum mode (the body is checked against it).
+    if let Some((name, value)) = &checksum_echo {
+        if let Ok(v) = value.to_str() {
+            headers.push((name.as_str().to_owned(), v.to_owned()));
+            headers.sort();
+        }
+    }
     let (body, size) = r.take_body()?;
     let opts = PutOptions {
         headers,
         expected_md5,
         size,
     };
-    let meta = state.node.put(&r.bucket, r.key(), body, opts).await?;
+    let cond = write_conditions(&r);
+    let meta = state
+        .node
+        .put(&r.bucket, r.key(), body, opts, &cond)
+        .await?;
     let mut resp = empty(StatusCode::OK);
     resp.headers_mut().insert(header::ETAG, quoted(&meta.etag));
     if let Some((name, value)) = checksum_echo {
         resp.headers_mut().insert(name, value);
     }
     Ok(resp)
+}
+
+/// `If-Match` and `If-None-Match` on a write.
+pub fn write_conditions(r: &Req) -> WriteConditions {
+    WriteConditions {
+        if_match: r.header("if-match").map(str::to_owned),
+        if_none_match: r.header("if-none-match").map(str::to_owned),
+    }
 }
 
 /// The `x-amz-checksum-*` header a client sent, to echo it once verified.
@@ -152,7 +171,7 @@ pub async fn delete(state: &AppState, r: Req) -> Result<Response, S3Error> {
 pub async fn delete_objects(state: &AppState, mut r: Req) -> Result<Response, S3Error> {
     state.node.backend.head_bucket(&r.bucket).await?;
     let body = r.read_small_body().await?;
-    let req: xml::Delete = xml::parse(&body)?;
+    let req = xml::Delete::parse(&body)?;
     if req.objects.is_empty() || req.objects.len() > 1000 {
         return Err(S3Error::new(
             S3Code::MalformedXML,

@@ -57,9 +57,8 @@ pub(super) fn from_code(
             Target::Upload(id) => BackendError::NoSuchUpload(id.to_owned()),
         },
         // The client's request conflicts with the store's state or breaks its rules.
-        "BucketAlreadyOwnedByYou" | "BucketAlreadyExists" => {
-            BackendError::BucketExists(bucket.to_owned())
-        }
+        // Another account's bucket is not this node's to "create again".
+        "BucketAlreadyOwnedByYou" => BackendError::BucketExists(bucket.to_owned()),
         "BucketNotEmpty" => BackendError::BucketNotEmpty(bucket.to_owned()),
         "InvalidBucketName" => BackendError::InvalidBucketName(bucket.to_owned()),
         "InvalidPartOrder" => BackendError::InvalidPartOrder,
@@ -98,6 +97,7 @@ pub(super) fn from_code(
 /// S3 codes of client errors that pass through unchanged.
 fn passthrough(code: &str) -> Option<&str> {
     const KEPT: &[&str] = &[
+        "BucketAlreadyExists",
         "InvalidPart",
         "InvalidArgument",
         "InvalidRequest",
