@@ -37,3 +37,42 @@ const STORED: &[&str] = &[
 pub fn is_stored(name: &str) -> bool {
     STORED.contains(&name) || name.starts_with("x-amz-meta-")
 }
+
+/// A header value's bytes as text: UTF-8 when they are (what clients send for
+/// non-ASCII metadata), else each byte one character (ISO 8859-1, as HTTP/1.1 reads
+/// `obs-text`). A value with bytes beyond ASCII is kept, not dropped.
+pub fn text(bytes: &[u8]) -> String {
+    match std::str::from_utf8(bytes) {
+        Ok(s) => s.to_owned(),
+        Err(_) => bytes.iter().map(|&b| char::from(b)).collect(),
+    }
+}
+
+/// The bytes to send for a stored header value: ISO 8859-1 where every character fits
+/// (what clients' HTTP stacks decode header bytes as, so `é` reads back as `é`), else
+/// UTF-8.
+pub fn latin1_bytes(text: &str) -> Vec<u8> {
+    if text.chars().all(|c| u32::from(c) <= 0xff) {
+        text.chars().map(|c| u32::from(c) as u8).collect()
+    } else {
+        text.as_bytes().to_vec()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_bytes_round_trip_through_text() {
+        // Bytes that are not UTF-8 come back as they went.
+        for bytes in [&b"plain"[..], b"Hello World\xe9", b"\x80\xff"] {
+            assert_eq!(latin1_bytes(&text(bytes)), bytes);
+        }
+        assert_eq!(text(b"Hello World\xe9"), "Hello World\u{e9}");
+        // UTF-8 is read as such, and sent back in the bytes HTTP stacks decode it from.
+        assert_eq!(text("caf\u{e9}".as_bytes()), "caf\u{e9}");
+        assert_eq!(latin1_bytes("caf\u{e9}"), b"caf\xe9");
+        assert_eq!(latin1_bytes("\u{2603}"), "\u{2603}".as_bytes());
+    }
+}

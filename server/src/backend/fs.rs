@@ -24,11 +24,13 @@ use tokio::sync::mpsc;
 use super::keypath::{self, ESCAPE_DIR};
 use super::{
     check_key, known_bucket, valid_bucket_name, Backend, BackendError, BucketInfo, ByteRange,
-    ByteStream, GetObject, ListPage, ListQuery, ObjectEntry, ObjectMeta, PartInfo, PutOptions,
-    RangeFn, Result, Source, UploadInfo,
+    ByteStream, GetObject, ListPage, ListQuery, ObjectEntry, ObjectMeta, ObjectParts, PartInfo,
+    PutOptions, RangeFn, Result, Source, UploadInfo,
 };
 
 const META_XATTR: &str = "user.granary.meta";
+/// A part's checksum as it was uploaded: `x-amz-checksum-sha256:VALUE`.
+const PART_CHECKSUM_XATTR: &str = "user.granary.checksum";
 /// Bytes gathered from the request body before one write to disk.
 const WRITE_CHUNK: usize = 1 << 20;
 /// Bytes per read when streaming a file out.
@@ -51,6 +53,9 @@ struct StoredMeta {
     /// An object completed from parts: their sizes, in order (for `?partNumber=`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     parts: Vec<u64>,
+    /// And the checksums they were uploaded with.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    part_checksums: Vec<Option<(String, String)>>,
 }
 
 /// What a multipart upload records at creation.
@@ -327,7 +332,7 @@ impl Inner {
         temp: &TempFile,
         etag: String,
         headers: Vec<(String, String)>,
-        parts: Vec<u64>,
+        parts: Vec<PartInfo>,
     ) -> io::Result<SystemTime> {
         let md = temp.file.metadata()?;
         if self.xattr_ok.load(Ordering::Relaxed) {
@@ -337,7 +342,12 @@ impl Inner {
                 size: md.len(),
                 mtime_ns: mtime_ns(&md),
                 headers,
-                parts,
+                part_checksums: if parts.iter().any(|p| p.checksum.is_some()) {
+                    parts.iter().map(|p| p.checksum.clone()).collect()
+                } else {
+                    Vec::new()
+                },
+                parts: parts.iter().map(|p| p.size).collect(),
             };
             let value = serde_json::to_vec(&stored).map_err(io::Error::other)?;
             if let Err(e) = temp.file.set_xattr(META_XATTR, &value) {
@@ -424,12 +434,21 @@ impl Inner {
                 continue;
             };
             let md = entry.metadata()?;
+            let checksum = xattr::get(entry.path(), PART_CHECKSUM_XATTR)
+                .ok()
+                .flatten()
+                .and_then(|v| String::from_utf8(v).ok())
+                .and_then(|v| {
+                    let (name, value) = v.split_once(':')?;
+                    Some((name.to_owned(), value.to_owned()))
+                });
             parts.push((
                 PartInfo {
                     number,
                     etag: etag.to_owned(),
                     size: md.len(),
                     last_modified: md.modified().unwrap_or(UNIX_EPOCH),
+                    checksum,
                 },
                 entry.path(),
             ));
@@ -645,18 +664,33 @@ impl Source for FsBackend {
         .await
     }
 
-    async fn part_sizes(&self, bucket: &str, key: &str) -> Result<Option<(String, Vec<u64>)>> {
+    async fn parts_of(&self, bucket: &str, key: &str) -> Result<Option<ObjectParts>> {
         let (bucket, key) = (bucket.to_owned(), key.to_owned());
         self.blocking(move |inner| {
             let (file, md) = inner.open_object(&bucket, &key)?;
             let meta = inner.read_meta(&file, &md);
             let parts = match inner.stored_meta(&file, &md) {
-                Some(s) if !s.parts.is_empty() => s.parts,
+                Some(s) if !s.parts.is_empty() => {
+                    let mut checksums = s.part_checksums.into_iter();
+                    s.parts
+                        .into_iter()
+                        .map(|size| (size, checksums.next().flatten()))
+                        .collect()
+                }
                 // Not from parts: one part, the whole object.
-                _ if !meta.etag.contains('-') => vec![meta.size],
+                _ if !meta.etag.contains('-') => vec![(meta.size, None)],
                 _ => return Ok(None),
             };
-            Ok(Some((meta.etag, parts)))
+            let checksum_type = meta
+                .headers
+                .iter()
+                .find(|(k, _)| k == "x-amz-checksum-type")
+                .map(|(_, v)| v.clone());
+            Ok(Some(ObjectParts {
+                etag: meta.etag,
+                parts,
+                checksum_type,
+            }))
         })
         .await
     }
@@ -854,9 +888,23 @@ impl Backend for FsBackend {
         let (temp, md5, size) = self.receive(body, dir.clone()).await?;
         check_written(&opts, &md5, size)?;
         let upload_id = upload_id.to_owned();
+        let checksum = opts
+            .headers
+            .iter()
+            .find(|(k, _)| k.starts_with("x-amz-checksum-"))
+            .cloned();
         self.blocking(move |inner| {
             let mut temp = temp;
             let etag = hex::encode(md5);
+            if let Some((name, value)) = &checksum {
+                if inner.xattr_ok.load(Ordering::Relaxed) {
+                    use xattr::FileExt;
+                    // Best effort: a part without it has no checksum to combine.
+                    let _ = temp
+                        .file
+                        .set_xattr(PART_CHECKSUM_XATTR, format!("{name}:{value}").as_bytes());
+                }
+            }
             let dst = dir.join(format!("{part}.{etag}"));
             fs::rename(&temp.path, &dst).map_err(|e| {
                 if e.kind() == io::ErrorKind::NotFound {
@@ -879,12 +927,12 @@ impl Backend for FsBackend {
                     }
                 }
             }
-            let _ = inner;
             Ok(PartInfo {
                 number: part,
                 etag,
                 size,
                 last_modified: SystemTime::now(),
+                checksum,
             })
         })
         .await
@@ -905,9 +953,11 @@ impl Backend for FsBackend {
         key: &str,
         upload_id: &str,
         parts: &[(u32, String)],
+        headers: &[(String, String)],
     ) -> Result<ObjectMeta> {
         let (b, k, id) = (bucket.to_owned(), key.to_owned(), upload_id.to_owned());
         let wanted = parts.to_vec();
+        let extra = headers.to_vec();
         self.blocking(move |inner| {
             let bucket_dir = inner.bucket_dir(&b)?;
             let (dir, rec) = inner.upload_record(&b, &k, &id)?;
@@ -946,16 +996,19 @@ impl Backend for FsBackend {
             }
             temp.file.sync_data()?;
             let etag = format!("{}-{}", hex::encode(md5s.finalize()), chosen.len());
-            let sizes = chosen.iter().map(|(p, _)| p.size).collect();
-            let last_modified =
-                inner.write_meta(&temp, etag.clone(), rec.headers.clone(), sizes)?;
+            let sizes = chosen.iter().map(|(p, _)| p.clone()).collect();
+            let mut headers = rec.headers;
+            headers.retain(|(k, _)| !extra.iter().any(|(e, _)| e == k));
+            headers.extend(extra);
+            headers.sort();
+            let last_modified = inner.write_meta(&temp, etag.clone(), headers.clone(), sizes)?;
             inner.commit(&bucket_dir, &k, temp)?;
             let _ = fs::remove_dir_all(&dir);
             Ok(ObjectMeta {
                 size,
                 etag,
                 last_modified,
-                headers: rec.headers,
+                headers,
             })
         })
         .await

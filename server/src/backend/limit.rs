@@ -13,7 +13,7 @@ use tokio::sync::Semaphore;
 
 use super::{
     Backend, BackendError, BucketInfo, ByteRange, ByteStream, GetObject, ListPage, ListQuery,
-    ObjectMeta, PartInfo, PutOptions, RangeFn, Result, Source, UploadInfo,
+    ObjectMeta, ObjectParts, PartInfo, PutOptions, RangeFn, Result, Source, UploadInfo,
 };
 
 /// How long a read waits for a place before it is refused.
@@ -87,8 +87,8 @@ impl Source for Limited {
         self.inner.head_object(bucket, key).await
     }
 
-    async fn part_sizes(&self, bucket: &str, key: &str) -> Result<Option<(String, Vec<u64>)>> {
-        self.inner.part_sizes(bucket, key).await
+    async fn parts_of(&self, bucket: &str, key: &str) -> Result<Option<ObjectParts>> {
+        self.inner.parts_of(bucket, key).await
     }
 
     async fn get_object(
@@ -175,9 +175,10 @@ impl Backend for Limited {
         key: &str,
         upload_id: &str,
         parts: &[(u32, String)],
+        headers: &[(String, String)],
     ) -> Result<ObjectMeta> {
         self.inner
-            .complete_multipart(bucket, key, upload_id, parts)
+            .complete_multipart(bucket, key, upload_id, parts, headers)
             .await
     }
 

@@ -118,6 +118,16 @@ pub enum Refusal {
 
 pub type Result<T> = std::result::Result<T, BackendError>;
 
+/// How an object was assembled from parts: its ETag, and each part's size and the
+/// checksum it was uploaded with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectParts {
+    pub etag: String,
+    pub parts: Vec<(u64, Option<(String, String)>)>,
+    /// `COMPOSITE` or `FULL_OBJECT`, for an object completed with a checksum.
+    pub checksum_type: Option<String>,
+}
+
 /// What is known of a stored object.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ObjectMeta {
@@ -233,6 +243,9 @@ pub struct PartInfo {
     pub etag: String,
     pub size: u64,
     pub last_modified: SystemTime,
+    /// The checksum the part was uploaded with (`x-amz-checksum-sha256` and its
+    /// value), where the backend keeps it.
+    pub checksum: Option<(String, String)>,
 }
 
 /// An upload in progress.
@@ -272,10 +285,9 @@ pub trait Source: Send + Sync + 'static {
         self.get_object(bucket, key, range).await
     }
 
-    /// The object's ETag and the sizes of the parts it was completed from, in order (one
-    /// part, the whole object, for an object written whole); `None` where the source
-    /// does not know them.
-    async fn part_sizes(&self, _bucket: &str, _key: &str) -> Result<Option<(String, Vec<u64>)>> {
+    /// The parts the object was completed from, in order (one part, the whole object,
+    /// for an object written whole); `None` where the source does not know them.
+    async fn parts_of(&self, _bucket: &str, _key: &str) -> Result<Option<ObjectParts>> {
         Ok(None)
     }
 }
@@ -318,6 +330,7 @@ pub trait Backend: Source {
         key: &str,
         upload_id: &str,
         parts: &[(u32, String)],
+        headers: &[(String, String)],
     ) -> Result<ObjectMeta>;
     async fn abort_multipart(&self, bucket: &str, key: &str, upload_id: &str) -> Result<()>;
     async fn list_uploads(&self, bucket: &str, prefix: &str) -> Result<Vec<UploadInfo>>;

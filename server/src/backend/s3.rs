@@ -721,6 +721,7 @@ impl Backend for S3Backend {
             etag: unquote(out.e_tag()),
             size,
             last_modified: SystemTime::now(),
+            checksum: None,
         })
     }
 
@@ -750,6 +751,7 @@ impl Backend for S3Backend {
                                 etag: unquote(p.e_tag()),
                                 size: size(p.size()),
                                 last_modified: time(p.last_modified()),
+                                checksum: None,
                             })
                         })
                         .collect(),
@@ -776,6 +778,7 @@ impl Backend for S3Backend {
         key: &str,
         upload_id: &str,
         parts: &[(u32, String)],
+        _headers: &[(String, String)],
     ) -> Result<ObjectMeta> {
         check_key(key)?;
         known_bucket(bucket)?;

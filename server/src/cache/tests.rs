@@ -174,6 +174,7 @@ impl Backend for Mem {
         _: &str,
         _: &str,
         _: &[(u32, String)],
+        _: &[(String, String)],
     ) -> Result<ObjectMeta> {
         Err(BackendError::Unavailable("not in this test".into()))
     }

@@ -197,12 +197,14 @@ impl Node {
     /// the other members.
     ///
     /// Completing an upload completed already succeeds again, as on S3, while the object
-    /// is still the one those parts made. The new object is then read into the cluster's
-    /// cache in the background, as a PUT's is on its way in.
+    /// is still the one those parts made. `headers` are kept with the object besides the
+    /// upload's (its checksum). The new object is then read into the cluster's cache in
+    /// the background, as a PUT's is on its way in.
     pub async fn complete(
         self: &Arc<Self>,
         (bucket, key, upload_id): (&str, &str, &str),
         parts: &[(u32, String)],
+        headers: &[(String, String)],
         cond: &WriteConditions,
     ) -> Result<ObjectMeta, NodeError> {
         let lock = self.write_locks.of(bucket, key);
@@ -213,7 +215,7 @@ impl Node {
         self.check_write(bucket, key, cond).await?;
         let meta = match self
             .backend
-            .complete_multipart(bucket, key, upload_id, parts)
+            .complete_multipart(bucket, key, upload_id, parts, headers)
             .await
         {
             Ok(meta) => meta,

@@ -121,8 +121,16 @@ pub async fn get(state: &AppState, r: Req, head: bool) -> Result<Response, S3Err
     };
     let mut resp = answer(state, &r, kind, reply, fds.as_ref());
     if let Some(p) = part.filter(|p| p.count > 1 || p.etag.contains('-')) {
-        resp.headers_mut()
-            .insert("x-amz-mp-parts-count", HeaderValue::from(p.count));
+        let h = resp.headers_mut();
+        h.insert("x-amz-mp-parts-count", HeaderValue::from(p.count));
+        // A part's own checksum, as it was uploaded.
+        if let Some((name, value)) = &p.checksum {
+            for (name, value) in [(name.as_str(), value), ("x-amz-checksum-type", &p.kind)] {
+                if let (Ok(n), Ok(v)) = (HeaderName::try_from(name), HeaderValue::from_str(value)) {
+                    h.insert(n, v);
+                }
+            }
+        }
     }
     Ok(resp)
 }
@@ -133,6 +141,9 @@ struct Part {
     range: Option<RangeSpec>,
     etag: String,
     count: usize,
+    checksum: Option<(String, String)>,
+    /// The object's checksum type.
+    kind: String,
 }
 
 async fn part_of(
@@ -157,12 +168,13 @@ async fn part_of(
             "Cannot specify both Range header and partNumber query parameter",
         ));
     }
-    let Some((etag, sizes)) = state.node.backend.part_sizes(bucket, key).await? else {
+    let Some(layout) = state.node.backend.parts_of(bucket, key).await? else {
         return Err(S3Error::new(
             S3Code::NotImplemented,
             "this backend does not tell where an object's parts begin: read it whole or by range",
         ));
     };
+    let sizes: Vec<u64> = layout.parts.iter().map(|(size, _)| *size).collect();
     let Some(&len) = sizes.get(n - 1) else {
         return Err(S3Error::new(
             S3Code::InvalidPartNumber,
@@ -178,9 +190,116 @@ async fn part_of(
     });
     Ok(Part {
         range,
-        etag,
+        etag: layout.etag,
         count: sizes.len(),
+        checksum: layout.parts[n - 1].1.clone(),
+        kind: layout
+            .checksum_type
+            .unwrap_or_else(|| "COMPOSITE".to_owned()),
     })
+}
+
+/// GetObjectAttributes: of those `x-amz-object-attributes` names, what Granary knows:
+/// `ETag`, `Checksum` (kept from the write), `ObjectParts` (of an object completed from
+/// parts, where the backend tells), `StorageClass`, `ObjectSize`.
+pub async fn attributes(state: &AppState, r: Req) -> Result<Response, S3Error> {
+    let asked: Vec<String> = r
+        .header("x-amz-object-attributes")
+        .unwrap_or("")
+        .split(',')
+        .map(|a| a.trim().to_owned())
+        .filter(|a| !a.is_empty())
+        .collect();
+    if asked.is_empty() {
+        return Err(S3Error::new(
+            S3Code::InvalidArgument,
+            "x-amz-object-attributes names no attribute",
+        ));
+    }
+    let (max, marker) = {
+        let number = |name: &str, default: usize| -> Result<usize, S3Error> {
+            match r.header(name) {
+                None => Ok(default),
+                Some(v) => v.parse().map_err(|_| {
+                    S3Error::new(S3Code::InvalidArgument, format!("{name} must be a number"))
+                }),
+            }
+        };
+        (
+            number("x-amz-max-parts", 1000)?.min(1000),
+            number("x-amz-part-number-marker", 0)?,
+        )
+    };
+    let (bucket, key) = (r.bucket.clone(), r.key().to_owned());
+    let meta = state.node.backend.head_object(&bucket, &key).await?;
+    let layout = if asked.iter().any(|a| a == "ObjectParts") && meta.etag.contains('-') {
+        state.node.backend.parts_of(&bucket, &key).await?
+    } else {
+        None
+    };
+    let checksums: Vec<(String, &str)> = meta
+        .headers
+        .iter()
+        .filter_map(|(k, v)| {
+            let alg = k.strip_prefix("x-amz-checksum-")?;
+            let tag = match alg {
+                "type" => "ChecksumType".to_owned(),
+                alg => format!("Checksum{}", alg.to_ascii_uppercase()),
+            };
+            Some((tag, v.as_str()))
+        })
+        .collect();
+    let mut doc = super::xml::Doc::new("GetObjectAttributesResponse");
+    for a in &asked {
+        match a.as_str() {
+            "ETag" => {
+                doc.elem("ETag", &meta.etag);
+            }
+            "Checksum" if !checksums.is_empty() => {
+                doc.open("Checksum");
+                for (tag, v) in &checksums {
+                    doc.elem(tag, v);
+                }
+                doc.close("Checksum");
+            }
+            "ObjectParts" => {
+                if let Some(l) = &layout {
+                    let total = l.parts.len();
+                    let page: Vec<_> = l.parts.iter().enumerate().skip(marker).take(max).collect();
+                    let last = page.last().map_or(marker, |(i, _)| i + 1);
+                    doc.open("ObjectParts")
+                        .elem("TotalPartsCount", &total.to_string())
+                        .elem("PartsCount", &total.to_string())
+                        .elem("PartNumberMarker", &marker.to_string())
+                        .elem("NextPartNumberMarker", &last.to_string())
+                        .elem("MaxParts", &max.to_string())
+                        .elem("IsTruncated", if last < total { "true" } else { "false" });
+                    for (i, (size, checksum)) in page {
+                        doc.open("Part")
+                            .elem("PartNumber", &(i + 1).to_string())
+                            .elem("Size", &size.to_string());
+                        if let Some((name, v)) = checksum {
+                            let alg = name.trim_start_matches("x-amz-checksum-");
+                            doc.elem(&format!("Checksum{}", alg.to_ascii_uppercase()), v);
+                        }
+                        doc.close("Part");
+                    }
+                    doc.close("ObjectParts");
+                }
+            }
+            "StorageClass" => {
+                doc.elem("StorageClass", "STANDARD");
+            }
+            "ObjectSize" => {
+                doc.elem("ObjectSize", &meta.size.to_string());
+            }
+            _ => {}
+        }
+    }
+    let mut resp = super::xml_response(doc.finish("GetObjectAttributesResponse"));
+    resp.headers_mut()
+        .insert(header::LAST_MODIFIED, http_date(meta.last_modified));
+    Ok(resp)
 }
 
 /// The answer to a read: headers for `kind`, then the bytes, or the descriptor.
@@ -281,8 +400,8 @@ fn object_headers(
     h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
     let mut has_type = false;
     for (k, v) in &meta.headers {
-        if let (Ok(name), Ok(value)) = (HeaderName::try_from(k.as_str()), HeaderValue::from_str(v))
-        {
+        let value = HeaderValue::from_bytes(&granary_proto::headers::latin1_bytes(v));
+        if let (Ok(name), Ok(value)) = (HeaderName::try_from(k.as_str()), value) {
             has_type |= name == header::CONTENT_TYPE;
             h.insert(name, value);
         }

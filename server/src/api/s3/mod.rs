@@ -178,7 +178,6 @@ const UNSERVED: &[&str] = &[
     "torrent",
     "restore",
     "select",
-    "attributes",
 ];
 
 async fn dispatch(state: &AppState, r: Req) -> Result<Response, S3Error> {
@@ -255,6 +254,10 @@ async fn dispatch(state: &AppState, r: Req) -> Result<Response, S3Error> {
         (&Method::GET, true) if r.has("uploadId") => {
             op("ListParts");
             multipart::list_parts(state, r).await
+        }
+        (&Method::GET, true) if r.has("attributes") => {
+            op("GetObjectAttributes");
+            get::attributes(state, r).await
         }
         (&Method::GET | &Method::HEAD, true) if r.has("transform") => {
             op("GetTransformed");

@@ -5,6 +5,7 @@
 use axum::response::Response;
 use http::{header, StatusCode};
 
+use super::body::{self, ChecksumAlg};
 use super::object::{checksum_header, content_md5, copy_source, stored_headers};
 use granary_proto::range::RangeSpec;
 
@@ -34,9 +35,10 @@ pub async fn create(state: &AppState, r: Req) -> Result<Response, S3Error> {
         .elem("Key", r.key())
         .elem("UploadId", &id);
     let mut resp = xml_response(doc.finish("InitiateMultipartUploadResult"));
-    if let Some(v) = r.parts.headers.get("x-amz-checksum-algorithm") {
-        resp.headers_mut()
-            .insert("x-amz-checksum-algorithm", v.clone());
+    for name in ["x-amz-checksum-algorithm", "x-amz-checksum-type"] {
+        if let Some(v) = r.parts.headers.get(name) {
+            resp.headers_mut().insert(name, v.clone());
+        }
     }
     Ok(resp)
 }
@@ -59,8 +61,13 @@ pub async fn upload_part(state: &AppState, mut r: Req) -> Result<Response, S3Err
     let expected_md5 = content_md5(&r)?;
     let echo = checksum_header(&r.parts.headers);
     let (body, size) = r.take_body()?;
+    // The part's checksum is kept with it, for the completion's checksum.
+    let headers = echo
+        .iter()
+        .filter_map(|(k, v)| Some((k.as_str().to_owned(), v.to_str().ok()?.to_owned())))
+        .collect();
     let opts = PutOptions {
-        headers: Vec::new(),
+        headers,
         expected_md5,
         size,
     };
@@ -115,6 +122,15 @@ async fn upload_part_copy(
 }
 
 pub async fn complete(state: &AppState, mut r: Req) -> Result<Response, S3Error> {
+    // A completion's `x-amz-checksum-*` is the object's, not its XML body's: taken out
+    // before the body is read (and checked against the parts' below).
+    let named = r.parts.headers.iter().find_map(|(k, v)| {
+        let alg = ChecksumAlg::of_header(k.as_str())?;
+        Some((alg, k.as_str().to_owned(), v.to_str().ok()?.to_owned()))
+    });
+    if let Some((_, name, _)) = &named {
+        r.parts.headers.remove(name.as_str());
+    }
     let body = r.read_small_body().await?;
     let req: xml::CompleteMultipartUpload = xml::parse(&body)?;
     if req.parts.is_empty() {
@@ -139,18 +155,109 @@ pub async fn complete(state: &AppState, mut r: Req) -> Result<Response, S3Error>
     });
     let id = upload_id(&r).to_owned();
     let cond = super::object::write_conditions(&r);
+    let full_object = match r.header("x-amz-checksum-type") {
+        Some(t) => t.eq_ignore_ascii_case("FULL_OBJECT"),
+        None => named.as_ref().is_some_and(|(_, _, v)| !v.contains('-')),
+    };
+    let checksum =
+        completion_checksum(state, (&r.bucket, r.key(), &id), named, full_object, &parts).await?;
     let meta = state
         .node
-        .complete((&r.bucket, r.key(), &id), &parts, &cond)
+        .complete((&r.bucket, r.key(), &id), &parts, &checksum, &cond)
         .await?;
     let mut doc = Doc::new("CompleteMultipartUploadResult");
     doc.elem("Location", &format!("/{}/{}", r.bucket, r.key()))
         .elem("Bucket", &r.bucket)
         .elem("Key", r.key())
         .elem("ETag", &format!("\"{}\"", meta.etag));
+    for (name, value) in &meta.headers {
+        if let Some(alg) = name.strip_prefix("x-amz-checksum-") {
+            let tag = match alg {
+                "type" => "ChecksumType".to_owned(),
+                alg => format!("Checksum{}", alg.to_ascii_uppercase()),
+            };
+            doc.elem(&tag, value);
+        }
+    }
     let mut resp = xml_response(doc.finish("CompleteMultipartUploadResult"));
     resp.headers_mut().insert(header::ETAG, quoted(&meta.etag));
     Ok(resp)
+}
+
+/// The checksum a completion names (`x-amz-checksum-sha256: …-N` COMPOSITE, or a
+/// FULL_OBJECT CRC), checked against the one the parts' checksums make; with none named,
+/// the COMPOSITE one of parts that all have checksums. The headers to keep with the
+/// object: none when the parts were uploaded without checksums the backend kept.
+async fn completion_checksum(
+    state: &AppState,
+    (bucket, key, id): (&str, &str, &str),
+    named: Option<(ChecksumAlg, String, String)>,
+    full_object: bool,
+    parts: &[(u32, String)],
+) -> Result<Vec<(String, String)>, S3Error> {
+    let stored = match state.node.backend.list_parts(bucket, key, id).await {
+        Ok(stored) => stored,
+        // Completed already (the completion answers again) or never begun: the
+        // completion itself says which.
+        Err(crate::backend::BackendError::NoSuchUpload(_)) => return Ok(Vec::new()),
+        Err(e) => return Err(e.into()),
+    };
+    let mut found = Vec::with_capacity(parts.len());
+    for (n, etag) in parts {
+        // A part the upload does not have: the completion itself refuses it.
+        let Some(part) = stored.iter().find(|p| p.number == *n && p.etag == *etag) else {
+            return Ok(Vec::new());
+        };
+        found.push((*n, part.checksum.as_ref(), part.size));
+    }
+    let Some((alg, name)) = named
+        .as_ref()
+        .map(|(alg, name, _)| (*alg, name.clone()))
+        .or_else(|| {
+            let (name, _) = found.first()?.1?;
+            Some((ChecksumAlg::of_header(name)?, name.clone()))
+        })
+    else {
+        return Ok(Vec::new());
+    };
+    let bad = |why: &str| {
+        S3Error::new(
+            S3Code::BadDigest,
+            format!("the {name} you specified did not match the calculated checksum: {why}"),
+        )
+    };
+    let mut with = Vec::with_capacity(found.len());
+    for (n, checksum, size) in &found {
+        match checksum {
+            Some((of, v)) if *of == name => with.push((v.as_str(), *size)),
+            Some(_) if named.is_some() => {
+                return Err(bad(&format!("part {n} was uploaded with another checksum")))
+            }
+            _ => {}
+        }
+    }
+    if with.len() < found.len() {
+        // Parts kept without checksums (or a backend that keeps none): nothing to check
+        // a named checksum against when none has one, and nothing to keep.
+        return match named {
+            Some(_) if !with.is_empty() => Err(bad("some parts were uploaded without one")),
+            _ => Ok(Vec::new()),
+        };
+    }
+    let computed = body::combined(alg, &with, full_object)
+        .ok_or_else(|| bad("the parts' checksums do not combine so"))?;
+    if named.as_ref().is_some_and(|(_, _, v)| *v != computed) {
+        return Err(bad("the parts' checksums make another"));
+    }
+    let kind = if full_object {
+        "FULL_OBJECT"
+    } else {
+        "COMPOSITE"
+    };
+    Ok(vec![
+        (name, computed),
+        ("x-amz-checksum-type".to_owned(), kind.to_owned()),
+    ])
 }
 
 pub async fn abort(state: &AppState, r: Req) -> Result<Response, S3Error> {

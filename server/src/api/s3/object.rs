@@ -17,7 +17,12 @@ pub fn stored_headers(h: &HeaderMap) -> Vec<(String, String)> {
     let mut out: Vec<(String, String)> = h
         .iter()
         .filter(|(k, _)| granary_proto::headers::is_stored(k.as_str()))
-        .filter_map(|(k, v)| Some((k.as_str().to_owned(), v.to_str().ok()?.to_owned())))
+        .map(|(k, v)| {
+            (
+                k.as_str().to_owned(),
+                granary_proto::headers::text(v.as_bytes()),
+            )
+        })
         // `aws-chunked` is framing, not a property of the object.
         .filter_map(|(k, v)| {
             if k == "content-encoding" {

@@ -134,6 +134,7 @@ pub(super) fn lenient_parts<E>(e: &SdkError<E, HttpResponse>) -> Option<PartsPag
                         })
                         .as_ref(),
                 ),
+                checksum: None,
             })
             .collect(),
         truncated: doc.is_truncated,
