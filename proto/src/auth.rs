@@ -295,8 +295,21 @@ fn header_v4(creds: &Credentials, parts: &Parts, auth: &str) -> Result<Verdict, 
         )
     })?;
     check_access_key(creds, scope.access_key)?;
-    let amz_date = header(&parts.headers, "x-amz-date")
-        .ok_or_else(|| err(S3Code::AccessDenied, "the request has no x-amz-date header"))?;
+    // The signed time: `x-amz-date`, or else the `Date` header (as S3 accepts), which
+    // the string to sign writes in the same basic ISO 8601 form.
+    let dated = match header(&parts.headers, "x-amz-date") {
+        Some(d) => d.to_owned(),
+        None => header(&parts.headers, "date")
+            .and_then(|d| httpdate::parse_http_date(d).ok())
+            .map(sigv4::amz_date)
+            .ok_or_else(|| {
+                err(
+                    S3Code::AccessDenied,
+                    "the request has no x-amz-date or Date header",
+                )
+            })?,
+    };
+    let amz_date = dated.as_str();
     let at = sigv4::parse_amz_date(amz_date).ok_or_else(malformed)?;
     if !amz_date.starts_with(scope.date) {
         return Err(malformed());
@@ -483,6 +496,51 @@ mod tests {
         assert!(
             authenticate(Some(&creds()), true, &parts("GET", "/b/k", &[])).is_ok_and(|v| !v.signed)
         );
+    }
+
+    /// A request dated by `Date` instead of `x-amz-date` (S3 accepts either).
+    #[test]
+    fn a_request_dated_by_its_date_header_verifies() {
+        let at = UNIX_EPOCH
+            + Duration::from_secs(
+                SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .unwrap()
+                    .as_secs(),
+            );
+        let http_date = httpdate::fmt_http_date(at);
+        let date = sigv4::amz_date(at);
+        let scope = format!("{}/us-east-1/s3/aws4_request", &date[..8]);
+        let names = ["date", "host", "x-amz-content-sha256"];
+        let values = [http_date.as_str(), "h:1", sigv4::UNSIGNED_PAYLOAD];
+        let canonical = sigv4::canonical_request(
+            "GET",
+            &sigv4::canonical_uri("/b/k"),
+            &sigv4::canonical_query("", false),
+            &sigv4::canonical_headers(&names, |n| {
+                let i = names.iter().position(|m| *m == n).unwrap();
+                vec![values[i].as_bytes()]
+            }),
+            &names.join(";"),
+            sigv4::UNSIGNED_PAYLOAD,
+        );
+        let key = sigv4::signing_key("SK", &date[..8], "us-east-1", "s3");
+        let sts = sigv4::string_to_sign(&date, &scope, &canonical);
+        let signature = hex::encode(sigv4::hmac_sha256(&key, sts.as_bytes()));
+        let auth = format!(
+            "{} Credential=AK/{scope},SignedHeaders={},Signature={signature}",
+            sigv4::ALGORITHM,
+            names.join(";")
+        );
+        let mut headers: Vec<(&str, &str)> = names.iter().copied().zip(values).collect();
+        headers.push(("authorization", &auth));
+        let v = authenticate(Some(&creds()), false, &parts("GET", "/b/k", &headers)).unwrap();
+        assert!(v.signed);
+        // A Date other than the signed one does not verify.
+        let other = httpdate::fmt_http_date(at + Duration::from_secs(1));
+        headers[0].1 = &other;
+        let e = authenticate(Some(&creds()), false, &parts("GET", "/b/k", &headers)).unwrap_err();
+        assert_eq!(e.code, S3Code::SignatureDoesNotMatch);
     }
 
     #[test]

@@ -14,6 +14,9 @@ use serde_json::json;
 const KEEP_FINISHED: Duration = Duration::from_secs(3600);
 /// The most jobs kept (finished ones beyond it are forgotten first).
 const MAX_JOBS: usize = 1000;
+/// The most prefetches a node coordinates at once; a client asking for more is told to
+/// slow down (each one lists its prefix and keeps every member reading).
+pub const MAX_RUNNING_PREFETCHES: usize = 8;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
@@ -226,6 +229,17 @@ pub struct Jobs {
 }
 
 impl Jobs {
+    /// Jobs of `kind` this node runs for its clients (not parts run for another node)
+    /// that have not ended.
+    pub fn running(&self, kind: &str) -> usize {
+        self.map
+            .lock()
+            .expect("jobs lock")
+            .values()
+            .filter(|j| j.kind == kind && j.part_of.is_none() && j.state() == JobState::Running)
+            .count()
+    }
+
     pub fn get(&self, id: &str) -> Option<Arc<Job>> {
         self.map.lock().expect("jobs lock").get(id).cloned()
     }

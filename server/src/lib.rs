@@ -20,6 +20,7 @@ pub mod config;
 pub mod fuzzing;
 pub mod io;
 pub mod jobs;
+pub mod keylock;
 pub mod limits;
 pub mod local;
 pub mod node;
@@ -63,6 +64,10 @@ async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Backend>> {
 /// Serves until SIGINT or SIGTERM.
 pub async fn run(config: Config) -> anyhow::Result<()> {
     config.validate()?;
+    match limits::raise_open_files() {
+        Ok((before, after)) => tracing::info!(before, after, "open-file limit"),
+        Err(e) => tracing::warn!(error = %e, "open-file limit left as it was"),
+    }
     let tls = match (&config.tls_cert, &config.tls_key) {
         (Some(cert), Some(key)) => Some(tls::acceptor(cert, key)?),
         _ => None,

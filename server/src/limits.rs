@@ -2,7 +2,9 @@
 //! `503 SlowDown`, which S3 clients back off and retry), and how long a connection may
 //! make no progress (`--idle-timeout`: no byte read or written, whether the client is
 //! idle between requests, sends its headers a byte a minute, or stops reading an answer).
-//! Backend fetches are capped in `backend::limit`.
+//! Backend fetches are capped in `backend::limit`. At start the node raises its
+//! open-file limit to the hard limit ([`raise_open_files`]): every connection, cache
+//! file and backend stream is a descriptor.
 
 use std::io;
 use std::pin::Pin;
@@ -13,6 +15,29 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, Sleep};
+
+/// Raises the soft limit on open files to the hard limit: the soft limit a shell hands
+/// down (often 1,024, or 512) is reached by idle client connections alone, and then
+/// health checks and reads fail to accept. Returns `(before, after)`.
+pub fn raise_open_files() -> io::Result<(u64, u64)> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `lim` is a valid rlimit for the kernel to fill and read.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let before = lim.rlim_cur;
+    if lim.rlim_cur < lim.rlim_max {
+        lim.rlim_cur = lim.rlim_max;
+        // SAFETY: as above.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok((before, lim.rlim_cur))
+}
 
 /// Every place of the request limit is taken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

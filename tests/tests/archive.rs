@@ -173,3 +173,39 @@ fn members_of_tar_and_tgz_shards() -> Result<()> {
     assert_eq!(raw_request_blocking(server.addr(), &req)?.status, 200);
     Ok(())
 }
+
+/// A cached shard's member index is built once, however many reads ask for it at once:
+/// after a restart (indexes live in memory), 32 concurrent member reads of a shard of
+/// 20,000 members build it one time, and every read gets its member's bytes.
+#[test]
+fn a_shards_index_is_built_once_for_concurrent_reads() -> Result<()> {
+    let mut server = Server::start(ServerOpts::open())?;
+    let dir = server.data_dir().join("origin").join(BUCKET);
+    std::fs::create_dir_all(&dir)?;
+    let members: Vec<(String, Vec<u8>)> = (0..20_000u64)
+        .map(|i| (format!("{i:06}.cls"), format!("{i}").into_bytes()))
+        .collect();
+    std::fs::write(dir.join("big.tar"), tar_of(&members))?;
+    // Admitted whole, then the node restarts: the copy stays, its index does not.
+    let r = get(&server, "big.tar", &members[0].0, &[]);
+    assert_eq!(r.status, 200, "{}", r.text());
+    settle(&server);
+    server.restart(false)?;
+    assert_eq!(server.stat("tar_indexes_built"), 0);
+    let server = std::sync::Arc::new(server);
+    let readers: Vec<_> = (0..32)
+        .map(|t| {
+            let (server, (name, data)) = (server.clone(), members[t * 600].clone());
+            std::thread::spawn(move || {
+                let r = get(&server, "big.tar", &name, &[]);
+                assert_eq!((r.status, &r.body), (200, &data), "{name}");
+                r.header("x-granary-cache").map(str::to_owned)
+            })
+        })
+        .collect();
+    for r in readers {
+        assert_eq!(r.join().unwrap().as_deref(), Some("hit"));
+    }
+    assert_eq!(server.stat("tar_indexes_built"), 1);
+    Ok(())
+}

@@ -152,6 +152,40 @@ fn a_prefetch_warms_every_owner_and_later_reads_are_hits() -> Result<()> {
     Ok(())
 }
 
+/// A node coordinates at most 8 prefetches at once: the ninth is `503 SlowDown` (which
+/// S3 clients back off and retry), and once the eight are cancelled a new one starts.
+#[test]
+fn prefetches_past_the_cap_are_told_to_slow_down() -> Result<()> {
+    let server = Server::start(ServerOpts::open().args(&["--cache-capacity", "2GiB"]))?;
+    let dir = server.data_dir().join("origin").join(BUCKET);
+    std::fs::create_dir_all(&dir)?;
+    let chunk = Pattern::new(2).bytes(0, 1 << 20);
+    for i in 0..400 {
+        std::fs::write(dir.join(format!("big-{i:04}")), &chunk)?;
+    }
+    let ids: Vec<String> = (0..8)
+        .map(|_| start(&server, &json!({"bucket": BUCKET})))
+        .collect::<Result<_>>()?;
+    let ninth = send(
+        server.addr(),
+        "POST",
+        "/_granary/prefetch",
+        json!({"bucket": BUCKET}).to_string().as_bytes(),
+    )?;
+    ninth.assert_s3_error(503, &["SlowDown"]);
+    for id in &ids {
+        let r = send(
+            server.addr(),
+            "DELETE",
+            &format!("/_granary/jobs/{id}"),
+            b"",
+        )?;
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    start(&server, &json!({"bucket": BUCKET}))?;
+    Ok(())
+}
+
 #[test]
 fn jobs_can_be_cancelled_and_bad_requests_are_refused() -> Result<()> {
     let server = Server::start(ServerOpts::open().args(&["--cache-capacity", "2GiB"]))?;

@@ -234,6 +234,7 @@ impl From<NodeError> for S3Error {
             NodeError::NoMember(_) => S3Code::NoSuchKey,
             NodeError::Changed(_) | NodeError::ShardNotHeld => S3Code::ServiceUnavailable,
             NodeError::Cut(_) => S3Code::InternalError,
+            NodeError::Busy(_) => S3Code::SlowDown,
             NodeError::Peer { status, .. } => match status {
                 400 => S3Code::InvalidArgument,
                 403 => S3Code::AccessDenied,

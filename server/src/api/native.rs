@@ -59,9 +59,10 @@ pub async fn handle(state: &Arc<AppState>, req: Request) -> Response {
         ("/_granary/cluster", true) => {
             let q = granary_proto::encode::query_pairs(req.uri().query().unwrap_or(""));
             let arg = |n: &str| q.iter().find(|(k, _)| k == n).map(|(_, v)| v.as_str());
+            let urls = inside(state, &req);
             match (arg("bucket"), arg("key")) {
-                (Some(b), Some(k)) => json_response(node.cluster.view_json(Some((b, k)))),
-                (None, None) => json_response(node.cluster.view_json(None)),
+                (Some(b), Some(k)) => json_response(node.cluster.view_json(Some((b, k)), urls)),
+                (None, None) => json_response(node.cluster.view_json(None, urls)),
                 _ => S3Error::new(
                     S3Code::InvalidArgument,
                     "give both bucket= and key= to ask for an owner",
@@ -113,7 +114,14 @@ pub async fn handle(state: &Arc<AppState>, req: Request) -> Response {
                 Err(e) => e.into_response(),
             }
         }
-        ("/_granary/stats", true) => json_response(stats_json(state)),
+        ("/_granary/stats", true) => {
+            let mut stats = stats_json(state);
+            if !inside(state, &req) {
+                let kind = state.node.backend.describe();
+                stats["backend"] = json!(kind.split(':').next().unwrap_or(""));
+            }
+            json_response(stats)
+        }
         ("/_granary/metrics", true) => {
             let mut resp = Response::new(Body::from(metrics_text(state)));
             resp.headers_mut().insert(
@@ -261,6 +269,21 @@ fn json_response(v: serde_json::Value) -> Response {
 }
 
 /// Built-in transforms' thread time and transform commands' user and system time.
+/// Whether a request may see where things are (the backend's path or endpoint, the
+/// members' URLs): on an open node anyone; with credentials, a signed request or a
+/// member's. Health checks and Prometheus scrapes need neither.
+fn inside(state: &AppState, req: &Request) -> bool {
+    let Some(creds) = state.creds.as_ref() else {
+        return true;
+    };
+    let (parts, _) = Request::new(()).into_parts();
+    let mut parts = parts;
+    parts.method = req.method().clone();
+    parts.uri = req.uri().clone();
+    parts.headers = req.headers().clone();
+    granary_proto::auth::authenticate(Some(creds), false, &parts).is_ok_and(|v| v.signed)
+}
+
 fn transform_cpu_seconds(s: &crate::stats::Snapshot) -> f64 {
     (s.transform_cpu_us + crate::transform::children_cpu_us()) as f64 / 1e6
 }
@@ -277,6 +300,7 @@ fn stats_json(state: &AppState) -> serde_json::Value {
         "reserved_bytes": u.reserved,
         "capacity_bytes": u.capacity,
         "objects": u.objects,
+        "tar_indexes_built": node.cache.indexes_built(),
         "hits": s.hits,
         "misses": s.misses,
         "peer_fills": s.peer_fills,

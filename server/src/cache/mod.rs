@@ -182,6 +182,10 @@ pub struct Cache {
     /// Member indexes of cached `.tar` entries, built on first use, dropped with the entry
     /// (keyed like the index; an index of another entry of the key is rebuilt).
     tar_indexes: moka::sync::Cache<String, (Arc<Entry>, Arc<crate::archive::TarIndex>)>,
+    /// A shard's member index is built once however many reads ask for it at once.
+    index_builds: crate::keylock::KeyLocks<String>,
+    /// Member indexes built since start.
+    indexes_built: std::sync::atomic::AtomicU64,
     /// Set when never-evict refuses an object for want of room; cleared when an entry
     /// is removed.
     refusing: AtomicBool,
@@ -272,6 +276,8 @@ impl Cache {
                     },
                 )
                 .build(),
+            index_builds: Default::default(),
+            indexes_built: Default::default(),
             refusing: AtomicBool::new(false),
             trusted: AtomicBool::new(true),
             generation: AtomicU64::new(0),
@@ -414,10 +420,20 @@ impl Cache {
         if !self.still_current(src, bucket, key, &ikey, &entry).await? {
             return Ok(None);
         }
-        if let Some((e, idx)) = self.tar_indexes.get(&ikey) {
-            if Arc::ptr_eq(&e, &entry) {
-                return Ok(Some((entry.meta.clone(), idx)));
-            }
+        let built = |c: &Cache| {
+            c.tar_indexes
+                .get(&ikey)
+                .filter(|(e, _)| Arc::ptr_eq(e, &entry))
+                .map(|(_, idx)| idx)
+        };
+        if let Some(idx) = built(self) {
+            return Ok(Some((entry.meta.clone(), idx)));
+        }
+        // One build per entry: who waited finds it built.
+        let lock = self.index_builds.of(ikey.clone());
+        let _building = lock.lock().await;
+        if let Some(idx) = built(self) {
+            return Ok(Some((entry.meta.clone(), idx)));
         }
         let (path, size) = (entry.path.clone(), entry.meta.size);
         let built = tokio::task::spawn_blocking(move || {
@@ -426,8 +442,16 @@ impl Cache {
         .await
         .map_err(io::Error::other)?;
         let idx = Arc::new(built.map_err(|e| CacheError::NotTar(e.to_string()))?);
+        self.indexes_built
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.tar_indexes.insert(ikey, (entry.clone(), idx.clone()));
         Ok(Some((entry.meta.clone(), idx)))
+    }
+
+    /// Shard member indexes built since start (`/_granary/stats` `tar_indexes_built`).
+    pub fn indexes_built(&self) -> u64 {
+        self.indexes_built
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Whether an entry may be served: one checked since the cache's generation began

@@ -633,20 +633,24 @@ impl Cluster {
         }
     }
 
-    /// `/_granary/cluster`: the members and, for a key, its owner.
-    pub fn view_json(&self, key: Option<(&str, &str)>) -> serde_json::Value {
+    /// `/_granary/cluster`: the members (`with_urls`: and where they listen) and, for a
+    /// key, its owner.
+    pub fn view_json(&self, key: Option<(&str, &str)>, with_urls: bool) -> serde_json::Value {
         let v = self.view();
         let members: Vec<_> = v
             .members
             .iter()
             .map(|m| {
-                json!({
+                let mut j = json!({
                     "id": m.id,
-                    "url": m.url,
                     "state": if m.is_up() { "up" } else { "down" },
                     "weight": m.weight(),
                     "admitting": !m.is_full(),
-                })
+                });
+                if with_urls {
+                    j["url"] = json!(m.url);
+                }
+                j
             })
             .collect();
         let mut out = json!({
@@ -721,7 +725,7 @@ mod tests {
             (680..820).contains(&owned_by_b),
             "weight 3:1 → {owned_by_b}"
         );
-        let v = c.view_json(Some(("bk", "1")));
+        let v = c.view_json(Some(("bk", "1")), true);
         assert_eq!(v["members"][1]["weight"], 300);
         assert_eq!(v["members"][1]["state"], "up");
         assert!(v["owner"] == "a" || v["owner"] == "b");

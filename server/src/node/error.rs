@@ -31,6 +31,9 @@ pub enum NodeError {
     /// A shard could not be held in the cache for a whole-shard transform.
     #[error("the shard could not be admitted to the cache (is it full?), so its members cannot be transformed one by one; name members with archpath")]
     ShardNotHeld,
+    /// The node runs as much of this as it takes at once: retry later.
+    #[error("{0}")]
+    Busy(String),
     /// A source's bytes stopped short while the node read them for itself.
     #[error("{0}")]
     Cut(String),
@@ -76,7 +79,10 @@ impl NodeError {
             NodeError::Backend(e) => e.is_retryable(),
             NodeError::Cache(e) => e.is_retryable(),
             NodeError::Cluster(e) => e.is_retryable(),
-            NodeError::Changed(_) | NodeError::Cut(_) | NodeError::ShardNotHeld => true,
+            NodeError::Changed(_)
+            | NodeError::Cut(_)
+            | NodeError::ShardNotHeld
+            | NodeError::Busy(_) => true,
             NodeError::Peer { status, .. } => *status >= 500,
             NodeError::Transform(_)
             | NodeError::Invalid(_)

@@ -42,7 +42,9 @@ pub struct Node {
     /// Bytes per second a rebalance hands over (0: no rebalance).
     pub rebalance_rate: u64,
     rebalancer: rebalance::Rebalancer,
-    write_locks: write::KeyLocks,
+    /// Conditional writes of one key, one after the other (of two `If-None-Match: *`
+    /// creations, one wins): on the key's owner, where every write of it goes.
+    write_locks: crate::keylock::KeyLocks<(String, String)>,
 }
 
 /// The cluster as the cache sees it: members that may hold a copy.

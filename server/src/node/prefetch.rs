@@ -62,6 +62,12 @@ impl Node {
             });
             return Ok(job);
         }
+        let running = self.jobs.running("prefetch");
+        if running >= crate::jobs::MAX_RUNNING_PREFETCHES {
+            return Err(NodeError::Busy(format!(
+                "this node runs {running} prefetches already; retry once one has ended"
+            )));
+        }
         self.backend.head_bucket(&req.bucket).await?;
         let job = Arc::new(Job::new("prefetch", &req.bucket, &req.prefix, None));
         self.jobs.insert(job.clone());

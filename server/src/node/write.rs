@@ -2,9 +2,8 @@
 //! cached or invalidated here and told to the other members, so that no node serves an
 //! older version after it.
 
-use std::collections::HashMap;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::Arc;
 
 use md5::{Digest, Md5};
 
@@ -48,28 +47,6 @@ impl WriteConditions {
     }
 }
 
-/// One lock per key with a conditional write under way: two conditional writes of a key
-/// (on its owner, where every write of it goes) check and write one after the other, so
-/// of two `If-None-Match: *` creations one wins.
-#[derive(Default)]
-pub(super) struct KeyLocks(Mutex<HashMap<(String, String), Weak<KeyLock>>>);
-
-type KeyLock = tokio::sync::Mutex<()>;
-
-impl KeyLocks {
-    fn of(&self, bucket: &str, key: &str) -> Arc<KeyLock> {
-        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        map.retain(|_, w| w.strong_count() > 0);
-        let id = (bucket.to_owned(), key.to_owned());
-        if let Some(lock) = map.get(&id).and_then(Weak::upgrade) {
-            return lock;
-        }
-        let lock = Arc::new(KeyLock::new(()));
-        map.insert(id, Arc::downgrade(&lock));
-        lock
-    }
-}
-
 /// The ETag S3 gives an object completed from parts with these ETags.
 fn multipart_etag(parts: &[(u32, String)]) -> Option<String> {
     let mut md5s = Md5::new();
@@ -90,7 +67,7 @@ impl Node {
         cond: &WriteConditions,
     ) -> Result<ObjectMeta, NodeError> {
         check_key(key)?;
-        let lock = self.write_locks.of(bucket, key);
+        let lock = self.write_locks.of((bucket.to_owned(), key.to_owned()));
         let _held = match cond.is_empty() {
             true => None,
             false => Some(lock.lock().await),
@@ -207,7 +184,7 @@ impl Node {
         headers: &[(String, String)],
         cond: &WriteConditions,
     ) -> Result<ObjectMeta, NodeError> {
-        let lock = self.write_locks.of(bucket, key);
+        let lock = self.write_locks.of((bucket.to_owned(), key.to_owned()));
         let _held = match cond.is_empty() {
             true => None,
             false => Some(lock.lock().await),
@@ -321,20 +298,5 @@ mod tests {
             Some("96e024ba2074fe77e8e965ba43a704be-2")
         );
         assert_eq!(multipart_etag(&[(1, "zz".into())]), None);
-    }
-
-    #[test]
-    fn one_lock_per_key_while_it_is_held() {
-        let locks = KeyLocks::default();
-        let a = locks.of("b", "k");
-        assert!(Arc::ptr_eq(&a, &locks.of("b", "k")));
-        assert!(!Arc::ptr_eq(&a, &locks.of("b", "other")));
-        drop(a);
-        let _ = locks.of("b", "k2");
-        assert_eq!(
-            locks.0.lock().unwrap().len(),
-            1,
-            "released locks are dropped"
-        );
     }
 }
