@@ -152,17 +152,24 @@ fn a_prefetch_warms_every_owner_and_later_reads_are_hits() -> Result<()> {
     Ok(())
 }
 
+/// 400 objects of 1 MiB in the node's fs backend, `big-0000`…: a prefetch of them runs
+/// long enough to be seen running.
+fn lay_out_big(server: &Server) -> Result<()> {
+    let dir = server.data_dir().join("origin").join(BUCKET);
+    std::fs::create_dir_all(&dir)?;
+    let chunk = Pattern::new(1).bytes(0, 1 << 20);
+    for i in 0..400 {
+        std::fs::write(dir.join(format!("big-{i:04}")), &chunk)?;
+    }
+    Ok(())
+}
+
 /// A node coordinates at most 8 prefetches at once: the ninth is `503 SlowDown` (which
 /// S3 clients back off and retry), and once the eight are cancelled a new one starts.
 #[test]
 fn prefetches_past_the_cap_are_told_to_slow_down() -> Result<()> {
     let server = Server::start(ServerOpts::open().args(&["--cache-capacity", "2GiB"]))?;
-    let dir = server.data_dir().join("origin").join(BUCKET);
-    std::fs::create_dir_all(&dir)?;
-    let chunk = Pattern::new(2).bytes(0, 1 << 20);
-    for i in 0..400 {
-        std::fs::write(dir.join(format!("big-{i:04}")), &chunk)?;
-    }
+    lay_out_big(&server)?;
     let ids: Vec<String> = (0..8)
         .map(|_| start(&server, &json!({"bucket": BUCKET})))
         .collect::<Result<_>>()?;
@@ -189,12 +196,7 @@ fn prefetches_past_the_cap_are_told_to_slow_down() -> Result<()> {
 #[test]
 fn jobs_can_be_cancelled_and_bad_requests_are_refused() -> Result<()> {
     let server = Server::start(ServerOpts::open().args(&["--cache-capacity", "2GiB"]))?;
-    let dir = server.data_dir().join("origin").join(BUCKET);
-    std::fs::create_dir_all(&dir)?;
-    let chunk = Pattern::new(1).bytes(0, 1 << 20);
-    for i in 0..400 {
-        std::fs::write(dir.join(format!("big-{i:04}")), &chunk)?;
-    }
+    lay_out_big(&server)?;
     let id = start(&server, &json!({"bucket": BUCKET}))?;
     let r = send(
         server.addr(),
