@@ -52,6 +52,13 @@ fn wait(node: &Server, id: &str) -> Result<Value> {
     }
 }
 
+/// `DELETE /_granary/jobs/{id}`: the job as it answers.
+fn cancel(node: &Server, id: &str) -> Result<Value> {
+    let r = send(node.addr(), "DELETE", &format!("/_granary/jobs/{id}"), b"")?;
+    assert_eq!(r.status, 200, "{}", r.text());
+    Ok(serde_json::from_slice(&r.body)?)
+}
+
 fn stat(node: &Server, field: &str) -> u64 {
     node.stats().unwrap()[field].as_u64().unwrap()
 }
@@ -181,13 +188,7 @@ fn prefetches_past_the_cap_are_told_to_slow_down() -> Result<()> {
     )?;
     ninth.assert_s3_error(503, &["SlowDown"]);
     for id in &ids {
-        let r = send(
-            server.addr(),
-            "DELETE",
-            &format!("/_granary/jobs/{id}"),
-            b"",
-        )?;
-        assert_eq!(r.status, 200, "{}", r.text());
+        cancel(&server, id)?;
     }
     start(&server, &json!({"bucket": BUCKET}))?;
     Ok(())
@@ -198,14 +199,7 @@ fn jobs_can_be_cancelled_and_bad_requests_are_refused() -> Result<()> {
     let server = Server::start(ServerOpts::open().args(&["--cache-capacity", "2GiB"]))?;
     lay_out_big(&server)?;
     let id = start(&server, &json!({"bucket": BUCKET}))?;
-    let r = send(
-        server.addr(),
-        "DELETE",
-        &format!("/_granary/jobs/{id}"),
-        b"",
-    )?;
-    assert_eq!(r.status, 200, "{}", r.text());
-    let v: Value = serde_json::from_slice(&r.body)?;
+    let v = cancel(&server, &id)?;
     assert_eq!(v["state"], "cancelled");
     // It stops: the count settles below the total and stays there.
     std::thread::sleep(Duration::from_millis(500));
