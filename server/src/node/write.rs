@@ -67,11 +67,7 @@ impl Node {
         cond: &WriteConditions,
     ) -> Result<ObjectMeta, NodeError> {
         check_key(key)?;
-        let lock = self.write_locks.of((bucket.to_owned(), key.to_owned()));
-        let _held = match cond.is_empty() {
-            true => None,
-            false => Some(lock.lock().await),
-        };
+        let _held = self.hold_if_conditional(bucket, key, cond).await;
         self.check_write(bucket, key, cond).await?;
         let meta = self
             .cache
@@ -184,11 +180,7 @@ impl Node {
         headers: &[(String, String)],
         cond: &WriteConditions,
     ) -> Result<ObjectMeta, NodeError> {
-        let lock = self.write_locks.of((bucket.to_owned(), key.to_owned()));
-        let _held = match cond.is_empty() {
-            true => None,
-            false => Some(lock.lock().await),
-        };
+        let _held = self.hold_if_conditional(bucket, key, cond).await;
         self.check_write(bucket, key, cond).await?;
         let meta = match self
             .backend
@@ -215,6 +207,21 @@ impl Node {
             }
         });
         Ok(meta)
+    }
+
+    /// The key's lock for a conditional write; an unconditional one takes none (no lock
+    /// table work on the plain write path).
+    async fn hold_if_conditional(
+        &self,
+        bucket: &str,
+        key: &str,
+        cond: &WriteConditions,
+    ) -> Option<tokio::sync::OwnedMutexGuard<()>> {
+        if cond.is_empty() {
+            return None;
+        }
+        let lock = self.write_locks.of((bucket.to_owned(), key.to_owned()));
+        Some(lock.lock_owned().await)
     }
 
     /// Checks `cond` against the backend's current version of `bucket/key`.
