@@ -36,7 +36,7 @@ pub async fn handle(state: &Arc<AppState>, req: Request) -> Response {
                 "status": if settled { "ok" } else { "settling" },
                 "node_id": node.id,
                 "capacity_bytes": u.capacity,
-                "free_bytes": u.capacity.saturating_sub(u.used + u.reserved),
+                "free_bytes": node.cache.free(),
                 "admitting": !node.cache.refusing(),
             }));
             if !settled {
@@ -299,6 +299,8 @@ fn stats_json(state: &AppState) -> serde_json::Value {
         "used_bytes": u.used,
         "reserved_bytes": u.reserved,
         "capacity_bytes": u.capacity,
+        "disk_free_bytes": node.cache.disk_free(),
+        "admitting": !node.cache.refusing(),
         "objects": u.objects,
         "tar_indexes_built": node.cache.indexes_built(),
         "hits": s.hits,

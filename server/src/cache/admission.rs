@@ -2,8 +2,9 @@
 //! keeps the byte accounting) answers with an [`Admission`]: admitted, with the entries
 //! it evicted to make room (LRU only), or refused and why. `never-evict` admits while
 //! `used + reserved + size <= capacity` and never removes anything; once it refuses for
-//! want of room (or for any object, when it has none) the cache is `refusing` (health says so, members spill to others) until
-//! an entry is removed.
+//! want of room (or for any object, when it has none) the cache is `refusing` (health
+//! says so, members spill to others) until an entry is removed. Whatever the policy
+//! says, the filesystem has the last word (`room`).
 
 use std::fs;
 use std::path::PathBuf;
@@ -38,18 +39,24 @@ impl Admission {
 }
 
 impl Cache {
-    /// Asks the policy for room for `size` bytes (none while distrusted); removes the
-    /// files of the entries it evicts. Under the commit lock, as every commit and unlink of an entry file is: an
-    /// evicted key's file cannot be a newer commit of that key.
+    /// Asks the policy for room for `size` bytes (none while distrusted or while the disk
+    /// is full), then the filesystem; removes the files of the entries the policy evicts.
+    /// Under the commit lock, as every commit and unlink of an entry file is: an evicted
+    /// key's file cannot be a newer commit of that key.
     pub(super) fn admit(&self, size: u64) -> bool {
-        if !self.trusted() {
+        if !self.trusted() || self.room.full() {
             return false;
         }
         let _commit = self.flights.lock();
-        match self.lock_index().admit(size) {
+        let mut index = self.lock_index();
+        match index.admit(size) {
             Admission::Admitted { evicted } => {
                 for p in evicted {
                     let _ = fs::remove_file(p);
+                }
+                if !self.room.fits(index.usage().reserved) {
+                    index.release(size);
+                    return false;
                 }
                 true
             }

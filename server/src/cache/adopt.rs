@@ -88,7 +88,7 @@ impl Cache {
             origin: Origin::Peer,
             counted: Counted::Peers,
         };
-        let (read, fill) = match self.start_fill(lead, bucket, key, fetched) {
+        let (read, fill) = match self.start_fill(lead, bucket, key, fetched, None) {
             Ok(started) => started,
             Err(e) => {
                 self.lock_index().release(size);

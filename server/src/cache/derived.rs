@@ -87,6 +87,7 @@ impl Cache {
             drop(lead);
             return Ok(self.computed_through(meta, bytes, range)?);
         }
+        let resume = Some(super::fill::Resume::Memory(bytes.clone()));
         let body: ByteStream = Box::pin(futures::stream::once(async move { Ok(bytes) }));
         let fetched = Fetched {
             obj: GetObject { meta, body },
@@ -95,7 +96,7 @@ impl Cache {
             counted: Counted::Nowhere,
         };
         let size = fetched.obj.meta.size;
-        match self.start_fill(lead, bucket, key, fetched) {
+        match self.start_fill(lead, bucket, key, fetched, resume) {
             Ok((read, _)) => Ok(read),
             Err(e) => {
                 self.lock_index().release(size);

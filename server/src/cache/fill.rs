@@ -5,8 +5,10 @@
 //! are on disk. Every reader — the leader's client included — streams from that temp file
 //! behind the writer, so the first byte does not wait for the last and late readers follow
 //! the bytes already written. When the last byte is written the task appends the footer,
-//! fsyncs and renames the file into the cache (the commit). A fill that fails ends every
-//! reader's stream with an error: no reader sees a short body as complete.
+//! fsyncs and renames the file into the cache (the commit). A fill whose source fails
+//! ends every reader's stream with an error: no reader sees a short body as complete. A
+//! fill whose disk fails (full) does not fail its readers: each goes on from where it is
+//! with a ranged read of the same version from the source ([`Resume`]).
 
 use std::fs::File;
 use std::io::{self, Write};
@@ -18,7 +20,7 @@ use futures::StreamExt;
 use tokio::sync::{mpsc, watch};
 
 use super::store::{self, BlockSums};
-use crate::backend::{ByteStream, ObjectMeta};
+use crate::backend::{ByteRange, ByteStream, ObjectMeta, Refusal, Source};
 use crate::io::ReadEngine;
 
 /// Bytes per read of a follower.
@@ -33,8 +35,10 @@ pub enum Phase {
     Filling,
     /// All bytes are on disk (committed unless the entry was invalidated meanwhile).
     Done,
-    /// The backend or the disk failed; readers must not trust the partial file.
+    /// The source failed; readers must not trust the partial file.
     Failed(String),
+    /// This node's disk failed (full): readers go on from the source (see [`Resume`]).
+    DiskFailed(String),
     /// The leader did not fill (not admitted, or its request failed before the body):
     /// other readers fetch on their own.
     Abandoned,
@@ -59,6 +63,33 @@ pub struct Fill {
     pub stale: AtomicBool,
     /// Set when the bytes come from a peer rather than the backend.
     pub from_peer: AtomicBool,
+    /// Where readers go on from when the disk fails.
+    pub resume: std::sync::OnceLock<Resume>,
+}
+
+/// Where a fill's readers go on from when the disk fails.
+pub enum Resume {
+    /// The object's source, read from where the reader is, of the version being filled.
+    Source {
+        src: Arc<dyn Source>,
+        bucket: String,
+        key: String,
+        /// Counts the bytes read from the source this way.
+        on_bytes: Arc<dyn Fn(u64) + Send + Sync>,
+    },
+    /// The whole object, in memory (a computed one).
+    Memory(Bytes),
+}
+
+/// Why a fill did not commit.
+#[derive(Debug, thiserror::Error)]
+pub enum FillError {
+    /// The source failed or sent too few bytes.
+    #[error("{0}")]
+    Source(io::Error),
+    /// This node's disk failed.
+    #[error("{0}")]
+    Disk(io::Error),
 }
 
 impl Fill {
@@ -74,6 +105,7 @@ impl Fill {
             file: std::sync::OnceLock::new(),
             stale: AtomicBool::new(false),
             from_peer: AtomicBool::new(false),
+            resume: std::sync::OnceLock::new(),
         })
     }
 
@@ -120,15 +152,15 @@ pub async fn write_body(
     mut body: ByteStream,
     commit: Commit,
     on_bytes: impl Fn(u64) + Send + 'static,
-) -> io::Result<Vec<u32>> {
+) -> Result<Vec<u32>, FillError> {
     let (tx, mut rx) = mpsc::channel::<Bytes>(8);
     let writer_fill = fill.clone();
     let size = meta.size;
-    let writer = tokio::task::spawn_blocking(move || -> io::Result<Vec<u32>> {
+    let writer = tokio::task::spawn_blocking(move || -> Result<Vec<u32>, FillError> {
         let mut sums = BlockSums::default();
         let mut written = 0u64;
         while let Some(chunk) = rx.blocking_recv() {
-            file.write_all(&chunk)?;
+            file.write_all(&chunk).map_err(FillError::Disk)?;
             sums.update(&chunk);
             let at = written;
             written += chunk.len() as u64;
@@ -138,14 +170,15 @@ pub async fn write_body(
             });
         }
         if written != size {
-            return Err(io::Error::new(
+            return Err(FillError::Source(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
                 format!("the backend sent {written} of {size} bytes"),
-            ));
+            )));
         }
         let crcs = sums.finish();
-        store::write_footer(&mut file, &commit.bucket, &commit.key, &meta, &crcs)?;
-        file.sync_all()?;
+        store::write_footer(&mut file, &commit.bucket, &commit.key, &meta, &crcs)
+            .and_then(|()| file.sync_all())
+            .map_err(FillError::Disk)?;
         Ok(crcs)
     });
     let mut buf = BytesMut::new();
@@ -172,10 +205,14 @@ pub async fn write_body(
         let _ = tx.send(buf.freeze()).await;
     }
     drop(tx);
-    let result = writer.await.map_err(io::Error::other)?;
-    match failure {
-        Some(e) => Err(e),
-        None => result,
+    let result = writer
+        .await
+        .map_err(|e| FillError::Disk(io::Error::other(e)))?;
+    match (failure, result) {
+        // The disk failed first: the source's bytes were not wanted any more.
+        (_, Err(FillError::Disk(e))) => Err(FillError::Disk(e)),
+        (Some(e), _) => Err(FillError::Source(e)),
+        (None, result) => result,
     }
 }
 
@@ -185,9 +222,27 @@ pub fn follow(fill: Arc<Fill>, engine: Arc<dyn ReadEngine>, start: u64, end: u64
         let mut rx = fill.state.subscribe();
         let mut pos = start;
         while pos < end {
-            let (failed, written, in_memory) = next_step(&mut rx, pos, end).await?;
-            if let Some(why) = failed {
-                Err(io::Error::other(format!("cache fill failed: {why}")))?;
+            let (ended, written, in_memory) = next_step(&mut rx, pos, end).await?;
+            match ended {
+                Some(Phase::DiskFailed(why)) => {
+                    // The bytes are not lost, only the copy: the rest from the source.
+                    let mut rest = resume(&fill, pos, end)
+                        .await
+                        .map_err(|e| io::Error::other(format!("cache fill failed: {why}; {e}")))?;
+                    while let Some(chunk) = rest.next().await {
+                        let chunk = chunk?;
+                        pos += chunk.len() as u64;
+                        yield chunk;
+                    }
+                    if pos < end {
+                        Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the source ended short"))?;
+                    }
+                    break;
+                }
+                Some(Phase::Failed(why)) => {
+                    Err(io::Error::other(format!("cache fill failed: {why}")))?;
+                }
+                _ => {}
             }
             if written <= pos {
                 // Done or abandoned with fewer bytes than promised.
@@ -212,22 +267,60 @@ pub fn follow(fill: Arc<Fill>, engine: Arc<dyn ReadEngine>, start: u64, end: u64
     Box::pin(stream)
 }
 
-/// Waits until the writer is past `pos` or has ended; returns the failure if any, how
-/// many bytes are on disk, and the bytes at `pos` when the writer's last piece holds them.
+/// Waits until the writer is past `pos` or has ended; returns the failure if any
+/// (`Failed` or `DiskFailed`), how many bytes are on disk, and the bytes at `pos` when
+/// the writer's last piece holds them.
 async fn next_step(
     rx: &mut watch::Receiver<FillState>,
     pos: u64,
     end: u64,
-) -> io::Result<(Option<String>, u64, Option<Bytes>)> {
+) -> io::Result<(Option<Phase>, u64, Option<Bytes>)> {
     let st = rx
         .wait_for(|s| s.written > pos || s.phase != Phase::Filling)
         .await
         .map_err(|_| io::Error::other("the fill ended without a verdict"))?;
     let failed = match &st.phase {
-        Phase::Failed(why) => Some(why.clone()),
+        p @ (Phase::Failed(_) | Phase::DiskFailed(_)) => Some(p.clone()),
         _ => None,
     };
     Ok((failed, st.written, tail_slice(&st, pos, end)))
+}
+
+/// Bytes `pos..end` of a fill's object from where its readers go on from.
+async fn resume(fill: &Fill, pos: u64, end: u64) -> io::Result<ByteStream> {
+    let (src, bucket, key, on_bytes) = match fill.resume.get() {
+        None => return Err(io::Error::other("no source to go on from")),
+        Some(Resume::Memory(b)) => {
+            let piece = b.slice(pos as usize..end as usize);
+            return Ok(Box::pin(futures::stream::once(async move { Ok(piece) })));
+        }
+        Some(Resume::Source {
+            src,
+            bucket,
+            key,
+            on_bytes,
+        }) => (src, bucket, key, on_bytes.clone()),
+    };
+    let etag = fill.state.borrow().meta.as_ref().map(|m| m.etag.clone());
+    let exact = |m: &ObjectMeta| -> Result<Option<ByteRange>, Refusal> {
+        if etag.as_deref() != Some(m.etag.as_str()) {
+            return Err(Refusal::Changed(
+                "the object changed while it was read; retry",
+            ));
+        }
+        Ok(Some(ByteRange { start: pos, end }))
+    };
+    let (obj, _) = src
+        .get_object(bucket, key, &exact)
+        .await
+        .map_err(io::Error::other)?;
+    let counted = obj.body.map(move |item| {
+        if let Ok(b) = &item {
+            on_bytes(b.len() as u64);
+        }
+        item
+    });
+    Ok(Box::pin(counted))
 }
 
 /// The bytes from `pos` (up to `end`) when the writer's last piece holds them.
@@ -273,4 +366,71 @@ pub fn slice(body: ByteStream, start: u64, end: u64) -> ByteStream {
         }
     };
     Box::pin(stream)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::SystemTime;
+
+    fn meta(size: u64) -> ObjectMeta {
+        ObjectMeta {
+            size,
+            etag: "\"e\"".into(),
+            last_modified: SystemTime::now(),
+            headers: Vec::new(),
+        }
+    }
+
+    async fn all(mut s: ByteStream) -> io::Result<Vec<u8>> {
+        let mut out = Vec::new();
+        while let Some(c) = s.next().await {
+            out.extend_from_slice(&c?);
+        }
+        Ok(out)
+    }
+
+    /// A fill whose disk failed after 100,000 of 300,000 bytes, with its first bytes in
+    /// the temp file.
+    fn failed_fill(dir: &std::path::Path, data: &Bytes, phase: Phase) -> Arc<Fill> {
+        let path = dir.join("fill");
+        std::fs::write(&path, &data[..100_000]).unwrap();
+        let fill = Fill::new();
+        let _ = fill.file.set(Arc::new(File::open(&path).unwrap()));
+        fill.state.send_modify(|s| {
+            s.meta = Some(meta(data.len() as u64));
+            s.phase = phase;
+            s.written = 100_000;
+        });
+        fill
+    }
+
+    #[tokio::test]
+    async fn readers_of_a_fill_whose_disk_failed_go_on_from_the_source_and_get_every_byte() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = Bytes::from((0..300_000u32).map(|i| (i % 251) as u8).collect::<Vec<_>>());
+        let engine = crate::io::engine(crate::io::EngineChoice::Std).unwrap();
+        let fill = failed_fill(
+            dir.path(),
+            &data,
+            Phase::DiskFailed("No space left on device".into()),
+        );
+        let _ = fill.resume.set(Resume::Memory(data.clone()));
+        let whole = all(follow(fill.clone(), engine.clone(), 0, 300_000))
+            .await
+            .unwrap();
+        assert_eq!(whole, data[..], "every byte, in order");
+        let range = all(follow(fill.clone(), engine.clone(), 250_000, 260_000))
+            .await
+            .unwrap();
+        assert_eq!(range, data[250_000..260_000]);
+
+        // Without anywhere to go on from, the reader is told: never a short body.
+        let bare = failed_fill(dir.path(), &data, Phase::DiskFailed("full".into()));
+        assert!(all(follow(bare, engine.clone(), 0, 300_000)).await.is_err());
+        // A source's failure is not gone around.
+        let failed = failed_fill(dir.path(), &data, Phase::Failed("reset".into()));
+        let _ = failed.resume.set(Resume::Memory(data.clone()));
+        assert!(all(follow(failed, engine, 0, 300_000)).await.is_err());
+    }
 }

@@ -12,10 +12,10 @@ use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
 
-use super::fill::{self, Fill, Phase};
+use super::fill::{self, Fill, FillError, Phase, Resume};
 use super::flight::{Flights, Joined, Lead};
 use super::index::{self, Entry};
-use super::{store, Body, Cache, CacheError, Counted, Fetched, Origin, Read};
+use super::{room, store, Body, Cache, CacheError, Counted, Fetched, Origin, Read};
 use crate::backend::{
     BackendError, ByteRange, ByteStream, GetObject, ObjectMeta, RangeFn, Refusal, Source,
 };
@@ -118,9 +118,13 @@ impl Cache {
         }
         let client = fetched.client;
         let size = fetched.obj.meta.size;
-        let (read, fill) = match self.start_fill(lead, bucket, key, fetched) {
+        let resume = self.resume_from(src, bucket, key);
+        let (read, fill) = match self.start_fill(lead, bucket, key, fetched, resume) {
             Ok(started) => started,
             Err(e) => {
+                if room::is_full(&e) {
+                    self.room.refused("no room for a temp file");
+                }
                 tracing::error!(error = %e, "cannot create a cache temp file; serving through");
                 self.lock_index().release(size);
                 self.stats.bypasses.fetch_add(1, Ordering::Relaxed);
@@ -252,15 +256,35 @@ impl Cache {
         }
     }
 
+    /// Where the readers of a fill of `src`'s object go on from if the disk fails: the
+    /// source itself when it is the one named by [`Cache::set_source`].
+    pub(super) fn resume_from(&self, src: &dyn Source, bucket: &str, key: &str) -> Option<Resume> {
+        let named = self.source.get()?;
+        if !std::ptr::addr_eq(Arc::as_ptr(named), src as *const dyn Source) {
+            return None;
+        }
+        let stats = self.stats.clone();
+        Some(Resume::Source {
+            src: named.clone(),
+            bucket: bucket.to_owned(),
+            key: key.to_owned(),
+            on_bytes: Arc::new(move |n| {
+                stats.bytes_from_backend.fetch_add(n, Ordering::Relaxed);
+            }),
+        })
+    }
+
     /// Starts the fill a leader fetched: a writer task puts the bytes in a temp file and
-    /// commits it; this reader, like every follower, streams behind the writer. An error
-    /// (no temp file) abandons the fill; the reservation is the caller's to give back.
+    /// commits it; this reader, like every follower, streams behind the writer (and
+    /// goes on from `resume` if the disk fails). An error (no temp file) abandons the
+    /// fill; the reservation is the caller's to give back.
     pub(super) fn start_fill(
         self: &Arc<Self>,
         lead: Lead,
         bucket: &str,
         key: &str,
         f: Fetched,
+        resume: Option<Resume>,
     ) -> io::Result<(Read, Arc<Fill>)> {
         let temp = self
             .tmp
@@ -269,6 +293,9 @@ impl Cache {
             File::create(&temp).and_then(|w| File::open(&temp).map(|r| (w, r)))?;
         let fill = lead.start();
         let _ = fill.file.set(Arc::new(reader));
+        if let Some(r) = resume {
+            let _ = fill.resume.set(r);
+        }
         let meta = f.obj.meta.clone();
         fill.state.send_modify(|s| {
             s.meta = Some(meta.clone());
@@ -327,7 +354,7 @@ impl Cache {
         meta: ObjectMeta,
         temp: PathBuf,
         dest: PathBuf,
-        written: io::Result<Vec<u32>>,
+        written: Result<Vec<u32>, FillError>,
     ) {
         let size = meta.size;
         // Decide and commit under the commit lock: `invalidate` takes it too, so an
@@ -343,7 +370,8 @@ impl Cache {
                 .parent()
                 .map_or(Ok(()), fs::create_dir_all)
                 .and_then(|()| fs::rename(&temp, &dest))
-                .map(|()| Some(crcs)),
+                .map(|()| Some(crcs))
+                .map_err(FillError::Disk),
         };
         match outcome {
             Ok(Some(crcs)) => {
@@ -369,7 +397,15 @@ impl Cache {
                 let _ = fs::remove_file(&temp);
                 self.lock_index().release(size);
                 tracing::warn!(key = %ikey, error = %e, "cache fill failed");
-                fill.set_phase(Phase::Failed(e.to_string()));
+                fill.set_phase(match e {
+                    FillError::Disk(e) => {
+                        if room::is_full(&e) {
+                            self.room.refused("a fill met a full disk");
+                        }
+                        Phase::DiskFailed(e.to_string())
+                    }
+                    FillError::Source(e) => Phase::Failed(e.to_string()),
+                });
             }
         }
         Flights::finished(&mut table, &ikey, &fill);

@@ -20,6 +20,7 @@ mod hit;
 mod index;
 mod local;
 mod miss;
+mod room;
 mod store;
 #[cfg(test)]
 mod tests;
@@ -189,6 +190,10 @@ pub struct Cache {
     /// Set when never-evict refuses an object for want of room; cleared when an entry
     /// is removed.
     refusing: AtomicBool,
+    /// The filesystem's own limit, watched while running.
+    room: room::Room,
+    /// The source a fill's readers go on from when this node's disk fails mid-fill.
+    source: std::sync::OnceLock<Arc<dyn Source>>,
     /// Whether copies may be served as they are and new ones kept. A cluster member
     /// whose view is not settled (members may still write without telling it) checks
     /// each hit against the source, and keeps nothing new, until it is.
@@ -245,6 +250,14 @@ impl Cache {
             }
         }
         let u = index.usage();
+        let room = room::Room::new(dir);
+        if u.used + room.free() < capacity {
+            tracing::warn!(
+                capacity,
+                disk = u.used + room.free(),
+                "the cache's filesystem holds less than its capacity; it admits what the disk holds"
+            );
+        }
         tracing::info!(
             objects = u.objects,
             used = u.used,
@@ -279,6 +292,8 @@ impl Cache {
             index_builds: Default::default(),
             indexes_built: Default::default(),
             refusing: AtomicBool::new(false),
+            room,
+            source: std::sync::OnceLock::new(),
             trusted: AtomicBool::new(true),
             generation: AtomicU64::new(0),
         })
@@ -323,14 +338,52 @@ impl Cache {
         self.policy
     }
 
+    /// The accounting, against the configured capacity (the node's weight in its
+    /// cluster, steady whatever the disk does).
     pub fn usage(&self) -> Usage {
         self.lock_index().usage()
     }
 
+    /// Bytes the cache may still take: the capacity's room, or less when the filesystem
+    /// has less (as last looked).
+    pub fn free(&self) -> u64 {
+        let u = self.usage();
+        let room = u.capacity.saturating_sub(u.used + u.reserved);
+        room.min(self.room.free())
+    }
+
+    /// The filesystem's free bytes for the cache (less its margin), as last looked.
+    pub fn disk_free(&self) -> u64 {
+        self.room.free()
+    }
+
     /// True once a never-evict cache has refused an object for want of room (until an
-    /// entry is removed).
+    /// entry is removed), and while the disk is full.
     pub fn refusing(&self) -> bool {
-        self.refusing.load(Ordering::Acquire)
+        self.refusing.load(Ordering::Acquire) || self.room.full()
+    }
+
+    /// Names the source that readers of a fill go on from, from where they are, when
+    /// this node's disk fails in the middle of the fill (reads through other sources
+    /// fail with the fill).
+    pub fn set_source(&self, src: Arc<dyn Source>) {
+        let _ = self.source.set(src);
+    }
+
+    /// Watches the filesystem while the process runs: a full disk admits again once it
+    /// has room. Within the runtime.
+    pub fn watch_room(self: &Arc<Self>) {
+        let cache = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(c) = cache.upgrade() else { return };
+                let reserved = c.lock_index().usage().reserved;
+                c.room.recheck(reserved);
+            }
+        });
     }
 
     /// The size of this node's committed copy of the object, if it holds one.

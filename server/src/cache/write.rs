@@ -165,6 +165,9 @@ impl Cache {
             }
             (_, committed) => {
                 if let Err(e) = committed {
+                    if super::room::is_full(&e) {
+                        self.room.refused("a write's copy met a full disk");
+                    }
                     tracing::debug!(key = %ikey, error = %e, "write not cached");
                 }
                 self.lock_index().release(size);

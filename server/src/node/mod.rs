@@ -73,6 +73,7 @@ impl Node {
         }
         let c = cache.clone();
         cluster.on_rejoin(move || c.revalidate_all());
+        cache.set_source(backend.clone());
         Arc::new(Node {
             id: cluster.id().to_owned(),
             backend,
@@ -87,14 +88,15 @@ impl Node {
         })
     }
 
-    /// Starts what the node does in the background: a rebalance pass after each
-    /// membership change (and one now). Within the runtime.
+    /// Starts what the node does in the background: the cache's watch on its disk, and a
+    /// rebalance pass after each membership change (and one now). Within the runtime.
     pub fn start(self: &Arc<Self>) {
         if self.cluster.may_have_members() {
             let cache = self.cache.clone();
             self.cluster.on_trust(move |t| cache.set_trusted(t));
             self.cache.set_trusted(self.cluster.trusted());
         }
+        self.cache.watch_room();
         self.start_rebalancer();
         self.rebalance_soon();
     }

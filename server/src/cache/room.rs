@@ -1,0 +1,135 @@
+//! The disk's own limit. The configured capacity is what the cache may hold; the
+//! filesystem under it may hold less (a smaller disk, other files growing beside the
+//! cache). Every admission also asks the filesystem: an object is admitted only while
+//! the free space covers every reservation in flight plus a margin. When the disk says
+//! no (at admission, or ENOSPC in the middle of a fill) the cache stops admitting — health
+//! says `admitting: false`, so members spill to others — and a watcher admits again
+//! once the filesystem has room.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+/// Space the cache leaves free on its filesystem: 1% of it, at most 64 MiB (footers,
+/// directories, the filesystem's own blocks).
+fn margin(total: u64) -> u64 {
+    (total / 100).min(64 << 20)
+}
+
+pub struct Room {
+    dir: PathBuf,
+    /// The disk refused (no room for a reservation, or ENOSPC during a fill).
+    full: AtomicBool,
+    /// Free bytes when last looked, less the margin.
+    free: AtomicU64,
+    /// Bytes left free (see [`margin`]).
+    margin: u64,
+}
+
+impl Room {
+    pub fn new(dir: &Path) -> Room {
+        let room = Room {
+            dir: dir.to_owned(),
+            full: AtomicBool::new(false),
+            free: AtomicU64::new(u64::MAX),
+            margin: fs4::total_space(dir).map_or(0, margin),
+        };
+        let _ = room.look();
+        room
+    }
+
+    /// Free bytes for the cache now (the filesystem's available space less the margin).
+    fn look(&self) -> io::Result<u64> {
+        let free = fs4::available_space(&self.dir)?.saturating_sub(self.margin);
+        self.free.store(free, Ordering::Relaxed);
+        Ok(free)
+    }
+
+    /// Free bytes for the cache when last looked.
+    pub fn free(&self) -> u64 {
+        self.free.load(Ordering::Relaxed)
+    }
+
+    /// Whether the disk refused and has not had room since.
+    pub fn full(&self) -> bool {
+        self.full.load(Ordering::Acquire)
+    }
+
+    /// Whether the filesystem has room for every reservation in flight, `reserved`
+    /// bytes (the new one included). Their fills may have written part already, so this
+    /// errs on the side of refusing. No answer from the filesystem is no refusal.
+    pub fn fits(&self, reserved: u64) -> bool {
+        match self.look() {
+            Ok(free) if free < reserved => {
+                self.refused("no room on the cache's filesystem");
+                false
+            }
+            _ => true,
+        }
+    }
+
+    /// The disk refused: stop admitting until it has room.
+    pub fn refused(&self, why: &str) {
+        if !self.full.swap(true, Ordering::AcqRel) {
+            tracing::warn!(
+                dir = %self.dir.display(),
+                free = self.free(),
+                why,
+                "the cache's disk is full; serving through until it has room"
+            );
+        }
+    }
+
+    /// Looks again (the watcher): admits again once the filesystem has room for the
+    /// reservations in flight and a little more (1 MiB, or the margin if larger).
+    pub fn recheck(&self, reserved: u64) {
+        let Ok(free) = self.look() else { return };
+        if !self.full() {
+            return;
+        }
+        let wanted = reserved + self.margin.max(1 << 20);
+        if free >= wanted {
+            self.full.store(false, Ordering::Release);
+            tracing::info!(dir = %self.dir.display(), free, "the cache's disk has room again; admitting");
+        }
+    }
+}
+
+/// Whether an I/O error says the disk is full (or the quota spent).
+pub fn is_full(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::StorageFull
+        || matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refuses_what_the_disk_cannot_hold_and_admits_again_once_it_can() {
+        let dir = tempfile::tempdir().unwrap();
+        let room = Room::new(dir.path());
+        let free = room.free();
+        assert!(
+            free > 0 && free < u64::MAX,
+            "looked at the filesystem: {free}"
+        );
+        assert!(room.fits(1 << 10));
+        assert!(!room.full());
+        assert!(!room.fits(free + (1 << 30)), "more than the disk has");
+        assert!(room.full());
+        room.recheck(free + (1 << 30));
+        assert!(room.full(), "still no room for what is in flight");
+        room.recheck(0);
+        assert!(!room.full(), "room again");
+        room.refused("ENOSPC");
+        assert!(room.full());
+    }
+
+    #[test]
+    fn enospc_is_full() {
+        assert!(is_full(&io::Error::from_raw_os_error(libc::ENOSPC)));
+        assert!(is_full(&io::Error::from_raw_os_error(libc::EDQUOT)));
+        assert!(!is_full(&io::Error::from_raw_os_error(libc::EIO)));
+    }
+}
