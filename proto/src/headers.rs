@@ -16,6 +16,9 @@ pub const PEER_FILL: &str = "x-granary-peer-fill";
 pub const SPILL: &str = "x-granary-spill";
 /// A member's proof of membership on requests it makes itself (see `peer`).
 pub const PEER_AUTH: &str = "x-granary-peer-auth";
+/// The hex SHA-256 of the body of a member's own request, which its `x-granary-peer-auth`
+/// covers (absent: no body).
+pub const PEER_SHA256: &str = "x-granary-peer-sha256";
 /// A request for the cache file's descriptor instead of the bytes (`fd`), and on the
 /// answer, where in the file the bytes lie.
 pub const LOCAL: &str = "x-granary-local";

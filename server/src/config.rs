@@ -197,7 +197,6 @@ impl Config {
             (Some(a), Some(s)) => Some(granary_proto::auth::Credentials {
                 access_key: a.clone(),
                 secret_key: s.clone(),
-                peer_secret: self.cluster_secret().unwrap_or_else(|| s.clone()),
             }),
             _ => None,
         }

@@ -84,7 +84,6 @@ pub fn sigv4(data: &[u8]) {
     let creds = Credentials {
         access_key: "AKIDFUZZ".into(),
         secret_key: "a secret no input can know".into(),
-        peer_secret: "another secret no input can know".into(),
     };
     if let Ok(v) = auth::authenticate(Some(&creds), false, &parts) {
         assert!(!v.signed, "accepted as signed without the secret: {target}");

@@ -3,7 +3,8 @@
 //! to GETs of object keys can be spoiled on purpose — delayed, replaced by an S3 error
 //! status, cut mid-body with a reset, or ended early with fewer bytes than their
 //! `Content-Length` promised. The fault applies to the next `times` object GETs, then the
-//! proxy passes answers on untouched again.
+//! proxy passes answers on untouched again. Every request passed on is recorded, as a
+//! man in the middle would capture it.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -37,6 +38,17 @@ struct Plan {
     times: usize,
 }
 
+/// A request as it went through the proxy.
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    pub method: String,
+    /// Path and query.
+    pub target: String,
+    /// Name and value of each header, as sent.
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
 /// The proxy: listens on a loopback port until dropped.
 pub struct FaultProxy {
     addr: SocketAddr,
@@ -45,6 +57,7 @@ pub struct FaultProxy {
     /// Object GETs seen, and those spoiled.
     gets: Arc<AtomicU64>,
     spoiled: Arc<AtomicU64>,
+    recorded: Arc<Mutex<Vec<Recorded>>>,
 }
 
 impl FaultProxy {
@@ -62,12 +75,14 @@ impl FaultProxy {
             stop: Arc::new(AtomicBool::new(false)),
             gets: Arc::new(AtomicU64::new(0)),
             spoiled: Arc::new(AtomicU64::new(0)),
+            recorded: Arc::default(),
         };
         let shared = Shared {
             upstream,
             plan: proxy.plan.clone(),
             gets: proxy.gets.clone(),
             spoiled: proxy.spoiled.clone(),
+            recorded: proxy.recorded.clone(),
         };
         let stop = proxy.stop.clone();
         thread::spawn(move || {
@@ -106,6 +121,17 @@ impl FaultProxy {
     pub fn spoiled(&self) -> u64 {
         self.spoiled.load(Ordering::Acquire)
     }
+
+    /// The requests passed on so far whose method and path are these.
+    pub fn recorded(&self, method: &str, path: &str) -> Vec<Recorded> {
+        self.recorded
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|r| r.method == method && r.target.split('?').next() == Some(path))
+            .cloned()
+            .collect()
+    }
 }
 
 impl Drop for FaultProxy {
@@ -120,6 +146,7 @@ struct Shared {
     plan: Arc<Mutex<Plan>>,
     gets: Arc<AtomicU64>,
     spoiled: Arc<AtomicU64>,
+    recorded: Arc<Mutex<Vec<Recorded>>>,
 }
 
 /// One request's head as read: request line, header lines, and its body's length.
@@ -181,6 +208,18 @@ fn serve(client: TcpStream, s: &Shared) -> Result<()> {
     while let Some(head) = read_head(&mut reader)? {
         let mut body = vec![0u8; head.body_len];
         reader.read_exact(&mut body)?;
+        let mut words = head.line.split(' ');
+        s.recorded.lock().unwrap().push(Recorded {
+            method: words.next().unwrap_or("").to_owned(),
+            target: words.next().unwrap_or("").to_owned(),
+            headers: head
+                .headers
+                .iter()
+                .filter_map(|h| h.split_once(':'))
+                .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+                .collect(),
+            body: body.clone(),
+        });
         let fault = if object_get(&head.line) {
             s.gets.fetch_add(1, Ordering::AcqRel);
             let mut plan = s.plan.lock().unwrap();

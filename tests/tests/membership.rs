@@ -1067,3 +1067,145 @@ fn members_whose_lists_lag_never_serve_an_old_version() -> Result<()> {
     eprintln!("a new member settled {settled:?} after the lagging member listed it");
     Ok(())
 }
+
+/// Sends a captured request again, to `to`, with `body` in place of its own; its
+/// headers as captured (the host and length made right for the new target and body).
+fn replay(to: &Server, captured: &granary_tests::faults::Recorded, body: &[u8]) -> RawResponse {
+    let headers: Vec<(&str, &str)> = captured
+        .headers
+        .iter()
+        .filter(|(k, _)| {
+            !["host", "content-length", "connection"].contains(&k.to_ascii_lowercase().as_str())
+        })
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    send(to, &captured.method, &captured.target, &headers, body)
+}
+
+/// A member's own requests are good once, at the member they were sent to, with the body
+/// they were sent with. A man in the middle between a and b captures a's invalidation
+/// and its prefetch hand-over; replayed to b, to c, or with another body (a key list of
+/// what b or c holds), each is refused `403`, and no cached copy or job comes of it.
+#[test]
+fn a_members_captured_requests_are_refused_when_replayed() -> Result<()> {
+    let origin = tempfile::tempdir()?;
+    let objects = lay_out(origin.path(), "", 60, 1000, 77);
+    let opts = ServerOpts::open().args(&[
+        "--cluster-secret",
+        "a cluster secret",
+        "--backend",
+        &format!("fs:{}", origin.path().display()),
+    ]);
+    let addrs = reserve_ports(3)?;
+    // a reaches b through the proxy; b and c reach everyone directly.
+    let proxy = granary_tests::FaultProxy::start(addrs[1])?;
+    let direct: Vec<String> = ["a", "b", "c"]
+        .iter()
+        .zip(&addrs)
+        .map(|(id, addr)| format!("{id}=http://{addr}"))
+        .collect();
+    let mut via_proxy = direct.clone();
+    via_proxy[1] = format!("b={}", proxy.url());
+    let mut nodes = Vec::new();
+    for (i, id) in ["a", "b", "c"].iter().enumerate() {
+        let peers = if i == 0 { &via_proxy } else { &direct };
+        let mut args = vec!["--node-id", id];
+        for p in peers {
+            args.extend(["--peer", p.as_str()]);
+        }
+        nodes.push(Server::start(opts.clone().listen(addrs[i]).args(&args))?);
+    }
+    let all: Vec<&Server> = nodes.iter().collect();
+    Server::wait_cluster_up(&all, UP_TIMEOUT)?;
+    let (a, b, c) = (&nodes[0], &nodes[1], &nodes[2]);
+
+    // b and c cache what they own.
+    read_all(b, &objects);
+    Server::settle(&all);
+    let (held_b, held_c) = (b.stat("objects"), c.stat("objects"));
+    assert!(held_b > 5 && held_c > 5, "b holds {held_b}, c {held_c}");
+    let held_by = |id: &str| {
+        objects
+            .iter()
+            .map(|(k, _)| k.clone())
+            .find(|k| owner_in(a, k) == id)
+            .expect("an object of each member")
+    };
+    let (key_b, key_c) = (held_by("b"), held_by("c"));
+    let key_a = key_owned(a, "a", None);
+    for (node, key) in [(b, &key_b), (c, &key_c)] {
+        let r = send(node, "GET", &obj_path(key), &[], b"");
+        assert_eq!(r.header("x-granary-cache"), Some("hit"), "{key}");
+    }
+
+    // A write through a: a tells b (through the proxy) and c to drop their copies.
+    let r = send(a, "PUT", &obj_path(&key_a), &[], b"new bytes");
+    assert_eq!(r.status, 200, "{}", r.text());
+    wait_for(UP_TIMEOUT, "a's invalidation through the proxy", || {
+        !proxy.recorded("POST", "/_granary/invalidate").is_empty()
+    });
+    let told = proxy.recorded("POST", "/_granary/invalidate");
+    let inv = told.last().expect("recorded");
+    assert!(
+        String::from_utf8_lossy(&inv.body).contains(&key_a),
+        "it lists {key_a}"
+    );
+    let list = |key: &str| format!("[{{\"bucket\":\"{BUCKET}\",\"key\":\"{key}\"}}]");
+    for (to, body, what) in [
+        (b, inv.body.clone(), "verbatim, to b"),
+        (b, list(&key_b).into_bytes(), "to b, listing what b holds"),
+        (c, inv.body.clone(), "verbatim, to c"),
+        (c, list(&key_c).into_bytes(), "to c, listing what c holds"),
+    ] {
+        let r = replay(to, inv, &body);
+        assert_eq!(r.status, 403, "{what}: {}", r.text());
+        r.assert_s3_error(403, &["AccessDenied"]);
+    }
+    assert_eq!((b.stat("objects"), c.stat("objects")), (held_b, held_c));
+    for (node, key) in [(b, &key_b), (c, &key_c)] {
+        let r = send(node, "GET", &obj_path(key), &[], b"");
+        assert_eq!(r.header("x-granary-cache"), Some("hit"), "{key} kept");
+    }
+
+    // A prefetch through a hands b its part (through the proxy).
+    lay_out(origin.path(), "more-", 30, 1000, 78);
+    let r = send(
+        a,
+        "POST",
+        "/_granary/prefetch",
+        &[],
+        format!("{{\"bucket\":\"{BUCKET}\",\"prefix\":\"more-\"}}").as_bytes(),
+    );
+    assert_eq!(r.status, 202, "{}", r.text());
+    let id = serde_json::from_slice::<serde_json::Value>(&r.body)?["id"]
+        .as_str()
+        .unwrap_or("")
+        .to_owned();
+    wait_for(UP_TIMEOUT, "the prefetch done", || {
+        let job = send(a, "GET", &format!("/_granary/jobs/{id}"), &[], b"");
+        serde_json::from_slice::<serde_json::Value>(&job.body).is_ok_and(|v| v["state"] == "done")
+    });
+    let parts = proxy.recorded("POST", "/_granary/prefetch");
+    let part = parts.first().expect("b's part went through the proxy");
+    assert!(String::from_utf8_lossy(&part.body).contains("more-"));
+    let jobs_b = send(b, "GET", "/_granary/jobs", &[], b"")
+        .text()
+        .matches("\"id\"")
+        .count();
+    let held_b = b.stat("objects");
+    let others = String::from_utf8_lossy(&part.body).replace("more-", "else-");
+    for (to, body) in [
+        (b, part.body.clone()),
+        (b, others.clone().into_bytes()),
+        (c, part.body.clone()),
+    ] {
+        replay(to, part, &body).assert_s3_error(403, &["AccessDenied"]);
+    }
+    let jobs_now = send(b, "GET", "/_granary/jobs", &[], b"")
+        .text()
+        .matches("\"id\"")
+        .count();
+    assert_eq!(jobs_now, jobs_b, "no job came of a replay");
+    assert_eq!(b.stat("objects"), held_b);
+    Ok(())
+}

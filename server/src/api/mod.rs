@@ -136,6 +136,15 @@ async fn entry(State(state): State<Arc<AppState>>, mut req: Request) -> Response
         req = Request::from_parts(parts, body);
         req.extensions_mut().insert(FromMember(member));
     }
+    if req
+        .headers()
+        .contains_key(granary_proto::headers::PEER_AUTH)
+    {
+        req = match peer_checked(&state, req).await {
+            Ok(req) => req,
+            Err(e) => return finish(&state, span, started, e.into_response(), permit),
+        };
+    }
     let resp = async {
         let header_bytes: usize = req
             .headers()
@@ -167,6 +176,57 @@ async fn entry(State(state): State<Arc<AppState>>, mut req: Request) -> Response
     .instrument(span.clone())
     .await;
     finish(&state, span, started, resp, permit)
+}
+
+/// The most body a member's own request may carry (a prefetch part's key list).
+const MAX_PEER_BODY: usize = 64 << 20;
+
+/// A member's own request (`x-granary-peer-auth`), checked in full before anything else
+/// sees it: the signature names this node, is recent and unused, and its body is the one
+/// signed (read here, and handed on as read). Marked [`granary_proto::peer::Verified`].
+async fn peer_checked(state: &AppState, req: Request) -> Result<Request, S3Error> {
+    use granary_proto::peer::{PeerAuthError, Verified, EMPTY_SHA256};
+    let (mut parts, body) = req.into_parts();
+    let (node, sha) = match state.node.cluster.peer_of(&parts) {
+        Ok(Some(signed)) => signed,
+        Ok(None) => return Ok(Request::from_parts(parts, body)),
+        Err(PeerAuthError::Skewed) => {
+            return Err(S3Error::new(
+                S3Code::RequestTimeTooSkewed,
+                "a member's request signed too long ago or too far ahead",
+            ))
+        }
+        Err(PeerAuthError::Bad) => {
+            return Err(S3Error::new(
+                S3Code::AccessDenied,
+                "Access Denied: bad peer signature",
+            ))
+        }
+        Err(PeerAuthError::Replayed) => {
+            return Err(S3Error::new(
+                S3Code::AccessDenied,
+                "Access Denied: a member's request seen before",
+            ))
+        }
+    };
+    let body = if sha == EMPTY_SHA256
+        && matches!(parts.method, http::Method::GET | http::Method::HEAD)
+    {
+        body
+    } else {
+        let bytes = axum::body::to_bytes(body, MAX_PEER_BODY)
+            .await
+            .map_err(|_| S3Error::new(S3Code::EntityTooLarge, "a member's body is too large"))?;
+        if granary_proto::sigv4::sha256_hex(&bytes) != sha {
+            return Err(S3Error::new(
+                S3Code::AccessDenied,
+                "Access Denied: the body is not the one the member signed",
+            ));
+        }
+        axum::body::Body::from(bytes)
+    };
+    parts.extensions.insert(Verified(node));
+    Ok(Request::from_parts(parts, body))
 }
 
 /// Records the status, and counts the body's bytes as they leave; the request's place

@@ -238,7 +238,7 @@ async fn job(state: &Arc<AppState>, req: Request) -> Result<Response, S3Error> {
                     &m,
                     parts.method.clone(),
                     &target,
-                    Body::empty(),
+                    bytes::Bytes::new(),
                     std::time::Duration::from_secs(2),
                 )
                 .await;

@@ -145,8 +145,10 @@ struct Heard {
 async fn probe(c: &Cluster, m: &Member, announce: bool) -> Result<Heard, String> {
     let method = http::Method::GET;
     let target = "/_granary/health";
-    let mut req = http::Request::get(format!("{}{target}", m.url))
-        .header(granary_proto::headers::HOP, c.hop_value(&method, target));
+    let mut req = http::Request::get(format!("{}{target}", m.url)).header(
+        granary_proto::headers::HOP,
+        c.hop_value(&m.id, &method, target),
+    );
     if announce {
         req = req.header(ANNOUNCE, "1");
     }

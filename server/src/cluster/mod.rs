@@ -27,6 +27,7 @@
 mod error;
 pub mod membership;
 pub mod peer;
+mod replay;
 pub mod ring;
 pub mod source;
 
@@ -46,22 +47,24 @@ pub use error::ClusterError;
 /// caught up long before: a peers file is read every second, DNS every few seconds).
 pub const DEPARTED_GRACE: Duration = Duration::from_secs(60);
 
-/// The member a proof of membership (a MAC under `secret` over the request's method and
-/// target, time-stamped) names, if it holds.
-fn proven(secret: &str, parts: &http::request::Parts, value: &str) -> Option<String> {
-    let target = parts
+/// The path and query of a request.
+fn target_of(parts: &http::request::Parts) -> &str {
+    parts
         .uri
         .path_and_query()
-        .map_or(parts.uri.path(), |pq| pq.as_str());
-    granary_proto::peer::verify(
-        secret,
-        parts.method.as_str(),
-        target,
-        value,
-        SystemTime::now(),
-    )
-    .ok()
-    .map(str::to_owned)
+        .map_or(parts.uri.path(), |pq| pq.as_str())
+}
+
+/// Whether a request changes something (its nonce must not be used twice).
+fn changes(method: &http::Method) -> bool {
+    !matches!(*method, http::Method::GET | http::Method::HEAD)
+}
+
+/// A request to member `m` signed by this node: its method, target and body hash.
+pub(crate) struct Outgoing<'a> {
+    pub method: &'a http::Method,
+    pub target: &'a str,
+    pub body_sha256: &'a str,
 }
 
 /// Whether a view is this node alone, added to an empty list.
@@ -161,6 +164,8 @@ pub struct Cluster {
     /// What members prove membership with; `None`: an open cluster, whose members'
     /// headers are taken as they come.
     secret: Option<String>,
+    /// Nonces of members' requests that changed something, for replays.
+    nonces: replay::Nonces,
     /// How this node's own URL is written when it must add itself to a list.
     own_url: String,
     pub(crate) http: peer::HttpClient,
@@ -213,6 +218,7 @@ impl Cluster {
             view: RwLock::new(Arc::new(View::new(Vec::new(), 0))),
             route: config.route,
             secret: config.cluster_secret(),
+            nonces: Default::default(),
             own_url,
             http: peer::http_client(config.tls_cert.as_deref()).map_err(|e| {
                 ConfigError::Invalid {
@@ -590,8 +596,9 @@ impl Cluster {
         }
     }
 
-    /// The member a request came from, when it proves it (`x-granary-hop` with a MAC
-    /// under the cluster's secret over the method and target); in an open cluster (no
+    /// The member a request came from, when it proves it (`x-granary-hop`: a MAC under
+    /// the cluster's secret naming this node, the method and target, within the window,
+    /// its nonce unused for a request that changes something); in an open cluster (no
     /// secret), whatever the header says.
     pub fn member_of(&self, parts: &http::request::Parts) -> Option<String> {
         let value = parts
@@ -601,33 +608,95 @@ impl Cluster {
             .ok()?;
         match &self.secret {
             None => Some(value.to_owned()),
-            Some(secret) => proven(secret, parts, value),
+            Some(secret) => self
+                .check_signed(secret, parts, value, granary_proto::peer::UNBOUND)
+                .ok(),
         }
     }
 
-    /// Whether a request a member made itself proves it (`x-granary-peer-auth` under
-    /// the cluster's secret); an open cluster takes any.
-    pub fn peer_authenticated(&self, parts: &http::request::Parts) -> bool {
-        let Some(secret) = &self.secret else {
-            return true;
+    /// Checks a member's own request (`x-granary-peer-auth`) as [`Cluster::member_of`]
+    /// does, with the body's hash its `x-granary-peer-sha256` declares (which the caller
+    /// must then check the body against): the signing member and that hash; `None` with
+    /// no such header or in an open cluster.
+    pub fn peer_of(
+        &self,
+        parts: &http::request::Parts,
+    ) -> Result<Option<(String, String)>, granary_proto::peer::PeerAuthError> {
+        use granary_proto::{headers, peer};
+        let (Some(secret), Some(value)) = (&self.secret, parts.headers.get(headers::PEER_AUTH))
+        else {
+            return Ok(None);
         };
-        parts
-            .headers
-            .get(granary_proto::headers::PEER_AUTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|value| proven(secret, parts, value))
-            .is_some()
+        let value = value.to_str().map_err(|_| peer::PeerAuthError::Bad)?;
+        let body = match parts.headers.get(headers::PEER_SHA256) {
+            Some(h) => h.to_str().map_err(|_| peer::PeerAuthError::Bad)?,
+            None => peer::EMPTY_SHA256,
+        };
+        let node = self.check_signed(secret, parts, value, body)?;
+        Ok(Some((node, body.to_owned())))
     }
 
-    /// The `x-granary-hop` value of a request this node sends (its proof of membership).
-    pub(crate) fn hop_value(&self, method: &http::Method, target: &str) -> String {
+    fn check_signed(
+        &self,
+        secret: &str,
+        parts: &http::request::Parts,
+        value: &str,
+        body_sha256: &str,
+    ) -> Result<String, granary_proto::peer::PeerAuthError> {
+        use granary_proto::peer;
+        let now = SystemTime::now();
+        let signing = peer::Signing {
+            node: "",
+            to: &self.id,
+            method: parts.method.as_str(),
+            target: target_of(parts),
+            body_sha256,
+        };
+        let signed = peer::verify(secret, &signing, value, now)?;
+        let now_secs = now
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        if changes(&parts.method)
+            && !self
+                .nonces
+                .first_use(signed.node, signed.nonce, signed.secs, now_secs)
+        {
+            tracing::warn!(
+                node = signed.node,
+                target = target_of(parts),
+                "a member's request replayed; refused"
+            );
+            return Err(peer::PeerAuthError::Replayed);
+        }
+        Ok(signed.node.to_owned())
+    }
+
+    /// Whether a request a member made itself proved it (`x-granary-peer-auth`, checked
+    /// in full by the API on arrival, see [`Cluster::peer_of`]); an open cluster takes
+    /// any.
+    pub fn peer_authenticated(&self, parts: &http::request::Parts) -> bool {
+        self.secret.is_none()
+            || parts
+                .extensions
+                .get::<granary_proto::peer::Verified>()
+                .is_some()
+    }
+
+    /// A signature of this node's for a request to member `to` (`x-granary-hop`,
+    /// `x-granary-peer-auth`): its proof of membership. In an open cluster, its id.
+    pub(crate) fn sign_for(&self, to: &str, out: &Outgoing<'_>) -> String {
         match &self.secret {
             Some(secret) => granary_proto::peer::sign(
                 secret,
-                &self.id,
-                method.as_str(),
-                target,
+                &granary_proto::peer::Signing {
+                    node: &self.id,
+                    to,
+                    method: out.method.as_str(),
+                    target: out.target,
+                    body_sha256: out.body_sha256,
+                },
                 SystemTime::now(),
+                &uuid::Uuid::new_v4().simple().to_string(),
             ),
             None => self.id.clone(),
         }

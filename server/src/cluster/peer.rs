@@ -19,7 +19,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
-use granary_proto::headers::{HOP, PEER_AUTH, PEER_FILL};
+use granary_proto::headers::{HOP, PEER_AUTH, PEER_FILL, PEER_SHA256};
 
 use std::sync::Arc;
 
@@ -99,19 +99,26 @@ fn hop_by_hop(name: &HeaderName) -> bool {
 
 impl Cluster {
     /// A request to member `m` made by this node, authenticated as a member's own
-    /// (`x-granary-peer-auth`) where the cluster has a secret.
-    fn own_request(&self, m: &Member, method: Method, target: &str, body: Body) -> Request<Body> {
-        let mut req = self.request_to(m, &method, target, body);
-        if let Some(secret) = &self.secret {
-            let value = granary_proto::peer::sign(
-                secret,
-                &self.id,
-                method.as_str(),
-                target,
-                SystemTime::now(),
-            );
-            if let Ok(v) = HeaderValue::from_str(&value) {
-                req.headers_mut().insert(PEER_AUTH, v);
+    /// (`x-granary-peer-auth`, over the body's hash) where the cluster has a secret.
+    fn own_request(&self, m: &Member, method: Method, target: &str, body: Bytes) -> Request<Body> {
+        let sha = if body.is_empty() {
+            granary_proto::peer::EMPTY_SHA256.to_owned()
+        } else {
+            granary_proto::sigv4::sha256_hex(&body)
+        };
+        let out = super::Outgoing {
+            method: &method,
+            target,
+            body_sha256: &sha,
+        };
+        let value = self.secret.is_some().then(|| self.sign_for(&m.id, &out));
+        let mut req = self.request_to(m, &method, target, Body::from(body));
+        if let Some(Ok(v)) = value.map(|v| HeaderValue::from_str(&v)) {
+            req.headers_mut().insert(PEER_AUTH, v);
+            if sha != granary_proto::peer::EMPTY_SHA256 {
+                if let Ok(h) = HeaderValue::from_str(&sha) {
+                    req.headers_mut().insert(PEER_SHA256, h);
+                }
             }
         }
         req
@@ -123,10 +130,23 @@ impl Cluster {
         let mut req = Request::new(body);
         *req.method_mut() = method.clone();
         *req.uri_mut() = format!("{}{}", m.url, target).parse().unwrap_or_default();
-        if let Ok(v) = HeaderValue::from_str(&self.hop_value(method, target)) {
+        if let Ok(v) = HeaderValue::from_str(&self.hop_value(&m.id, method, target)) {
             req.headers_mut().insert(HOP, v);
         }
         req
+    }
+
+    /// The `x-granary-hop` value of a request to member `to`: this node's proof of
+    /// membership, the body unbound (a forwarded client request is the client's to sign).
+    pub(crate) fn hop_value(&self, to: &str, method: &Method, target: &str) -> String {
+        self.sign_for(
+            to,
+            &super::Outgoing {
+                method,
+                target,
+                body_sha256: granary_proto::peer::UNBOUND,
+            },
+        )
     }
 
     /// Sends a client's request on to member `m` and streams its answer back. An error
@@ -180,7 +200,7 @@ impl Cluster {
         m: &Member,
         method: Method,
         target: &str,
-        body: Body,
+        body: Bytes,
         wait: Duration,
     ) -> Result<Response<Body>, ClusterError> {
         self.ask_with(m, method, target, &[], body, wait).await
@@ -193,7 +213,7 @@ impl Cluster {
         method: Method,
         target: &str,
         headers: &[(&'static str, String)],
-        body: Body,
+        body: Bytes,
         wait: Duration,
     ) -> Result<Response<Body>, ClusterError> {
         let mut req = self.own_request(m, method, target, body);
@@ -252,7 +272,7 @@ impl Cluster {
         let asks = members
             .iter()
             .map(|m| {
-                let mut req = self.own_request(m, Method::GET, &target, Body::empty());
+                let mut req = self.own_request(m, Method::GET, &target, Bytes::new());
                 req.headers_mut()
                     .insert(PEER_FILL, HeaderValue::from_static("1"));
                 let ask = self.http.request(req);
@@ -279,7 +299,7 @@ impl Cluster {
     /// did not reach it), to check its cached copies against the backend before serving
     /// them (`POST /_granary/revalidate`).
     pub async fn tell_revalidate(&self, m: &Member) -> Result<(), ClusterError> {
-        let req = self.own_request(m, Method::POST, "/_granary/revalidate", Body::empty());
+        let req = self.own_request(m, Method::POST, "/_granary/revalidate", Bytes::new());
         match tokio::time::timeout(Duration::from_secs(2), self.http.request(req)).await {
             Ok(Ok(r)) if r.status().is_success() => Ok(()),
             Ok(Ok(r)) => Err(ClusterError::Answered {
@@ -325,12 +345,7 @@ impl Cluster {
             if !wait {
                 self.missed(&m);
             }
-            let mut req = self.own_request(
-                &m,
-                Method::POST,
-                "/_granary/invalidate",
-                Body::from(body.clone()),
-            );
+            let mut req = self.own_request(&m, Method::POST, "/_granary/invalidate", body.clone());
             req.headers_mut().insert(
                 header::CONTENT_TYPE,
                 HeaderValue::from_static("application/json"),

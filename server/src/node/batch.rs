@@ -108,7 +108,7 @@ impl Node {
                         &owner,
                         Method::GET,
                         &it.target(),
-                        Body::empty(),
+                        bytes::Bytes::new(),
                         FORWARD_READ_TIMEOUT,
                     )
                     .await;
@@ -159,7 +159,7 @@ impl Node {
                 Method::GET,
                 target,
                 &headers,
-                Body::empty(),
+                bytes::Bytes::new(),
                 FORWARD_READ_TIMEOUT,
             )
             .await?)

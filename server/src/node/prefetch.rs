@@ -10,7 +10,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::Body;
 use futures::StreamExt;
 use granary_proto::encode;
 use http::{Method, StatusCode};
@@ -153,7 +152,7 @@ impl Node {
                 m,
                 Method::POST,
                 "/_granary/prefetch",
-                Body::from(body),
+                body.into(),
                 Duration::from_secs(10),
             )
             .await;
@@ -188,14 +187,20 @@ impl Node {
                         m,
                         Method::DELETE,
                         &path,
-                        Body::empty(),
+                        bytes::Bytes::new(),
                         Duration::from_secs(2),
                     )
                     .await;
                 return None;
             }
             let heard = match c
-                .ask(m, Method::GET, &path, Body::empty(), Duration::from_secs(2))
+                .ask(
+                    m,
+                    Method::GET,
+                    &path,
+                    bytes::Bytes::new(),
+                    Duration::from_secs(2),
+                )
                 .await
             {
                 Ok(resp) if resp.status() == StatusCode::OK => {

@@ -23,7 +23,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::body::Body;
 use http::{Method, StatusCode};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
@@ -211,7 +210,7 @@ impl Node {
                 owner,
                 Method::POST,
                 "/_granary/take",
-                Body::from(body),
+                body.into(),
                 TAKE_WAIT,
             )
             .await;
