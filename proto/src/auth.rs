@@ -140,6 +140,9 @@ pub fn authenticate(
         });
     }
     if let Some(auth) = header(&parts.headers, "authorization") {
+        if let Some(v2) = auth.strip_prefix("AWS ") {
+            return header_v2(creds, parts, v2);
+        }
         return header_v4(creds, parts, auth);
     }
     if query_has(query, "X-Amz-Signature") || query_has(query, "X-Amz-Algorithm") {
@@ -243,16 +246,7 @@ fn header_v4(creds: &Credentials, parts: &Parts, auth: &str) -> Result<Verdict, 
     let rest = auth
         .strip_prefix(sigv4::ALGORITHM)
         .and_then(|r| r.strip_prefix(' '))
-        .ok_or_else(|| {
-            if auth.starts_with("AWS ") {
-                err(
-                    S3Code::AccessDenied,
-                    "Signature Version 2 headers are not accepted; use SigV4",
-                )
-            } else {
-                malformed()
-            }
-        })?;
+        .ok_or_else(malformed)?;
     let (mut credential, mut signed_headers, mut signature) = (None, None, None);
     for item in rest.split(',') {
         let item = item.trim();
@@ -422,6 +416,75 @@ fn presigned_v2(creds: &Credentials, parts: &Parts) -> Result<Verdict, AuthError
     };
     let expected = sigv2::signature(&creds.secret_key, &sts.text());
     if !sigv4::ct_eq(&expected, get("Signature").unwrap_or("")) {
+        return Err(mismatch());
+    }
+    Ok(Verdict::signed(Payload::Unsigned))
+}
+
+/// `Authorization: AWS KEY:SIGNATURE` (Signature Version 2, as s3cmd and older SDKs send
+/// it): HMAC-SHA1 over the method, `Content-MD5`, `Content-Type`, the `Date` (empty when
+/// `x-amz-date` is sent, which is signed among the `x-amz-*` headers), the `x-amz-*`
+/// headers and the resource. The body is not signed (`Content-MD5`, when sent, is
+/// checked against it as on any request).
+fn header_v2(creds: &Credentials, parts: &Parts, v2: &str) -> Result<Verdict, AuthError> {
+    let Some((ak, signature)) = v2.trim().split_once(':') else {
+        return Err(err(
+            S3Code::AuthorizationHeaderMalformed,
+            "the Authorization header is malformed: AWS KEY:SIGNATURE",
+        ));
+    };
+    check_access_key(creds, ak)?;
+    let amz_date = header(&parts.headers, "x-amz-date");
+    let date = amz_date
+        .or_else(|| header(&parts.headers, "date"))
+        .ok_or_else(|| {
+            err(
+                S3Code::AccessDenied,
+                "AWS authentication requires a valid Date or x-amz-date header",
+            )
+        })?;
+    let at = httpdate::parse_http_date(date).map_err(|_| {
+        err(
+            S3Code::AccessDenied,
+            "AWS authentication requires a valid Date or x-amz-date header",
+        )
+    })?;
+    check_skew(at)?;
+    let amz: Vec<(String, String)> = parts
+        .headers
+        .iter()
+        .filter(|(k, _)| k.as_str().starts_with("x-amz-"))
+        .map(|(k, v)| {
+            (
+                k.as_str().to_owned(),
+                String::from_utf8_lossy(v.as_bytes()).trim().to_owned(),
+            )
+        })
+        .collect();
+    let q = query_pairs(parts.uri.query().unwrap_or(""));
+    let path = parts.uri.path();
+    // A bucket's own resource is `/bucket/` to some signers (botocore) and `/bucket` to
+    // others: either is taken.
+    let bucket_only = path.len() > 1 && !path[1..].contains('/');
+    let with_slash = format!("{path}/");
+    let resources: &[&str] = if bucket_only {
+        &[path, &with_slash]
+    } else {
+        &[path]
+    };
+    let matches = resources.iter().any(|resource| {
+        let sts = sigv2::StringToSign {
+            method: parts.method.as_str(),
+            content_md5: header(&parts.headers, "content-md5").unwrap_or(""),
+            content_type: header(&parts.headers, "content-type").unwrap_or(""),
+            expires: if amz_date.is_some() { "" } else { date },
+            amz_headers: &amz,
+            path: resource,
+            query: &q,
+        };
+        sigv4::ct_eq(&sigv2::signature(&creds.secret_key, &sts.text()), signature)
+    });
+    if !matches {
         return Err(mismatch());
     }
     Ok(Verdict::signed(Payload::Unsigned))

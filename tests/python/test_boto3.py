@@ -735,3 +735,51 @@ def test_expect_100_continue_raw(granary_server, s3, bucket, size):
 
     assert s3.get_object(Bucket=bucket, Key=key)["Body"].read() == body
     assert s3.get_object(Bucket=bucket, Key=key + "-2")["Body"].read() == b"abc"
+
+
+# --------------------------------------------------------------------------
+# Signature Version 2 in the Authorization header (s3cmd's signature_v2, old SDKs)
+# --------------------------------------------------------------------------
+def test_signature_v2_headers_are_accepted(s3_factory, bucket):
+    """boto3 signing with SigV2 (`Authorization: AWS key:sig`, botocore's HmacV1Auth)
+    writes, reads, lists and deletes; a wrong secret is SignatureDoesNotMatch, an unknown
+    key InvalidAccessKeyId, and a stale Date RequestTimeTooSkewed."""
+    v2 = s3_factory(signature_version="s3")
+    data = os.urandom(100_000)
+    key = "v2/dir/object one+ü.bin"
+    v2.put_object(Bucket=bucket, Key=key, Body=data, ContentType="application/x-test",
+                  Metadata={"who": "v2"})
+    got = v2.get_object(Bucket=bucket, Key=key)
+    assert got["Body"].read() == data
+    assert got["Metadata"] == {"who": "v2"}
+    assert v2.get_object(Bucket=bucket, Key=key, Range="bytes=5-9")["Body"].read() == data[5:10]
+    assert [o["Key"] for o in v2.list_objects_v2(Bucket=bucket, Prefix="v2/")["Contents"]] == [key]
+    v2.delete_object(Bucket=bucket, Key=key)
+    with pytest.raises(ClientError) as ei:
+        v2.head_object(Bucket=bucket, Key=key)
+    assert ei.value.response["ResponseMetadata"]["HTTPStatusCode"] == 404
+
+    wrong = s3_factory(signature_version="s3", secret_key="not-the-secret")
+    with pytest.raises(ClientError) as ei:
+        wrong.list_objects_v2(Bucket=bucket)
+    assert ei.value.response["Error"]["Code"] == "SignatureDoesNotMatch"
+    unknown = s3_factory(signature_version="s3", access_key="AKIDUNKNOWN")
+    with pytest.raises(ClientError) as ei:
+        unknown.list_objects_v2(Bucket=bucket)
+    assert ei.value.response["Error"]["Code"] == "InvalidAccessKeyId"
+
+    # A request signed an hour ago, sent now; and the same signed now, accepted.
+    import base64
+    import email.utils
+    import hmac
+
+    def v2_get(date: str) -> requests.Response:
+        sts = f"GET\n\n\n{date}\n/{bucket}"
+        sig = base64.b64encode(hmac.new(SECRET_KEY.encode(), sts.encode(), "sha1").digest())
+        return requests.get(f"{v2.meta.endpoint_url}/{bucket}?list-type=2", timeout=HTTP_TIMEOUT,
+                            headers={"Date": date,
+                                     "Authorization": f"AWS {ACCESS_KEY}:{sig.decode()}"})
+    r = v2_get(email.utils.formatdate(time.time() - 3600, usegmt=True))
+    assert r.status_code == 403 and "<Code>RequestTimeTooSkewed</Code>" in r.text, r.text
+    r = v2_get(email.utils.formatdate(time.time(), usegmt=True))
+    assert r.status_code == 200 and "<ListBucketResult" in r.text, r.text

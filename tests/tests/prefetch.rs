@@ -271,3 +271,49 @@ fn with_credentials_a_prefetch_must_be_signed() -> Result<()> {
     assert_eq!(v["objects_done"], 1);
     Ok(())
 }
+
+/// A prefix of 25,000 keys is listed, split and handed out 10,000 keys at a time: the job
+/// counts every key once, each owner holds exactly its own, and the members' parts are
+/// one per batch.
+#[test]
+fn a_prefetch_larger_than_a_batch_reads_every_key_once() -> Result<()> {
+    let origin = tempfile::tempdir()?;
+    let dir = origin.path().join(BUCKET).join("many");
+    std::fs::create_dir_all(&dir)?;
+    const N: u64 = 25_000;
+    for i in 0..N {
+        std::fs::write(dir.join(format!("{i:05}")), [i as u8])?;
+    }
+    let opts = ServerOpts::open().args(&[
+        "--cache-capacity",
+        "1GiB",
+        "--backend",
+        &format!("fs:{}", origin.path().display()),
+    ]);
+    let nodes = Server::start_cluster(&["n1", "n2"], &opts)?;
+    Server::wait_cluster_up(&nodes.iter().collect::<Vec<_>>(), Duration::from_secs(20))?;
+    let id = start(&nodes[0], &json!({"bucket": BUCKET, "prefix": "many/"}))?;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let done = loop {
+        let v = job(&nodes[0], &id)?;
+        if v["state"] != "running" {
+            break v;
+        }
+        assert!(Instant::now() < deadline, "job still running: {v}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(done["state"], "done", "{done}");
+    assert_eq!(done["objects_total"], N);
+    assert_eq!(done["objects_done"], N);
+    assert_eq!(done["errors"], 0);
+    assert_eq!(stat(&nodes[0], "objects") + stat(&nodes[1], "objects"), N);
+    let parts = send(nodes[1].addr(), "GET", "/_granary/jobs", b"")?;
+    let parts: Value = serde_json::from_slice(&parts.body)?;
+    let on_n2 = parts.as_array().map_or(0, |a| {
+        a.iter()
+            .filter(|j| j["objects_total"].as_u64() > Some(0))
+            .count()
+    });
+    assert_eq!(on_n2, 3, "one part per batch of 10,000: {parts}");
+    Ok(())
+}

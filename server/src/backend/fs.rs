@@ -77,6 +77,8 @@ struct Inner {
     uploads: PathBuf,
     xattr_ok: AtomicBool,
     locks: Vec<std::sync::Mutex<()>>,
+    /// Folders' entries in key order, kept between the pages of a listing.
+    listings: Listings,
 }
 
 impl FsBackend {
@@ -100,6 +102,7 @@ impl FsBackend {
             locks: (0..LOCK_STRIPES)
                 .map(|_| std::sync::Mutex::new(()))
                 .collect(),
+            listings: Listings::new(),
         };
         Ok(FsBackend {
             inner: Arc::new(inner),
@@ -378,6 +381,7 @@ impl Inner {
                 Ok(()) => {
                     temp.kept = true;
                     remove_and_prune(&escaped, bucket_dir);
+                    self.listings.changed();
                     sync_parent(&dst);
                     return Ok(());
                 }
@@ -387,6 +391,7 @@ impl Inner {
         }
         rename_into(&temp.path, &escaped)?;
         temp.kept = true;
+        self.listings.changed();
         sync_parent(&escaped);
         Ok(())
     }
@@ -590,63 +595,257 @@ fn key_files(bucket_dir: &Path, prefix: &str) -> Vec<PathBuf> {
     files
 }
 
-/// One page of keys, with the file of each object on it.
-fn list_sync(bucket_dir: &Path, q: &ListQuery) -> (ListPage, Vec<PathBuf>) {
-    let files = key_files(bucket_dir, &q.prefix);
-    let after = q.after.as_deref();
-    let mut keys: Vec<(String, PathBuf)> = files
-        .into_iter()
-        .filter_map(|p| key_of(bucket_dir, &p).map(|k| (k, p)))
-        .filter(|(k, _)| k.starts_with(&q.prefix))
-        .filter(|(k, _)| match after {
-            None => true,
-            Some(a) => {
-                let rolled = a.len() > q.prefix.len()
-                    && q.delimiter.as_deref().is_some_and(|d| a.ends_with(d));
-                k.as_str() > a && !(rolled && k.starts_with(a))
-            }
-        })
-        .collect();
-    keys.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-    // A key can briefly be at both places; the plain copy wins, as in `locate`.
-    keys.dedup_by(|b, a| a.0 == b.0);
+/// Folders' entries in key order, kept between the pages of a listing so that a page
+/// costs its own keys and a binary search, not the whole folder: a 100,000-key folder is
+/// read and sorted once, not once per page. An entry is used while the folder's mtime is
+/// the same and no write through this backend happened since (`changed`); a folder
+/// changed in the last second is not kept (mtimes are coarser than writes).
+struct Listings {
+    folders: moka::sync::Cache<PathBuf, (SystemTime, u64, Sorted)>,
+    generation: std::sync::atomic::AtomicU64,
+}
 
-    let mut page = ListPage::default();
-    let mut paths = Vec::new();
-    let delim = q.delimiter.as_deref().filter(|d| !d.is_empty());
-    let mut count = 0usize;
-    for (key, path) in keys {
-        if let Some(d) = delim {
-            if let Some(i) = key[q.prefix.len()..].find(d) {
-                let cp = &key[..q.prefix.len() + i + d.len()];
-                if page.last.as_deref() == Some(cp) {
-                    continue;
-                }
-                if count == q.max_keys {
-                    page.is_truncated = true;
-                    break;
-                }
-                page.common_prefixes.push(cp.to_owned());
-                page.last = Some(cp.to_owned());
-                count += 1;
+/// A folder's entries in key order: each name, with `/` after a folder's (so that `a/…`
+/// sorts after `a-b`, as the keys do), and whether it is a folder.
+type Sorted = Arc<Vec<(String, bool)>>;
+
+/// Memory for kept folder listings.
+const LISTINGS_CAPACITY: u64 = 64 << 20;
+
+impl Listings {
+    fn new() -> Listings {
+        Listings {
+            folders: moka::sync::Cache::builder()
+                .max_capacity(LISTINGS_CAPACITY)
+                .weigher(|_, (_, _, v): &(SystemTime, u64, Sorted)| {
+                    let bytes: usize = v.iter().map(|(n, _)| n.len() + 32).sum();
+                    bytes.try_into().unwrap_or(u32::MAX)
+                })
+                .build(),
+            generation: Default::default(),
+        }
+    }
+
+    /// A key was written or removed through this backend (after the rename or unlink).
+    fn changed(&self) {
+        self.generation.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// `dir`'s entries in key order (reserved names left out); `None` when it cannot
+    /// be read.
+    fn sorted(&self, dir: &Path) -> Option<Sorted> {
+        let generation = self.generation.load(Ordering::Acquire);
+        let mtime = fs::metadata(dir).and_then(|m| m.modified()).ok()?;
+        if let Some((m, g, v)) = self.folders.get(dir) {
+            if m == mtime && g == generation {
+                return Some(v);
+            }
+        }
+        let mut v = Vec::new();
+        for entry in fs::read_dir(dir).ok()?.flatten() {
+            let Ok(ft) = entry.file_type() else { continue };
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else { continue };
+            if name.starts_with(keypath::RESERVED) {
                 continue;
             }
+            if ft.is_dir() {
+                v.push((format!("{name}/"), true));
+            } else if ft.is_file() || (ft.is_symlink() && entry.path().is_file()) {
+                v.push((name.to_owned(), false));
+            }
         }
-        if count == q.max_keys {
-            page.is_truncated = true;
-            break;
+        v.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        let v = Arc::new(v);
+        let settled = SystemTime::now()
+            .duration_since(mtime)
+            .is_ok_and(|age| age > Duration::from_secs(1));
+        if settled {
+            self.folders
+                .insert(dir.to_path_buf(), (mtime, generation, v.clone()));
         }
-        page.objects.push(ObjectEntry {
+        Some(v)
+    }
+}
+
+/// What the page wants next.
+#[derive(PartialEq, Eq)]
+enum Flow {
+    More,
+    Full,
+}
+
+/// One page being built from keys handed over in order.
+struct PageBuilder<'q> {
+    q: &'q ListQuery,
+    delim: Option<&'q str>,
+    /// Keys at or before this one are not wanted.
+    after: Option<&'q str>,
+    /// Keys under this common prefix are rolled up already.
+    rolled: Option<String>,
+    page: ListPage,
+    paths: Vec<PathBuf>,
+    count: usize,
+}
+
+impl<'q> PageBuilder<'q> {
+    fn new(q: &'q ListQuery) -> PageBuilder<'q> {
+        let delim = q.delimiter.as_deref().filter(|d| !d.is_empty());
+        let after = q.after.as_deref();
+        // Resuming after a rolled-up common prefix: every key under it is skipped.
+        let rolled = after
+            .filter(|a| a.len() > q.prefix.len() && delim.is_some_and(|d| a.ends_with(d)))
+            .map(str::to_owned);
+        PageBuilder {
+            q,
+            delim,
+            after,
+            rolled,
+            page: ListPage::default(),
+            paths: Vec::new(),
+            count: 0,
+        }
+    }
+
+    /// Whether no key starting with `s` is wanted (the whole folder can be passed by).
+    fn passes(&self, s: &str) -> bool {
+        self.rolled.as_deref().is_some_and(|cp| s.starts_with(cp))
+            || self.after.is_some_and(|a| s < a && !a.starts_with(s))
+    }
+
+    fn push(&mut self, key: String, path: PathBuf) -> Flow {
+        if !key.starts_with(&self.q.prefix)
+            || self.after.is_some_and(|a| key.as_str() <= a)
+            || self.rolled.as_deref().is_some_and(|cp| key.starts_with(cp))
+        {
+            return Flow::More;
+        }
+        if self.count == self.q.max_keys {
+            self.page.is_truncated = true;
+            return Flow::Full;
+        }
+        if let Some(d) = self.delim {
+            if let Some(i) = key[self.q.prefix.len()..].find(d) {
+                let cp = key[..self.q.prefix.len() + i + d.len()].to_owned();
+                self.page.common_prefixes.push(cp.clone());
+                self.page.last = Some(cp.clone());
+                self.rolled = Some(cp);
+                self.count += 1;
+                return Flow::More;
+            }
+        }
+        self.page.objects.push(ObjectEntry {
             key: key.clone(),
             size: 0,
             etag: String::new(),
             last_modified: UNIX_EPOCH,
         });
-        paths.push(path);
-        page.last = Some(key);
-        count += 1;
+        self.paths.push(path);
+        self.page.last = Some(key);
+        self.count += 1;
+        Flow::More
     }
-    (page, paths)
+}
+
+/// The page, fed plain keys in order and merging the escaped ones in (few; a key at both
+/// places briefly counts once, the plain copy, as in `locate`).
+struct Merge<'q> {
+    b: PageBuilder<'q>,
+    escaped: std::iter::Peekable<std::vec::IntoIter<(String, PathBuf)>>,
+}
+
+impl Merge<'_> {
+    fn visit(&mut self, key: String, path: PathBuf) -> Flow {
+        while let Some((k, _)) = self.escaped.peek() {
+            if *k > key {
+                break;
+            }
+            let (k, p) = self.escaped.next().expect("peeked");
+            if k != key && self.b.push(k, p) == Flow::Full {
+                return Flow::Full;
+            }
+        }
+        self.b.push(key, path)
+    }
+}
+
+/// Hands the plain keys under `dir` (whose key prefix is `rel`) that the page may want to
+/// `m`, in key order, until it is full. Entries wholly before the prefix or the page's
+/// start are passed by with a binary search, folders rolled up into a common prefix
+/// without being read.
+fn walk_ordered(listings: &Listings, dir: &Path, rel: &str, m: &mut Merge<'_>) -> Flow {
+    let Some(entries) = listings.sorted(dir) else {
+        return Flow::More;
+    };
+    let q = m.b.q;
+    let prefix = q.prefix.as_str();
+    // Entries whose keys all come before `bound` (and do not lead to it).
+    let before = |bound: &str| {
+        entries.partition_point(|(n, is_dir)| {
+            let s = format!("{rel}{n}");
+            if *is_dir {
+                s.as_str() < bound && !bound.starts_with(&s)
+            } else {
+                s.as_str() < bound
+            }
+        })
+    };
+    let mut start = before(prefix);
+    if let Some(a) = m.b.after {
+        start = start.max(before(a));
+    }
+    for (name, is_dir) in &entries[start..] {
+        let s = format!("{rel}{name}");
+        if !s.starts_with(prefix) && !prefix.starts_with(&s) {
+            // Past the prefix: so is every later entry.
+            break;
+        }
+        if *is_dir {
+            if m.b.passes(&s) {
+                continue;
+            }
+            let path = dir.join(&name[..name.len() - 1]);
+            if walk_ordered(listings, &path, &s, m) == Flow::Full {
+                return Flow::Full;
+            }
+        } else if m.visit(s, dir.join(name)) == Flow::Full {
+            return Flow::Full;
+        }
+    }
+    Flow::More
+}
+
+/// One page of keys, with the file of each object on it: the plain keys in key order from
+/// the page's start, merged with the escaped ones.
+fn list_sync(listings: &Listings, bucket_dir: &Path, q: &ListQuery) -> (ListPage, Vec<PathBuf>) {
+    let mut escaped = Vec::new();
+    walk_all(&bucket_dir.join(ESCAPE_DIR), &mut escaped);
+    let mut escaped: Vec<(String, PathBuf)> = escaped
+        .into_iter()
+        .filter_map(|p| key_of(bucket_dir, &p).map(|k| (k, p)))
+        .filter(|(k, _)| k.starts_with(&q.prefix))
+        .collect();
+    escaped.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    let mut m = Merge {
+        b: PageBuilder::new(q),
+        escaped: escaped.into_iter().peekable(),
+    };
+    // Plain keys start at the deepest folder the prefix names.
+    let (start, rel) = match q.prefix.rfind('/') {
+        Some(i) => match keypath::plain_path(&q.prefix[..i]) {
+            Some(p) => (bucket_dir.join(p), q.prefix[..=i].to_owned()),
+            None => (bucket_dir.to_path_buf(), String::new()),
+        },
+        None => (bucket_dir.to_path_buf(), String::new()),
+    };
+    if walk_ordered(listings, &start, &rel, &mut m) == Flow::More {
+        for (k, p) in m.escaped.by_ref() {
+            if m.b.push(k, p) == Flow::Full {
+                break;
+            }
+        }
+    }
+    (m.b.page, m.b.paths)
 }
 
 #[async_trait]
@@ -821,6 +1020,7 @@ impl Backend for FsBackend {
                 .unwrap_or_else(|p| p.into_inner());
             if let Some(path) = inner.locate(&dir, &key) {
                 remove_and_prune(&path, &dir);
+                inner.listings.changed();
             }
             Ok(())
         })
@@ -831,7 +1031,7 @@ impl Backend for FsBackend {
         let (bucket, query) = (bucket.to_owned(), query.clone());
         self.blocking(move |inner| {
             let dir = inner.bucket_dir(&bucket)?;
-            let (mut page, paths) = list_sync(&dir, &query);
+            let (mut page, paths) = list_sync(&inner.listings, &dir, &query);
             for (obj, path) in page.objects.iter_mut().zip(paths) {
                 // A file deleted since the walk keeps its entry with size 0, as a
                 // listing racing a delete may show on S3 too.
@@ -1133,6 +1333,113 @@ mod tests {
         };
         let page = b.list_objects(bucket, &q).await.unwrap();
         page.objects.into_iter().map(|o| o.key).collect()
+    }
+
+    /// What a listing must answer, from the keys alone (S3's rules).
+    fn model(keys: &[String], q: &ListQuery) -> (Vec<String>, Vec<String>, bool) {
+        let (mut objects, mut prefixes, mut n) = (Vec::new(), Vec::<String>::new(), 0);
+        let delim = q.delimiter.as_deref().filter(|d| !d.is_empty());
+        let after = q.after.as_deref();
+        let rolled_after =
+            after.filter(|a| a.len() > q.prefix.len() && delim.is_some_and(|d| a.ends_with(d)));
+        for k in keys {
+            if !k.starts_with(&q.prefix) || after.is_some_and(|a| k.as_str() <= a) {
+                continue;
+            }
+            if rolled_after.is_some_and(|cp| k.starts_with(cp)) {
+                continue;
+            }
+            let cp = delim.and_then(|d| {
+                k[q.prefix.len()..]
+                    .find(d)
+                    .map(|i| k[..q.prefix.len() + i + d.len()].to_owned())
+            });
+            if let Some(cp) = &cp {
+                if prefixes.last() == Some(cp) {
+                    continue;
+                }
+            }
+            if n == q.max_keys {
+                return (objects, prefixes, true);
+            }
+            n += 1;
+            match cp {
+                Some(cp) => prefixes.push(cp),
+                None => objects.push(k.clone()),
+            }
+        }
+        (objects, prefixes, false)
+    }
+
+    #[tokio::test]
+    async fn listings_page_in_key_order_across_folders_and_escaped_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = FsBackend::open(&dir.path().join("origin")).unwrap();
+        b.create_bucket("bkt").await.unwrap();
+        let mut keys: Vec<String> = [
+            "a", "a-b", "a/b", "a/b/c", "a/b-c", "a/c", "a0", "a.", "b/x", "b/y/z", "b/y-", "c",
+            "c//d", "c/", "dir/", "d/e/f/g", "d/e/f/h", "e\u{e9}", "f/../g", "z",
+        ]
+        .iter()
+        .map(|k| k.to_string())
+        .collect();
+        keys.extend((0..40).map(|i| format!("big/{i:03}")));
+        for k in &keys {
+            b.put_object("bkt", k, body(b"x"), PutOptions::default())
+                .await
+                .unwrap();
+        }
+        keys.sort();
+        for prefix in ["", "a", "a/", "b/y", "big/0", "c", "d/e/", "nothing"] {
+            for delimiter in [None, Some("/"), Some("-")] {
+                for max_keys in [1, 3, 1000] {
+                    let mut q = ListQuery {
+                        prefix: prefix.into(),
+                        delimiter: delimiter.map(str::to_owned),
+                        after: None,
+                        max_keys,
+                    };
+                    // Page through, each page checked against the model from its start.
+                    for _ in 0..200 {
+                        let want = model(&keys, &q);
+                        let page = b.list_objects("bkt", &q).await.unwrap();
+                        let got: Vec<String> = page.objects.iter().map(|o| o.key.clone()).collect();
+                        assert_eq!(
+                            (got, page.common_prefixes.clone(), page.is_truncated),
+                            want,
+                            "{q:?}"
+                        );
+                        if !page.is_truncated {
+                            break;
+                        }
+                        q.after = page.last.clone();
+                    }
+                }
+            }
+        }
+        // Written since a folder's listing was kept: the next page sees it.
+        let q = ListQuery {
+            prefix: "big/".into(),
+            max_keys: 1000,
+            ..ListQuery::default()
+        };
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        assert_eq!(b.list_objects("bkt", &q).await.unwrap().objects.len(), 40);
+        assert!(
+            b.inner
+                .listings
+                .folders
+                .contains_key(&b.inner.root.join("bkt").join("big")),
+            "a settled folder's listing is kept"
+        );
+        b.put_object("bkt", "big/040", body(b"x"), PutOptions::default())
+            .await
+            .unwrap();
+        b.delete_object("bkt", "big/000").await.unwrap();
+        let page = b.list_objects("bkt", &q).await.unwrap();
+        assert_eq!(page.objects.len(), 40);
+        assert_eq!(page.objects.first().unwrap().key, "big/001");
+        assert_eq!(page.objects.last().unwrap().key, "big/040");
     }
 
     #[tokio::test]

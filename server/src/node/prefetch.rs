@@ -25,6 +25,10 @@ use crate::jobs::{Counts, Job, Obj};
 pub const PREFETCH_PARALLEL: usize = 8;
 /// How often the coordinator asks members for their parts' progress.
 const POLL_EVERY: Duration = Duration::from_millis(200);
+/// Keys listed, split and handed out at a time by a prefetch's coordinator.
+const BATCH: usize = 10_000;
+/// Batches whose parts may run on the members at once.
+const BATCHES_IN_FLIGHT: usize = 2;
 
 /// What `POST /_granary/prefetch` takes: a bucket and prefix from a user, or (from the
 /// coordinator) the objects of one member's part.
@@ -75,65 +79,89 @@ impl Node {
         Ok(job)
     }
 
-    /// The coordinator's side: list, split by owner, hand out parts, read its own share,
-    /// follow the parts to their end.
+    /// The coordinator's side, a batch of keys at a time (so that a prefix of millions
+    /// of keys is never held whole): list a batch, split it by owner, hand the members
+    /// their parts, read its own share, and go on listing while the parts run (at most
+    /// [`BATCHES_IN_FLIGHT`] batches' parts at once); then follow the parts to their end.
     async fn coordinate(self: Arc<Self>, job: Arc<Job>) {
-        let mut all = Vec::new();
         let mut after = None;
+        let mut followers: std::collections::VecDeque<Vec<tokio::task::JoinHandle<_>>> =
+            Default::default();
         loop {
             if job.is_cancelled() {
                 return;
             }
+            let (batch, more) = match self.list_batch(&job, &mut after).await {
+                Ok(listed) => listed,
+                Err(e) => return job.fail(format!("listing failed: {e}")),
+            };
+            let c = &self.cluster;
+            let mut mine = Vec::new();
+            let mut shares: Vec<(Arc<Member>, Vec<Obj>)> = Vec::new();
+            for o in batch {
+                let owner = c.owner(&job.bucket, &o.key);
+                if c.is_me(&owner) {
+                    mine.push(o);
+                } else if let Some((_, share)) = shares.iter_mut().find(|(m, _)| m.id == owner.id) {
+                    share.push(o);
+                } else {
+                    shares.push((owner, vec![o]));
+                }
+            }
+            let mut parts = Vec::new();
+            for (m, share) in shares {
+                let (node, j) = (self.clone(), job.clone());
+                parts.push(tokio::spawn(
+                    async move { node.hand_over(&j, &m, share).await },
+                ));
+            }
+            followers.push_back(parts);
+            self.read_here(&job, mine).await;
+            while followers.len() > BATCHES_IN_FLIGHT || (!more && !followers.is_empty()) {
+                let parts = followers.pop_front().expect("not empty");
+                for f in parts {
+                    if let Ok(Some(left)) = f.await {
+                        // The member could not do its part: read it here.
+                        self.read_here(&job, left).await;
+                    }
+                }
+            }
+            if !more {
+                break;
+            }
+        }
+        job.finish_counted();
+    }
+
+    /// The next batch of keys after `after` (up to [`BATCH`]), counted into the job's
+    /// total; whether more follow.
+    async fn list_batch(
+        &self,
+        job: &Job,
+        after: &mut Option<String>,
+    ) -> Result<(Vec<Obj>, bool), crate::backend::BackendError> {
+        let mut batch = Vec::new();
+        loop {
             let q = ListQuery {
                 prefix: job.prefix.clone(),
                 delimiter: None,
                 after: after.clone(),
                 max_keys: 1000,
             };
-            let page = match self.backend.list_objects(&job.bucket, &q).await {
-                Ok(p) => p,
-                Err(e) => return job.fail(format!("listing failed: {e}")),
-            };
+            let page = self.backend.list_objects(&job.bucket, &q).await?;
             for o in page.objects {
                 job.add_total(1, o.size);
-                all.push(Obj {
+                batch.push(Obj {
                     key: o.key,
                     size: o.size,
                 });
             }
-            if !page.is_truncated || page.last.is_none() {
-                break;
-            }
-            after = page.last;
-        }
-        let c = &self.cluster;
-        let mut mine = Vec::new();
-        let mut shares: Vec<(Arc<Member>, Vec<Obj>)> = Vec::new();
-        for o in all {
-            let owner = c.owner(&job.bucket, &o.key);
-            if c.is_me(&owner) {
-                mine.push(o);
-            } else if let Some((_, share)) = shares.iter_mut().find(|(m, _)| m.id == owner.id) {
-                share.push(o);
-            } else {
-                shares.push((owner, vec![o]));
+            let more = page.is_truncated && page.last.is_some();
+            *after = page.last;
+            if !more || batch.len() >= BATCH || job.is_cancelled() {
+                return Ok((batch, more));
             }
         }
-        let mut followers = Vec::new();
-        for (m, share) in shares {
-            let (node, j) = (self.clone(), job.clone());
-            followers.push(tokio::spawn(
-                async move { node.hand_over(&j, &m, share).await },
-            ));
-        }
-        self.read_here(&job, mine).await;
-        for f in followers {
-            if let Ok(Some(left)) = f.await {
-                // The member could not do its part: read it here.
-                self.read_here(&job, left).await;
-            }
-        }
-        job.finish_counted();
     }
 
     /// Gives member `i` its share and follows it to the end. Returns the share back when
