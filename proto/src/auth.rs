@@ -377,6 +377,19 @@ fn presigned_v4(creds: &Credentials, parts: &Parts) -> Result<Verdict, AuthError
     Ok(Verdict::signed(Payload::Unsigned))
 }
 
+/// The `x-amz-*` headers a V2 signature covers: lower-case names, trimmed values.
+fn amz_headers(h: &HeaderMap) -> Vec<(String, String)> {
+    h.iter()
+        .filter(|(k, _)| k.as_str().starts_with("x-amz-"))
+        .map(|(k, v)| {
+            (
+                k.as_str().to_owned(),
+                String::from_utf8_lossy(v.as_bytes()).trim().to_owned(),
+            )
+        })
+        .collect()
+}
+
 fn presigned_v2(creds: &Credentials, parts: &Parts) -> Result<Verdict, AuthError> {
     let q = query_pairs(parts.uri.query().unwrap_or(""));
     let get = |name: &str| q.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str());
@@ -394,17 +407,7 @@ fn presigned_v2(creds: &Credentials, parts: &Parts) -> Result<Verdict, AuthError
     if now > expires {
         return Err(err(S3Code::AccessDenied, "Request has expired"));
     }
-    let amz: Vec<(String, String)> = parts
-        .headers
-        .iter()
-        .filter(|(k, _)| k.as_str().starts_with("x-amz-"))
-        .map(|(k, v)| {
-            (
-                k.as_str().to_owned(),
-                String::from_utf8_lossy(v.as_bytes()).trim().to_owned(),
-            )
-        })
-        .collect();
+    let amz = amz_headers(&parts.headers);
     let sts = sigv2::StringToSign {
         method: parts.method.as_str(),
         content_md5: header(&parts.headers, "content-md5").unwrap_or(""),
@@ -450,17 +453,7 @@ fn header_v2(creds: &Credentials, parts: &Parts, v2: &str) -> Result<Verdict, Au
         )
     })?;
     check_skew(at)?;
-    let amz: Vec<(String, String)> = parts
-        .headers
-        .iter()
-        .filter(|(k, _)| k.as_str().starts_with("x-amz-"))
-        .map(|(k, v)| {
-            (
-                k.as_str().to_owned(),
-                String::from_utf8_lossy(v.as_bytes()).trim().to_owned(),
-            )
-        })
-        .collect();
+    let amz = amz_headers(&parts.headers);
     let q = query_pairs(parts.uri.query().unwrap_or(""));
     let path = parts.uri.path();
     // A bucket's own resource is `/bucket/` to some signers (botocore) and `/bucket` to
