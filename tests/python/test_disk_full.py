@@ -232,3 +232,72 @@ def test_a_disk_smaller_than_the_capacity_serves_every_object_whole_and_admits_a
         _stop_process(proc)
         log.close()
         proxy.shutdown()
+
+
+def test_a_cluster_spills_past_a_member_whose_disk_is_full(tmp_path):
+    """Two members over one fs origin: n1's data dir is a 16 MiB tmpfs, n2's the plain
+    disk, both with a 1 GiB capacity. 60 objects of 1 MiB read through n2: n1 fills its
+    disk and says `admitting: false`; the objects it owns and cannot hold are then cached
+    once on n2 instead. Every read is right; in the end each object is held once."""
+    prefix = _namespace_prefix()
+    from conftest import wait_members_up
+    origin = tmp_path / "origin"
+    bucket = "spill"
+    (origin / bucket).mkdir(parents=True)
+    objects = {f"o{i:02}": _payload(300 + i, MiB) for i in range(60)}
+    for k, v in objects.items():
+        (origin / bucket / k).write_bytes(v)
+    ports = [_free_port(), _free_port()]
+    endpoints = [f"http://127.0.0.1:{p}" for p in ports]
+    peers = []
+    for i, e in enumerate(endpoints):
+        peers += ["--peer", f"n{i + 1}={e}"]
+    procs, logs = [], []
+    try:
+        for i, port in enumerate(ports):
+            data = tmp_path / f"data{i + 1}"
+            data.mkdir()
+            serve = [str(_server_binary()), "serve", "--node-id", f"n{i + 1}",
+                     "--backend", f"fs:{origin}", "--data-dir", str(data),
+                     "--listen", f"127.0.0.1:{port}", "--cache-capacity", "1GiB", *peers]
+            if i == 0:
+                serve = prefix + ["sh", "-c", 'mount -t tmpfs -o size=16m granary-disk "$0" '
+                                  '&& exec "$@"', str(data)] + serve
+            logs.append(tmp_path / f"n{i + 1}.log")
+            with open(logs[-1], "ab") as log:
+                procs.append(subprocess.Popen(serve, stdin=subprocess.DEVNULL, stdout=log,
+                                              stderr=subprocess.STDOUT))
+        wait_members_up(endpoints, procs, logs)
+        owners = {k: requests.get(f"{endpoints[1]}/_granary/cluster",
+                                  params={"bucket": bucket, "key": k}, timeout=10).json()["owner"]
+                  for k in objects}
+        assert 20 < list(owners.values()).count("n1"), "n1 owns more than its disk holds"
+
+        def a_pass():
+            with ThreadPoolExecutor(4) as ex:
+                got = list(ex.map(_get, [f"{endpoints[1]}/{bucket}/{k}" for k in objects]))
+            for (code, _, body, length), want in zip(got, objects.values()):
+                assert code == 200 and body == want and length == len(want)
+
+        a_pass()
+        deadline = time.monotonic() + 15
+        while True:
+            view = requests.get(f"{endpoints[1]}/_granary/cluster", timeout=10).json()
+            n1 = next(m for m in view["members"] if m["id"] == "n1")
+            if n1.get("admitting") is False:
+                break
+            assert time.monotonic() < deadline, f"n2 never heard n1 is full: {view}"
+            time.sleep(0.2)
+        a_pass()
+        a_pass()
+        held = [requests.get(f"{e}/_granary/stats", timeout=10).json() for e in endpoints]
+        assert held[0]["admitting"] is False and held[0]["objects"] < 16
+        mine_n2 = list(owners.values()).count("n2")
+        assert held[1]["objects"] > mine_n2, "n2 took objects n1 could not hold"
+        assert held[0]["objects"] + held[1]["objects"] == len(objects), \
+            f"each object held once: {held[0]['objects']} + {held[1]['objects']}"
+        assert all(requests.get(f"{e}/_granary/health", timeout=10).status_code == 200
+                   for e in endpoints)
+    finally:
+        for p in procs:
+            _stop_process(p)
