@@ -368,6 +368,14 @@ def test_missing_key_and_bucket(gs3, bkt):
     assert error_of(ei.value) == ("NoSuchBucket", 404)
 
 
+def test_get_by_part_number_over_the_s3_backend(gs3, bkt):
+    """`?partNumber=N` over the S3 backend: the store is asked where part N lies (moto
+    sends no `Content-Range`, so the lengths of the parts before it), and the part's
+    bytes are read like any range."""
+    from test_s3_fidelity import check_get_by_part_number
+    check_get_by_part_number(gs3, bkt)
+
+
 def test_an_unknown_upload_is_no_such_upload(gs3, moto, bkt):
     """Every way of naming an upload that does not exist is `404 NoSuchUpload` through
     Granary, as S3 answers (never a `503`, which clients retry); moto itself says so for

@@ -13,7 +13,7 @@ use tokio::sync::Semaphore;
 
 use super::{
     Backend, BackendError, BucketInfo, ByteRange, ByteStream, GetObject, ListPage, ListQuery,
-    ObjectMeta, ObjectParts, PartInfo, PutOptions, RangeFn, Result, Source, UploadInfo,
+    ObjectMeta, ObjectParts, PartInfo, PartOf, PutOptions, RangeFn, Result, Source, UploadInfo,
 };
 
 /// How long a read waits for a place before it is refused.
@@ -89,6 +89,10 @@ impl Source for Limited {
 
     async fn parts_of(&self, bucket: &str, key: &str) -> Result<Option<ObjectParts>> {
         self.inner.parts_of(bucket, key).await
+    }
+
+    async fn part_of(&self, bucket: &str, key: &str, n: usize) -> Result<Option<PartOf>> {
+        self.inner.part_of(bucket, key, n).await
     }
 
     async fn get_object(

@@ -128,6 +128,49 @@ pub struct ObjectParts {
     pub checksum_type: Option<String>,
 }
 
+/// Where one part of an object lies (`GET ?partNumber=N`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartOf {
+    /// The object's ETag.
+    pub etag: String,
+    /// How many parts the object has (1 for an object written whole).
+    pub count: usize,
+    /// The part; `None` when the object has no such part.
+    pub part: Option<PartRange>,
+    /// `COMPOSITE` or `FULL_OBJECT`, for an object completed with a checksum.
+    pub checksum_type: Option<String>,
+}
+
+/// One part's place in its object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartRange {
+    /// Its first byte.
+    pub start: u64,
+    pub len: u64,
+    /// The checksum it was uploaded with (header name, value).
+    pub checksum: Option<(String, String)>,
+}
+
+impl ObjectParts {
+    /// Where part `n` (from 1) lies.
+    pub fn part(&self, n: usize) -> PartOf {
+        let part = self
+            .parts
+            .get(n.wrapping_sub(1))
+            .map(|(len, checksum)| PartRange {
+                start: self.parts[..n - 1].iter().map(|(s, _)| s).sum(),
+                len: *len,
+                checksum: checksum.clone(),
+            });
+        PartOf {
+            etag: self.etag.clone(),
+            count: self.parts.len(),
+            part,
+            checksum_type: self.checksum_type.clone(),
+        }
+    }
+}
+
 /// What is known of a stored object.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ObjectMeta {
@@ -289,6 +332,11 @@ pub trait Source: Send + Sync + 'static {
     /// for an object written whole); `None` where the source does not know them.
     async fn parts_of(&self, _bucket: &str, _key: &str) -> Result<Option<ObjectParts>> {
         Ok(None)
+    }
+
+    /// Where part `n` (from 1) of the object lies; `None` where the source does not know.
+    async fn part_of(&self, bucket: &str, key: &str, n: usize) -> Result<Option<PartOf>> {
+        Ok(self.parts_of(bucket, key).await?.map(|p| p.part(n)))
     }
 }
 

@@ -36,8 +36,8 @@ use self::errors::{causes, from_code, Target};
 use self::list::{fill, lenient_parts, merge, rolled, url_decode, PartsPage};
 use super::{
     check_key, known_bucket, valid_bucket_name, Backend, BackendError, BucketInfo, ByteRange,
-    ByteStream, GetObject, ListPage, ListQuery, ObjectEntry, ObjectMeta, PartInfo, PutOptions,
-    RangeFn, Result, Source, UploadInfo,
+    ByteStream, GetObject, ListPage, ListQuery, ObjectEntry, ObjectMeta, PartInfo, PartOf,
+    PartRange, PutOptions, RangeFn, Result, Source, UploadInfo,
 };
 
 /// The region when the configuration chain names none.
@@ -327,6 +327,17 @@ macro_rules! object_meta {
     }};
 }
 
+/// The first byte of a `Content-Range: bytes A-B/T`.
+fn range_start(v: &str) -> Option<u64> {
+    v.trim()
+        .strip_prefix("bytes ")?
+        .split('-')
+        .next()?
+        .trim()
+        .parse()
+        .ok()
+}
+
 fn unquote(etag: Option<&str>) -> String {
     etag.unwrap_or("").trim().trim_matches('"').to_owned()
 }
@@ -410,6 +421,82 @@ impl Source for S3Backend {
             Err(e) => return Err(self.object_err(e, bucket, key).await),
         };
         Ok(object_meta!(out))
+    }
+
+    /// HEADs with `partNumber`: part 1 says how many parts there are; part N its length,
+    /// its checksum and, in `Content-Range`, where it begins. A store that does not send
+    /// `Content-Range` (moto) is asked for the lengths of the parts before N. The object's
+    /// ETag is read before and after (moto names the part's own ETag on a part's HEAD):
+    /// if it changed meanwhile, `503` (retried).
+    async fn part_of(&self, bucket: &str, key: &str, n: usize) -> Result<Option<PartOf>> {
+        check_key(key)?;
+        known_bucket(bucket)?;
+        let head = |n: usize| async move {
+            match self
+                .client
+                .head_object()
+                .bucket(bucket)
+                .key(key)
+                .part_number(n as i32)
+                .checksum_mode(aws_sdk_s3::types::ChecksumMode::Enabled)
+                .send()
+                .await
+            {
+                Ok(out) => Ok(out),
+                Err(e) => Err(self.object_err(e, bucket, key).await),
+            }
+        };
+        let etag = self.head_object(bucket, key).await?.etag;
+        let first = head(1).await?;
+        let count = first.parts_count().map_or(1, |c| c.max(1) as usize);
+        let checksum_type = first.checksum_type().map(|t| t.as_str().to_owned());
+        let changed = || {
+            BackendError::Unavailable(format!(
+                "`{bucket}/{key}` changed while its parts were looked up; retry"
+            ))
+        };
+        if n > count {
+            return Ok(Some(PartOf {
+                etag,
+                count,
+                part: None,
+                checksum_type,
+            }));
+        }
+        let out = if n == 1 { first } else { head(n).await? };
+        let start = match out.content_range().and_then(range_start) {
+            Some(start) => start,
+            None if n == 1 => 0,
+            None => {
+                let mut start = 0;
+                for i in 1..n {
+                    start += size(head(i).await?.content_length());
+                }
+                start
+            }
+        };
+        if self.head_object(bucket, key).await?.etag != etag {
+            return Err(changed());
+        }
+        let checksum = [
+            ("x-amz-checksum-crc32", out.checksum_crc32()),
+            ("x-amz-checksum-crc32c", out.checksum_crc32_c()),
+            ("x-amz-checksum-crc64nvme", out.checksum_crc64_nvme()),
+            ("x-amz-checksum-sha1", out.checksum_sha1()),
+            ("x-amz-checksum-sha256", out.checksum_sha256()),
+        ]
+        .into_iter()
+        .find_map(|(name, v)| v.map(|v| (name.to_owned(), v.to_owned())));
+        Ok(Some(PartOf {
+            etag,
+            count,
+            part: Some(PartRange {
+                start,
+                len: size(out.content_length()),
+                checksum,
+            }),
+            checksum_type,
+        }))
     }
 
     /// HEAD for the metadata the closure decides on, then a GET of just the bytes it

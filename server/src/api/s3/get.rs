@@ -168,22 +168,25 @@ async fn part_of(
             "Cannot specify both Range header and partNumber query parameter",
         ));
     }
-    let Some(layout) = state.node.backend.parts_of(bucket, key).await? else {
+    let Some(layout) = state.node.backend.part_of(bucket, key, n).await? else {
         return Err(S3Error::new(
             S3Code::NotImplemented,
             "this backend does not tell where an object's parts begin: read it whole or by range",
         ));
     };
-    let sizes: Vec<u64> = layout.parts.iter().map(|(size, _)| *size).collect();
-    let Some(&len) = sizes.get(n - 1) else {
+    let Some(crate::backend::PartRange {
+        start,
+        len,
+        checksum,
+    }) = layout.part
+    else {
         return Err(S3Error::new(
             S3Code::InvalidPartNumber,
             "The requested partnumber is not satisfiable",
         )
         .with_detail("PartNumberRequested", n.to_string())
-        .with_detail("ActualPartCount", sizes.len().to_string()));
+        .with_detail("ActualPartCount", layout.count.to_string()));
     };
-    let start: u64 = sizes[..n - 1].iter().sum();
     let range = (len > 0).then_some(RangeSpec::From {
         start,
         last: Some(start + len - 1),
@@ -191,8 +194,8 @@ async fn part_of(
     Ok(Part {
         range,
         etag: layout.etag,
-        count: sizes.len(),
-        checksum: layout.parts[n - 1].1.clone(),
+        count: layout.count,
+        checksum,
         kind: layout
             .checksum_type
             .unwrap_or_else(|| "COMPOSITE".to_owned()),
