@@ -130,12 +130,8 @@ async fn entry(State(state): State<Arc<AppState>>, mut req: Request) -> Response
             }
         }
     };
-    if req.headers().contains_key(granary_proto::headers::HOP) {
-        let (parts, body) = req.into_parts();
-        let member = state.node.cluster.member_of(&parts);
-        req = Request::from_parts(parts, body);
-        req.extensions_mut().insert(FromMember(member));
-    }
+    // A member's own request proves membership with its signature; a forwarded one with
+    // its hop.
     if req
         .headers()
         .contains_key(granary_proto::headers::PEER_AUTH)
@@ -144,6 +140,18 @@ async fn entry(State(state): State<Arc<AppState>>, mut req: Request) -> Response
             Ok(req) => req,
             Err(e) => return finish(&state, span, started, e.into_response(), permit),
         };
+    }
+    let verified = req
+        .extensions()
+        .get::<granary_proto::peer::Verified>()
+        .map(|v| v.0.clone());
+    if let Some(node) = verified {
+        req.extensions_mut().insert(FromMember(Some(node)));
+    } else if req.headers().contains_key(granary_proto::headers::HOP) {
+        let (parts, body) = req.into_parts();
+        let member = state.node.cluster.member_of(&parts);
+        req = Request::from_parts(parts, body);
+        req.extensions_mut().insert(FromMember(member));
     }
     let resp = async {
         let header_bytes: usize = req

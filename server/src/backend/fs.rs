@@ -539,31 +539,6 @@ fn key_of(bucket_dir: &Path, path: &Path) -> Option<String> {
     }
 }
 
-/// Every plain-key file under `dir` whose key could start with `prefix` (`rel` is `dir`'s
-/// key prefix, ending in `/` or empty). Reserved names are skipped (the escaped keys are
-/// walked on their own); symlinked folders are not followed.
-fn walk(dir: &Path, rel: &str, prefix: &str, out: &mut Vec<PathBuf>) {
-    let Ok(entries) = fs::read_dir(dir) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let Ok(ft) = entry.file_type() else { continue };
-        let name = entry.file_name();
-        let Some(name) = name.to_str() else { continue };
-        if name.starts_with(keypath::RESERVED) {
-            continue;
-        }
-        if ft.is_dir() {
-            let sub = format!("{rel}{name}/");
-            if sub.starts_with(prefix) || prefix.starts_with(&sub) {
-                walk(&entry.path(), &sub, prefix, out);
-            }
-        } else if ft.is_file() || (ft.is_symlink() && entry.path().is_file()) {
-            out.push(entry.path());
-        }
-    }
-}
-
 /// Every file under `dir`, reserved names included.
 fn walk_all(dir: &Path, out: &mut Vec<PathBuf>) {
     let Ok(entries) = fs::read_dir(dir) else {
@@ -577,22 +552,6 @@ fn walk_all(dir: &Path, out: &mut Vec<PathBuf>) {
             out.push(entry.path());
         }
     }
-}
-
-/// The files of every key of the bucket that could start with `prefix`.
-fn key_files(bucket_dir: &Path, prefix: &str) -> Vec<PathBuf> {
-    let mut files = Vec::new();
-    // Plain keys: start at the deepest folder the prefix names.
-    let (start, rel) = match prefix.rfind('/') {
-        Some(i) => match keypath::plain_path(&prefix[..i]) {
-            Some(p) => (bucket_dir.join(p), prefix[..=i].to_owned()),
-            None => (bucket_dir.to_path_buf(), String::new()),
-        },
-        None => (bucket_dir.to_path_buf(), String::new()),
-    };
-    walk(&start, &rel, prefix, &mut files);
-    walk_all(&bucket_dir.join(ESCAPE_DIR), &mut files);
-    files
 }
 
 /// Folders' entries in key order, kept between the pages of a listing so that a page
@@ -971,10 +930,15 @@ impl Backend for FsBackend {
         let bucket = bucket.to_owned();
         self.blocking(move |inner| {
             let dir = inner.bucket_dir(&bucket)?;
-            if !key_files(&dir, "").is_empty() {
+            let any = ListQuery {
+                max_keys: 1,
+                ..ListQuery::default()
+            };
+            if !list_sync(&inner.listings, &dir, &any).0.objects.is_empty() {
                 return Err(BackendError::BucketNotEmpty(bucket));
             }
             fs::remove_dir_all(&dir)?;
+            inner.listings.changed();
             Ok(())
         })
         .await

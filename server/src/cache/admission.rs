@@ -47,6 +47,8 @@ impl Cache {
         if !self.trusted() || self.room.full() {
             return false;
         }
+        // Asked before the locks: they serialize every commit.
+        let disk_free = self.room.look();
         let _commit = self.flights.lock();
         let mut index = self.lock_index();
         match index.admit(size) {
@@ -54,7 +56,7 @@ impl Cache {
                 for p in evicted {
                     let _ = fs::remove_file(p);
                 }
-                if !self.room.fits(index.usage().reserved) {
+                if !self.room.fits(disk_free, index.usage().reserved) {
                     index.release(size);
                     return false;
                 }

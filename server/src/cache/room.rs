@@ -38,11 +38,14 @@ impl Room {
         room
     }
 
-    /// Free bytes for the cache now (the filesystem's available space less the margin).
-    fn look(&self) -> io::Result<u64> {
-        let free = fs4::available_space(&self.dir)?.saturating_sub(self.margin);
+    /// Free bytes for the cache now (the filesystem's available space less the margin);
+    /// `None` when the filesystem does not answer.
+    pub fn look(&self) -> Option<u64> {
+        let free = fs4::available_space(&self.dir)
+            .ok()?
+            .saturating_sub(self.margin);
         self.free.store(free, Ordering::Relaxed);
-        Ok(free)
+        Some(free)
     }
 
     /// Free bytes for the cache when last looked.
@@ -55,12 +58,13 @@ impl Room {
         self.full.load(Ordering::Acquire)
     }
 
-    /// Whether the filesystem has room for every reservation in flight, `reserved`
-    /// bytes (the new one included). Their fills may have written part already, so this
-    /// errs on the side of refusing. No answer from the filesystem is no refusal.
-    pub fn fits(&self, reserved: u64) -> bool {
-        match self.look() {
-            Ok(free) if free < reserved => {
+    /// Whether `free` bytes (as [`Room::look`] found them) hold every reservation in
+    /// flight, `reserved` bytes (the new one included). Their fills may have written part
+    /// already, so this errs on the side of refusing. No answer from the filesystem is no
+    /// refusal.
+    pub fn fits(&self, free: Option<u64>, reserved: u64) -> bool {
+        match free {
+            Some(free) if free < reserved => {
                 self.refused("no room on the cache's filesystem");
                 false
             }
@@ -83,7 +87,7 @@ impl Room {
     /// Looks again (the watcher): admits again once the filesystem has room for the
     /// reservations in flight and a little more (1 MiB, or the margin if larger).
     pub fn recheck(&self, reserved: u64) {
-        let Ok(free) = self.look() else { return };
+        let Some(free) = self.look() else { return };
         if !self.full() {
             return;
         }
@@ -114,9 +118,12 @@ mod tests {
             free > 0 && free < u64::MAX,
             "looked at the filesystem: {free}"
         );
-        assert!(room.fits(1 << 10));
+        assert!(room.fits(room.look(), 1 << 10));
         assert!(!room.full());
-        assert!(!room.fits(free + (1 << 30)), "more than the disk has");
+        assert!(
+            !room.fits(room.look(), free + (1 << 30)),
+            "more than the disk has"
+        );
         assert!(room.full());
         room.recheck(free + (1 << 30));
         assert!(room.full(), "still no room for what is in flight");

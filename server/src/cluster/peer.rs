@@ -2,10 +2,10 @@
 //! for a committed copy of an object (a peer fill), and telling peers to drop copies of
 //! an object written or deleted through this node.
 //!
-//! Every request to a member carries `x-granary-hop` (so the receiver serves it locally
-//! instead of routing it again), which proves membership with a MAC under the cluster's
-//! secret. Requests a node makes itself also carry `x-granary-peer-auth`, the same MAC,
-//! which stands in for a client's signature. Forwarded client requests keep the client's
+//! Every request to a member proves membership (so the receiver serves it locally instead
+//! of routing it again) with a MAC under the cluster's secret: forwarded client requests
+//! in `x-granary-hop`; requests a node makes itself in `x-granary-peer-auth`, which also
+//! binds the body and stands in for a client's signature. Forwarded client requests keep the client's
 //! `Host` and signature, which the owner checks as if it had been asked directly.
 
 use std::time::{Duration, SystemTime};
@@ -97,28 +97,42 @@ fn hop_by_hop(name: &HeaderName) -> bool {
     )
 }
 
+/// A request to member `m` for `target` (path and query), unmarked.
+fn bare_request(m: &Member, method: &Method, target: &str, body: Body) -> Request<Body> {
+    let mut req = Request::new(body);
+    *req.method_mut() = method.clone();
+    *req.uri_mut() = format!("{}{}", m.url, target).parse().unwrap_or_default();
+    req
+}
+
 impl Cluster {
-    /// A request to member `m` made by this node, authenticated as a member's own
-    /// (`x-granary-peer-auth`, over the body's hash) where the cluster has a secret.
+    /// A request to member `m` made by this node, proving membership with
+    /// `x-granary-peer-auth` over the body's hash where the cluster has a secret (which
+    /// stands in for `x-granary-hop` too), else with `x-granary-hop`.
     fn own_request(&self, m: &Member, method: Method, target: &str, body: Bytes) -> Request<Body> {
+        if self.secret.is_none() {
+            return self.request_to(m, &method, target, Body::from(body));
+        }
         let sha = if body.is_empty() {
             granary_proto::peer::EMPTY_SHA256.to_owned()
         } else {
             granary_proto::sigv4::sha256_hex(&body)
         };
-        let out = super::Outgoing {
-            method: &method,
-            target,
-            body_sha256: &sha,
-        };
-        let value = self.secret.is_some().then(|| self.sign_for(&m.id, &out));
-        let mut req = self.request_to(m, &method, target, Body::from(body));
-        if let Some(Ok(v)) = value.map(|v| HeaderValue::from_str(&v)) {
+        let value = self.sign_for(
+            &m.id,
+            &super::Outgoing {
+                method: &method,
+                target,
+                body_sha256: &sha,
+            },
+        );
+        let mut req = bare_request(m, &method, target, Body::from(body));
+        if let Ok(v) = HeaderValue::from_str(&value) {
             req.headers_mut().insert(PEER_AUTH, v);
-            if sha != granary_proto::peer::EMPTY_SHA256 {
-                if let Ok(h) = HeaderValue::from_str(&sha) {
-                    req.headers_mut().insert(PEER_SHA256, h);
-                }
+        }
+        if sha != granary_proto::peer::EMPTY_SHA256 {
+            if let Ok(h) = HeaderValue::from_str(&sha) {
+                req.headers_mut().insert(PEER_SHA256, h);
             }
         }
         req
@@ -127,9 +141,7 @@ impl Cluster {
     /// A request to member `m` for `target` (path and query), marked as coming from a
     /// member (`x-granary-hop`, with its proof).
     fn request_to(&self, m: &Member, method: &Method, target: &str, body: Body) -> Request<Body> {
-        let mut req = Request::new(body);
-        *req.method_mut() = method.clone();
-        *req.uri_mut() = format!("{}{}", m.url, target).parse().unwrap_or_default();
+        let mut req = bare_request(m, method, target, body);
         if let Ok(v) = HeaderValue::from_str(&self.hop_value(&m.id, method, target)) {
             req.headers_mut().insert(HOP, v);
         }
