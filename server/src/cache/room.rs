@@ -22,6 +22,10 @@ pub struct Room {
     full: AtomicBool,
     /// Free bytes when last looked, less the margin.
     free: AtomicU64,
+    /// Free bytes when the disk last refused: it admits again only once it has gained
+    /// room since (its own fills in flight only ever take room, so a refusal they caused
+    /// does not undo itself, and what was left to other members is not taken back).
+    free_at_refusal: AtomicU64,
     /// Bytes left free (see [`margin`]).
     margin: u64,
 }
@@ -32,6 +36,7 @@ impl Room {
             dir: dir.to_owned(),
             full: AtomicBool::new(false),
             free: AtomicU64::new(u64::MAX),
+            free_at_refusal: AtomicU64::new(0),
             margin: fs4::total_space(dir).map_or(0, margin),
         };
         let _ = room.look();
@@ -74,7 +79,10 @@ impl Room {
 
     /// The disk refused: stop admitting until it has room.
     pub fn refused(&self, why: &str) {
+        let now = self.look().unwrap_or(0);
+        self.free_at_refusal.fetch_min(now, Ordering::AcqRel);
         if !self.full.swap(true, Ordering::AcqRel) {
+            self.free_at_refusal.store(now, Ordering::Release);
             tracing::warn!(
                 dir = %self.dir.display(),
                 free = self.free(),
@@ -84,15 +92,17 @@ impl Room {
         }
     }
 
-    /// Looks again (the watcher): admits again once the filesystem has room for the
-    /// reservations in flight and a little more (1 MiB, or the margin if larger).
+    /// Looks again (the watcher): admits again once the filesystem has gained 1 MiB
+    /// since the refusal and has room for the reservations in flight and a little more
+    /// (1 MiB, or the margin if larger).
     pub fn recheck(&self, reserved: u64) {
         let Some(free) = self.look() else { return };
         if !self.full() {
             return;
         }
         let wanted = reserved + self.margin.max(1 << 20);
-        if free >= wanted {
+        let gained = free >= self.free_at_refusal.load(Ordering::Acquire) + (1 << 20);
+        if free >= wanted && gained {
             self.full.store(false, Ordering::Release);
             tracing::info!(dir = %self.dir.display(), free, "the cache's disk has room again; admitting");
         }
@@ -112,6 +122,7 @@ mod tests {
     #[test]
     fn refuses_what_the_disk_cannot_hold_and_admits_again_once_it_can() {
         let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("ballast"), vec![7u8; 8 << 20]).unwrap();
         let room = Room::new(dir.path());
         let free = room.free();
         assert!(
@@ -128,7 +139,10 @@ mod tests {
         room.recheck(free + (1 << 30));
         assert!(room.full(), "still no room for what is in flight");
         room.recheck(0);
-        assert!(!room.full(), "room again");
+        assert!(room.full(), "nothing freed since the refusal");
+        std::fs::remove_file(dir.path().join("ballast")).unwrap();
+        room.recheck(0);
+        assert!(!room.full(), "room again once space is freed");
         room.refused("ENOSPC");
         assert!(room.full());
     }
