@@ -59,7 +59,15 @@ def owner(endpoint: str, bucket: str, key: str) -> str:
 
 def test_boto3_through_every_node(cluster, tmp_path):
     s3 = [make_s3_client(e) for e in cluster]
-    bucket = unique_bucket_name("cluster-boto3")
+    keys = [f"shards/shard-{i:03}.tar" for i in range(6)]
+    # Bucket names are random, and so is the owners' split of six keys: one in 243 names
+    # puts them all on one node. Take a name whose keys land on every node.
+    for _ in range(100):
+        bucket = unique_bucket_name("cluster-boto3")
+        if {owner(cluster[0], bucket, k) for k in keys} == set(IDS):
+            break
+    else:
+        pytest.fail("no bucket name in 100 spread six keys over three nodes")
     s3[0].create_bucket(Bucket=bucket)
     # Multipart (8 MiB parts) and single-part uploads, each through a different node.
     cfg = TransferConfig(multipart_threshold=8 * MiB, multipart_chunksize=8 * MiB)
@@ -69,11 +77,11 @@ def test_boto3_through_every_node(cluster, tmp_path):
         data = os.urandom(size)
         path = tmp_path / f"up{i}"
         path.write_bytes(data)
-        key = f"shards/shard-{i:03}.tar"
+        key = keys[i]
         s3[i % 3].upload_file(str(path), bucket, key, Config=cfg)
         bodies[key] = data
     owners = {k: owner(cluster[0], bucket, k) for k in bodies}
-    assert len(set(owners.values())) >= 2, f"keys all on one node: {owners}"
+    assert set(owners.values()) == set(IDS), f"the owners moved: {owners}"
     for k, data in bodies.items():
         # The owners agree whichever node is asked.
         assert {owner(e, bucket, k) for e in cluster} == {owners[k]}
