@@ -2,8 +2,9 @@
 # Every test of the project, in tiers that share one release build:
 #   1. formatting and lints (cargo fmt, cargo clippy -D warnings)
 #   2. unit tests and Rust integration tests (real granary processes, aws-sdk-s3)
-#   3. real-client tests in a venv this script creates (boto3, the AWS CLI, moto, pytest);
-#      the venv is made first, since Rust tests start moto from it too
+#   3. real-client tests in a venv this script creates (boto3, the AWS CLI, moto, pytest,
+#      torch, and the granary package itself); the venv is made first, since Rust tests
+#      start moto from it too
 #   4. Ceph's S3 conformance suite (s3-tests, vendored) on the operations Granary serves
 # Needs: a Rust toolchain, python3 with venv. Installs the Python packages it uses, and
 # dnsmasq (Debian's dnsmasq-base, with apt-get) for the member-list-from-DNS test.
@@ -67,6 +68,12 @@ fi
   -r tests/python/requirements.txt -r tests/s3-tests/requirements.txt
 export PATH="$venv/bin:$PATH"
 export MOTO_SERVER="$venv/bin/moto_server"
+
+step "the granary Python package (client/python, built with maturin over the release build)"
+# No build isolation: maturin comes from the venv, and cargo reuses the build above.
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-build-isolation \
+  ./client/python
+"$venv/bin/python" -c 'import granary; print("granary", granary.__file__)'
 
 step "a DNS server for the member-list tests (Debian's dnsmasq-base)"
 if ! command -v dnsmasq >/dev/null 2>&1 && [ ! -x /usr/sbin/dnsmasq ]; then

@@ -32,7 +32,8 @@ pub use dataset::{Dataset, DatasetBuilder, Epoch, Sample};
 pub use dates::format_time;
 pub use local::{Local, LocalBytes, LocalFile, Mapping};
 pub use native::{
-    BatchItem, ClusterView, Job, JobState, Member, MemberState, Missing, MISSING_PREFIX,
+    ArchiveList, BatchItem, ClusterView, Job, JobState, Member, MemberState, Missing,
+    MISSING_PREFIX,
 };
 pub use objects::{GetOptions, Listing, ObjectInfo, ObjectMeta, ObjectReader};
 pub use sign::Credentials;

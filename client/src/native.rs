@@ -44,7 +44,9 @@ impl MemberState {
 pub struct Member {
     /// Its `--node-id`.
     pub id: String,
-    /// Where it serves, `http://host:port`.
+    /// Where it serves, `http://host:port` (shown to signed requests, or by an open
+    /// cluster).
+    #[serde(default)]
     pub url: String,
     pub state: MemberState,
     /// Its share of the keys, relative to the others.
@@ -61,6 +63,16 @@ pub struct ClusterView {
     /// The member that owns the key asked about ([`Client::owner_of`]).
     #[serde(default)]
     pub owner: Option<String>,
+}
+
+/// `?archlist`: a `.tar` shard's regular files.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct ArchiveList {
+    /// The version listed, without quotes.
+    pub etag: String,
+    pub size: u64,
+    /// Name, data offset, size; in archive order.
+    pub members: Vec<(String, u64, u64)>,
 }
 
 /// Where a job stands.
@@ -216,6 +228,15 @@ impl Client {
         serde_json::from_slice(&body).map_err(|source| Error::Json { path, source })
     }
 
+    /// `GET` of a native-API route (`/_granary/…`; the path and query already encoded),
+    /// its JSON answer as it is.
+    pub fn get_json(&mut self, target: &str) -> Result<serde_json::Value> {
+        let (path, query) = target.split_once('?').unwrap_or((target, ""));
+        let mut req = Req::new("GET", path.to_owned());
+        req.query = granary_proto::encode::query_pairs(query);
+        self.json(req)
+    }
+
     /// `GET /_granary/health`: succeeds when the node serves.
     pub fn health(&mut self) -> Result<serde_json::Value> {
         self.json(Req::new("GET", "/_granary/health".into()))
@@ -237,6 +258,21 @@ impl Client {
             .query("bucket", bucket)
             .query("key", key);
         self.json(req)
+    }
+
+    /// `GET /{bucket}/{key}?archlist`: the regular files of a `.tar` shard in archive
+    /// order, each with its data offset and size, in the version the ETag names.
+    pub fn list_archive(&mut self, bucket: &str, key: &str) -> Result<ArchiveList> {
+        let req = Req::new("GET", crate::client::object_path(bucket, key)?).query("archlist", "");
+        let path = req.target();
+        let (h, mut body) = self.call(req)?;
+        // A node from before member lists sends the shard itself: not read.
+        if h.header("content-type") != Some("application/json") {
+            return Err(Error::Invalid(format!("{path}: no member list")));
+        }
+        let bytes = body.read_all(MAX_JSON).map_err(|e| self.io(e))?;
+        self.done(body);
+        serde_json::from_slice(&bytes).map_err(|source| Error::Json { path, source })
     }
 
     /// `POST /_granary/prefetch`: starts warming the cache cluster-wide with every object

@@ -83,6 +83,9 @@ pub struct GetOptions {
     pub archpath: Option<String>,
     /// `?transform=NAME`: the object after an on-node transform.
     pub transform: Option<String>,
+    /// `If-Match`: only this version (an ETag, with or without its quotes); another
+    /// answers `412 PreconditionFailed`.
+    pub if_match: Option<String>,
 }
 
 /// An object's body as it arrives, with its headers. Owns its connection, so it can be
@@ -138,6 +141,9 @@ pub(crate) fn get_request(bucket: &str, key: &str, opts: &GetOptions) -> Result<
             return Err(Error::Invalid(format!("empty range {r:?}")));
         }
         req = req.header("range", &format!("bytes={}-{}", r.start, r.end - 1));
+    }
+    if let Some(etag) = &opts.if_match {
+        req = req.header("if-match", &format!("\"{}\"", etag.trim_matches('"')));
     }
     Ok(req)
 }

@@ -8,6 +8,8 @@
 //! - [`xml`]: S3's XML documents, written and read; [`code`]: S3 error codes.
 //! - [`encode`]: keys, paths and queries; [`range`]: the `Range` header;
 //!   [`headers`]: header names; [`units`]: sizes and durations for people.
+//! - [`ring`]: which member owns a key (weighted rendezvous hashing), for the node's
+//!   routing and for clients that read each key from its owner.
 
 pub mod auth;
 pub mod code;
@@ -15,6 +17,7 @@ pub mod encode;
 pub mod headers;
 pub mod peer;
 pub mod range;
+pub mod ring;
 pub mod sigv2;
 pub mod sigv4;
 pub mod units;

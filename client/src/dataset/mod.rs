@@ -19,8 +19,11 @@
 //! own connection) while the current one is read; with `0`, each shard is streamed as it
 //! is consumed and only the sample being built is in memory.
 
+pub mod catalog;
 mod fetch;
 mod order;
+pub mod plan;
+pub mod planned;
 mod samples;
 
 use std::time::Duration;
@@ -38,6 +41,11 @@ const SHARD_SUFFIXES: [&str; 3] = [".tar", ".tar.gz", ".tgz"];
 /// Whether a key names a shard (`.tar`, `.tar.gz`, `.tgz`).
 pub fn is_shard(key: &str) -> bool {
     SHARD_SUFFIXES.iter().any(|s| key.ends_with(s))
+}
+
+/// Whether a shard is compressed (`.tar.gz`, `.tgz`): read whole, never by range.
+pub fn is_compressed(key: &str) -> bool {
+    key.ends_with(".tar.gz") || key.ends_with(".tgz")
 }
 
 /// Settings of a [`Dataset`]; [`DatasetBuilder::build`] lists the shards.

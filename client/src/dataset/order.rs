@@ -64,7 +64,17 @@ pub(crate) fn epoch_order(
     epoch: u64,
     shuffle_on: bool,
 ) -> Vec<String> {
-    let mut order = shards.to_vec();
+    epoch_order_of(shards, seed, epoch, shuffle_on)
+}
+
+/// [`epoch_order`] of any items: the same permutation for the same count, seed and epoch.
+pub(crate) fn epoch_order_of<T: Clone>(
+    items: &[T],
+    seed: u64,
+    epoch: u64,
+    shuffle_on: bool,
+) -> Vec<T> {
+    let mut order = items.to_vec();
     if shuffle_on {
         let mut rng = SplitMix64::new(derive_seed(&[SHARDS, seed, epoch]));
         shuffle(&mut order, &mut rng);

@@ -449,20 +449,21 @@ impl Node {
         Ok((transform::result_meta(t, &out), out))
     }
 
-    /// The member index of a `.tar` shard, reading the shard into the cache first if
-    /// need be (for a transform of its members one by one).
+    /// The member index of a `.tar` shard and the version it indexes, reading the shard
+    /// into the cache first if need be (for a transform of its members one by one, or a
+    /// listing of them).
     pub async fn shard_index(
         self: &Arc<Self>,
         bucket: &str,
         key: &str,
-    ) -> Result<Arc<archive::TarIndex>, NodeError> {
+    ) -> Result<(ObjectMeta, Arc<archive::TarIndex>), NodeError> {
         let src = &*self.backend;
-        if let Some((_, idx)) = self.cache.tar_index(src, bucket, key).await? {
-            return Ok(idx);
+        if let Some(found) = self.cache.tar_index(src, bucket, key).await? {
+            return Ok(found);
         }
         if self.cache.hold(src, bucket, key).await? {
-            if let Some((_, idx)) = self.cache.tar_index(src, bucket, key).await? {
-                return Ok(idx);
+            if let Some(found) = self.cache.tar_index(src, bucket, key).await? {
+                return Ok(found);
             }
         }
         Err(NodeError::ShardNotHeld)

@@ -535,7 +535,7 @@ async fn whole_shard(
             "a transformed shard's size is known once it is built: use GET",
         ));
     }
-    let idx = state.node.shard_index(bucket, key).await?;
+    let (_, idx) = state.node.shard_index(bucket, key).await?;
     let mut members: Vec<(&String, &archive::Member)> = idx.iter().collect();
     members.sort_by_key(|(_, m)| m.offset);
     let names: Vec<String> = members.iter().map(|(n, _)| (*n).clone()).collect();
@@ -550,5 +550,40 @@ async fn whole_shard(
     if let Ok(v) = HeaderValue::from_str(&t.name) {
         resp.headers_mut().insert(TRANSFORM, v);
     }
+    Ok(resp)
+}
+
+/// `GET /{bucket}/{key}?archlist`: the regular files of a `.tar` shard in archive order,
+/// with their data offsets and sizes in the version the ETag names, so that a reader can
+/// fetch runs of members with range reads (`If-Match` that ETag) instead of the whole
+/// shard. The shard is read into the cache if need be; a shard the cache cannot hold
+/// answers `503`, and a compressed one `400` (its members have no byte offsets).
+pub async fn archive_list(state: &AppState, r: Req) -> Result<Response, S3Error> {
+    let (bucket, key) = (&r.bucket, r.key());
+    if Format::of(key) != Some(Format::Tar) {
+        return Err(S3Error::new(
+            S3Code::InvalidArgument,
+            "archlist lists the members of .tar shards (a compressed shard has no member offsets)",
+        )
+        .with_resource(r.resource()));
+    }
+    let (meta, idx) = state.node.shard_index(bucket, key).await?;
+    let mut members: Vec<(&String, &archive::Member)> = idx.iter().collect();
+    members.sort_by_key(|(_, m)| m.offset);
+    let body = serde_json::json!({
+        "etag": meta.etag,
+        "size": meta.size,
+        "members": members
+            .iter()
+            .map(|(n, m)| serde_json::json!([n, m.offset, m.size]))
+            .collect::<Vec<_>>(),
+    });
+    let mut resp = (StatusCode::OK, body.to_string()).into_response();
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp.headers_mut()
+        .insert(header::ETAG, super::quoted(&meta.etag));
     Ok(resp)
 }

@@ -263,6 +263,10 @@ async fn dispatch(state: &AppState, r: Req) -> Result<Response, S3Error> {
             op("GetTransformed");
             get::get(state, r, m == Method::HEAD).await
         }
+        (&Method::GET, true) if r.has("archlist") => {
+            op("ListArchive");
+            get::archive_list(state, r).await
+        }
         (&Method::GET | &Method::HEAD, true) if r.has("archpath") => {
             op("GetArchiveMember");
             get::get(state, r, m == Method::HEAD).await

@@ -1,0 +1,201 @@
+"""Granary's client for training jobs.
+
+``Client`` reads and writes objects, shard members, GetBatch streams and prefetch jobs on
+any node. ``ShardDataset`` is a PyTorch ``IterableDataset`` over WebDataset-style tar
+shards: a per-epoch order every rank computes alike, samples split exactly over ranks and
+DataLoader workers with equal counts per rank, reads routed to each shard's owner, and
+mid-epoch resume on the same or another world size. The work is done in Rust
+(``granary._granary``, over the ``granary-client`` crate); calls that wait on the network
+release the GIL.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
+from ._granary import BatchIter, Client, GranaryError, SampleIter, Shards
+
+__all__ = ["Client", "GranaryError", "ShardDataset", "map_local"]
+
+GranaryError.message = property(lambda self: self.args[0] if self.args else "")
+GranaryError.code = property(lambda self: self.args[1] if len(self.args) > 1 else None)
+GranaryError.status = property(lambda self: self.args[2] if len(self.args) > 2 else None)
+
+try:  # torch is optional for Client; ShardDataset is a torch dataset when it is there.
+    from torch.utils.data import IterableDataset as _Base
+    from torch.utils.data import get_worker_info as _worker_info
+except ImportError:  # pragma: no cover - exercised without torch only
+    _Base = object  # type: ignore[assignment,misc]
+
+    def _worker_info():  # type: ignore[no-redef]
+        return None
+
+
+def map_local(client: Client, bucket: str, key: str,
+              range: Optional[Tuple[int, int]] = None) -> Optional[memoryview]:
+    """An object's bytes as a read-only ``memoryview`` over the node's cache file, with no
+    copy, when the node runs on this machine (a ``unix:`` endpoint, or ``local_socket``)
+    and holds the object; else ``None``."""
+    got = client.open_local(bucket, key, range)
+    if got is None:
+        return None
+    fd, offset, length = got
+    try:
+        if length == 0:
+            return memoryview(b"")
+        start = offset - offset % mmap.ALLOCATIONGRANULARITY
+        m = mmap.mmap(fd, length + (offset - start), access=mmap.ACCESS_READ, offset=start)
+    finally:
+        os.close(fd)
+    return memoryview(m)[offset - start:offset - start + length]
+
+
+def _rank_and_world(rank: Optional[int], world_size: Optional[int]) -> Tuple[int, int]:
+    if rank is not None and world_size is not None:
+        return rank, world_size
+    try:
+        import torch.distributed as dist
+        if dist.is_available() and dist.is_initialized():
+            return (dist.get_rank() if rank is None else rank,
+                    dist.get_world_size() if world_size is None else world_size)
+    except ImportError:  # pragma: no cover
+        pass
+    r = int(os.environ.get("RANK", "0")) if rank is None else rank
+    w = int(os.environ.get("WORLD_SIZE", "1")) if world_size is None else world_size
+    return r, w
+
+
+class ShardDataset(_Base):  # type: ignore[misc,valid-type]
+    """Samples of the tar shards under ``prefix``, one dict each:
+    ``{"__key__": str, "__url__": shard key, EXT: bytes, ...}``.
+
+    Each epoch (``set_epoch``) has one order, a function of ``seed``, the epoch and the
+    dataset: shards shuffled, their samples laid end to end, each rank taking a contiguous
+    span of it (so reads stay sequential within shards), mixed through a
+    ``shuffle_buffer`` of samples. Every rank yields the same count: a few samples are
+    repeated to pad, or with ``drop_last`` the remainder is dropped. DataLoader workers
+    take whole batches of ``batch_size`` in turn, so the training loop sees the rank's
+    order whatever the number of workers; give the DataLoader's ``batch_size`` for exact
+    resume with workers.
+
+    ``state_dict(consumed)`` (samples consumed in the epoch by all ranks together) and
+    ``load_state_dict`` resume the epoch on any world size: the samples not yet consumed,
+    each exactly once across the new ranks.
+    """
+
+    def __init__(self, endpoint: str, bucket: str, prefix: str, seed: int = 0,
+                 shuffle_buffer: int = 0, rank: Optional[int] = None,
+                 world_size: Optional[int] = None, drop_last: bool = False,
+                 access_key: Optional[str] = None, secret_key: Optional[str] = None, *,
+                 batch_size: int = 1, read_ahead: int = 2, shuffle_shards: bool = True,
+                 route: bool = True, region: str = "us-east-1", timeout: float = 60.0):
+        super().__init__()
+        self.endpoint = endpoint
+        self.bucket = bucket
+        self.prefix = prefix
+        self.seed = int(seed)
+        self.shuffle_buffer = int(shuffle_buffer)
+        self.rank, self.world_size = _rank_and_world(rank, world_size)
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank {self.rank} of world size {self.world_size}")
+        self.drop_last = bool(drop_last)
+        self.batch_size = max(1, int(batch_size))
+        self.read_ahead = max(0, int(read_ahead))
+        self.shuffle_shards = bool(shuffle_shards)
+        self.route = bool(route)
+        self._auth = (access_key, secret_key, region, float(timeout))
+        self.epoch = 0
+        # The resume history of epoch `_rounds_epoch`: (world_size, shuffle_buffer,
+        # drop_last, consumed) per round.
+        self._rounds: List[Tuple[int, int, bool, int]] = []
+        self._rounds_epoch: Optional[int] = None
+        self._shards = Shards.list(endpoint, bucket, prefix, access_key, secret_key,
+                                   region, float(timeout))
+
+    # The catalog crosses to spawned workers as JSON; connections are never inherited.
+    def __getstate__(self) -> Dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_shards"] = self._shards.to_json()
+        return state
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        state = dict(state)
+        state["_shards"] = Shards.from_json(state["_shards"])
+        self.__dict__.update(state)
+
+    @property
+    def shards(self) -> List[str]:
+        """The shard keys, in key order."""
+        return self._shards.keys()
+
+    @property
+    def num_samples(self) -> int:
+        """Samples in the dataset."""
+        return len(self._shards)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def _current_rounds(self) -> List[Tuple[int, int, bool, int]]:
+        return list(self._rounds) if self._rounds_epoch == self.epoch else []
+
+    def __len__(self) -> int:
+        """Samples this rank yields in the current epoch (all its workers together)."""
+        return self._shards.count(self.epoch, self.seed, self.shuffle_shards,
+                                  self._current_rounds(), self.world_size,
+                                  self.shuffle_buffer, self.drop_last)
+
+    def __iter__(self) -> Iterator[Dict[str, Any]]:
+        info = _worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        access_key, secret_key, region, timeout = self._auth
+        return self._shards.read(
+            self.endpoint, self.epoch, self.seed, self.shuffle_shards,
+            self._current_rounds(), self.world_size, self.shuffle_buffer, self.drop_last,
+            self.rank, worker, workers, self.batch_size, self.read_ahead, self.route,
+            access_key, secret_key, region, timeout)
+
+    def state_dict(self, consumed: int) -> Dict[str, Any]:
+        """Where the epoch stands after ``consumed`` samples by all ranks together (each
+        rank the same count)."""
+        rounds = self._current_rounds()
+        before = sum(r[3] for r in rounds)
+        now = int(consumed) - before
+        if now < 0 or now % self.world_size:
+            raise ValueError(
+                f"consumed={consumed}: expected {before} consumed before this run plus a "
+                f"multiple of the world size {self.world_size}")
+        rounds.append((self.world_size, self.shuffle_buffer, self.drop_last, now))
+        return {
+            "version": 1,
+            "epoch": self.epoch,
+            "seed": self.seed,
+            "shuffle_shards": self.shuffle_shards,
+            "samples": self.num_samples,
+            "consumed": int(consumed),
+            "rounds": [list(r) for r in rounds],
+        }
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Resumes the epoch ``state`` describes: this dataset then yields this rank's
+        share of the samples not yet consumed."""
+        if state.get("version") != 1:
+            raise ValueError(f"unknown state version {state.get('version')!r}")
+        if state["seed"] != self.seed or state["shuffle_shards"] != self.shuffle_shards:
+            raise ValueError("the state was taken with another seed or shard shuffle")
+        if state["samples"] != self.num_samples:
+            raise ValueError(
+                f"the state was taken on a dataset of {state['samples']} samples; "
+                f"this one has {self.num_samples}")
+        self.epoch = int(state["epoch"])
+        self._rounds = [(int(w), int(s), bool(d), int(c)) for w, s, d, c in state["rounds"]]
+        self._rounds_epoch = self.epoch
+
+    def prefetch_ahead(self) -> str:
+        """Asks the cluster to warm every shard of the dataset (for the next epoch, or
+        before the first): the prefetch job's id, for ``Client.job``."""
+        access_key, secret_key, region, timeout = self._auth
+        c = Client(self.endpoint, access_key, secret_key, region, timeout)
+        return c.prefetch(self.bucket, self.prefix)

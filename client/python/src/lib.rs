@@ -1,0 +1,531 @@
+//! `granary._granary`: the Rust half of the `granary` Python package. Every call that
+//! waits on the network lets go of the interpreter (`Python::detach`), so other Python
+//! threads run meanwhile. Connections belong to the process that opened them: after a
+//! fork (DataLoader workers), the child opens its own on first use.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use granary_client::dataset::catalog::Catalog;
+use granary_client::dataset::plan::{Round, Split};
+use granary_client::dataset::planned::{
+    plan_epoch, read_epoch, EpochSpec, PlannedRead, ReadSettings, Router,
+};
+use granary_client::{BatchItem, Credentials, GetOptions, Local, Missing, ObjectReader, TarReader};
+use pyo3::exceptions::{PyException, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict};
+
+pyo3::create_exception!(
+    _granary,
+    GranaryError,
+    PyException,
+    "A request Granary refused or could not serve: args are (message, S3 code or None, HTTP status or None)."
+);
+
+/// The Python exception for a client error: its message, S3 code and HTTP status.
+fn py_err(e: granary_client::Error) -> PyErr {
+    GranaryError::new_err((e.to_string(), e.code().map(str::to_owned), e.status()))
+}
+
+fn pid() -> u32 {
+    std::process::id()
+}
+
+fn credentials(
+    access_key: Option<&str>,
+    secret_key: Option<&str>,
+    region: &str,
+) -> PyResult<Option<Credentials>> {
+    match (access_key, secret_key) {
+        (Some(a), Some(s)) => Ok(Some(Credentials::new(a, s, region))),
+        (None, None) => Ok(None),
+        _ => Err(PyValueError::new_err(
+            "give both access_key and secret_key, or neither",
+        )),
+    }
+}
+
+fn new_client(
+    endpoint: &str,
+    creds: Option<Credentials>,
+    timeout: f64,
+) -> Result<granary_client::Client, granary_client::Error> {
+    let c = granary_client::Client::new(endpoint)?
+        .with_credentials_opt(creds)
+        .with_timeout(Duration::from_secs_f64(timeout.max(0.001)));
+    Ok(c)
+}
+
+/// Where a dataset reads: each shard from its owner, as the cluster's ring says when
+/// `route` (a node that cannot say is read through alone), else `endpoint` for all.
+fn router_for(
+    endpoint: &str,
+    creds: &Option<Credentials>,
+    timeout: f64,
+    route: bool,
+) -> granary_client::Result<Router> {
+    if !route || endpoint.starts_with("unix:") {
+        return Ok(Router::single(endpoint));
+    }
+    let mut c = new_client(endpoint, creds.clone(), timeout)?;
+    match c.cluster() {
+        Ok(view) => Ok(Router::from_view(endpoint, &view)),
+        Err(e) if matches!(e.status(), Some(401 | 403)) => Err(e),
+        Err(_) => Ok(Router::single(endpoint)),
+    }
+}
+
+/// A client of one node (`http://host:port`, or `unix:PATH` on the node's machine).
+#[pyclass(module = "granary._granary")]
+struct Client {
+    /// The process that opened the connection, and the client.
+    inner: Mutex<(u32, granary_client::Client)>,
+}
+
+impl Client {
+    /// Runs `f` on this process's client, without the interpreter.
+    fn call<T: Send>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&mut granary_client::Client) -> granary_client::Result<T> + Send,
+    ) -> PyResult<T> {
+        py.detach(|| {
+            let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+            if g.0 != pid() {
+                // Forked: the parent's connection is not ours to use.
+                g.1 = g.1.fresh();
+                g.0 = pid();
+            }
+            f(&mut g.1)
+        })
+        .map_err(py_err)
+    }
+}
+
+fn json_to_py(py: Python<'_>, v: &serde_json::Value) -> PyResult<Py<PyAny>> {
+    let json = py.import("json")?;
+    Ok(json.call_method1("loads", (v.to_string(),))?.unbind())
+}
+
+#[pymethods]
+impl Client {
+    #[new]
+    #[pyo3(signature = (endpoint, access_key=None, secret_key=None, region="us-east-1", timeout=60.0, local_socket=None))]
+    fn new(
+        endpoint: &str,
+        access_key: Option<&str>,
+        secret_key: Option<&str>,
+        region: &str,
+        timeout: f64,
+        local_socket: Option<&str>,
+    ) -> PyResult<Self> {
+        let creds = credentials(access_key, secret_key, region)?;
+        let mut c = new_client(endpoint, creds, timeout).map_err(py_err)?;
+        if let Some(path) = local_socket {
+            c = c.with_local_socket(path);
+        }
+        Ok(Client {
+            inner: Mutex::new((pid(), c)),
+        })
+    }
+
+    /// The node's address.
+    #[getter]
+    fn endpoint(&self) -> String {
+        self.inner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .1
+            .endpoint()
+            .to_owned()
+    }
+
+    /// An object's bytes; `range=(start, end_inclusive)` for part of it.
+    #[pyo3(signature = (bucket, key, range=None))]
+    fn get<'py>(
+        &self,
+        py: Python<'py>,
+        bucket: &str,
+        key: &str,
+        range: Option<(u64, u64)>,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let opts = GetOptions {
+            range: range_of(range)?,
+            ..GetOptions::default()
+        };
+        let data = self.call(py, |c| c.get_with(bucket, key, &opts))?;
+        Ok(PyBytes::new(py, &data))
+    }
+
+    /// One file of a tar shard (`?archpath=`).
+    fn get_member<'py>(
+        &self,
+        py: Python<'py>,
+        bucket: &str,
+        shard_key: &str,
+        member: &str,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let data = self.call(py, |c| c.get_member(bucket, shard_key, member))?;
+        Ok(PyBytes::new(py, &data))
+    }
+
+    /// Where an object's bytes lie in the node's cache file, when the node is on this
+    /// machine and has it cached: `(fd, offset, length)`, the descriptor the caller's to
+    /// map and close; else `None` (read it with `get`).
+    #[pyo3(signature = (bucket, key, range=None))]
+    fn open_local(
+        &self,
+        py: Python<'_>,
+        bucket: &str,
+        key: &str,
+        range: Option<(u64, u64)>,
+    ) -> PyResult<Option<(i32, u64, u64)>> {
+        use std::os::fd::IntoRawFd;
+        let opts = GetOptions {
+            range: range_of(range)?,
+            ..GetOptions::default()
+        };
+        let got = self.call(py, |c| c.open_local(bucket, key, &opts))?;
+        Ok(match got {
+            Local::File(f) => {
+                let (offset, len) = (f.offset(), f.len());
+                Some((f.into_fd().into_raw_fd(), offset, len))
+            }
+            Local::Bytes(..) => None,
+        })
+    }
+
+    /// Writes an object; returns its ETag.
+    fn put(&self, py: Python<'_>, bucket: &str, key: &str, data: Vec<u8>) -> PyResult<String> {
+        self.call(py, |c| c.put_bytes(bucket, key, &data))
+    }
+
+    /// Every key under `prefix`, all pages.
+    #[pyo3(signature = (bucket, prefix=""))]
+    fn list(&self, py: Python<'_>, bucket: &str, prefix: &str) -> PyResult<Vec<String>> {
+        let listed = self.call(py, |c| c.list(bucket, prefix))?;
+        Ok(listed.into_iter().map(|o| o.key).collect())
+    }
+
+    /// GetBatch: `items` are `(bucket, key)` or `(bucket, key, member)`; yields
+    /// `(name, bytes)` in their order as the tar stream arrives.
+    fn batch(&self, py: Python<'_>, items: Vec<Vec<String>>) -> PyResult<BatchIter> {
+        let items = items
+            .iter()
+            .map(|it| match it.as_slice() {
+                [b, k] => Ok(BatchItem::object(b, k)),
+                [b, k, m] => Ok(BatchItem::member(b, k, m)),
+                _ => Err(PyValueError::new_err(
+                    "a batch item is (bucket, key) or (bucket, key, member)",
+                )),
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        let reader = self.call(py, |c| c.open_batch(&items, Missing::Error))?;
+        Ok(BatchIter {
+            tar: Mutex::new(Some(TarReader::new(reader))),
+        })
+    }
+
+    /// Starts warming the cluster's cache with every object under `prefix`: the job id.
+    fn prefetch(&self, py: Python<'_>, bucket: &str, prefix: &str) -> PyResult<String> {
+        self.call(py, |c| c.prefetch(bucket, prefix))
+    }
+
+    /// A job's progress, as `/_granary/jobs/{id}` says.
+    fn job(&self, py: Python<'_>, id: &str) -> PyResult<Py<PyAny>> {
+        if id.is_empty() {
+            return Err(PyValueError::new_err("empty job id"));
+        }
+        let path = format!("/_granary/jobs/{}", granary_proto::encode::query_value(id));
+        let v = self.json(py, &path)?;
+        json_to_py(py, &v)
+    }
+
+    /// The cluster as this node sees it (`/_granary/cluster`).
+    fn cluster(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let v = self.json(py, "/_granary/cluster")?;
+        json_to_py(py, &v)
+    }
+
+    /// The node's counters (`/_granary/stats`).
+    fn stats(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let v = self.json(py, "/_granary/stats")?;
+        json_to_py(py, &v)
+    }
+}
+
+impl Client {
+    fn json(&self, py: Python<'_>, target: &str) -> PyResult<serde_json::Value> {
+        self.call(py, |c| c.get_json(target))
+    }
+}
+
+fn range_of(range: Option<(u64, u64)>) -> PyResult<Option<std::ops::Range<u64>>> {
+    match range {
+        None => Ok(None),
+        Some((a, b)) if b >= a => Ok(Some(a..b + 1)),
+        Some((a, b)) => Err(PyValueError::new_err(format!(
+            "range ({a}, {b}): the end (inclusive) is before the start"
+        ))),
+    }
+}
+
+/// The members of a GetBatch answer as they arrive.
+#[pyclass(module = "granary._granary")]
+struct BatchIter {
+    tar: Mutex<Option<TarReader<ObjectReader>>>,
+}
+
+#[pymethods]
+impl BatchIter {
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Option<(String, Bound<'py, PyBytes>)>> {
+        let next = py.detach(|| {
+            let mut g = self.tar.lock().unwrap_or_else(|p| p.into_inner());
+            let Some(tar) = g.as_mut() else {
+                return Ok(None);
+            };
+            let got = tar.next_file();
+            if !matches!(got, Ok(Some(_))) {
+                *g = None;
+            }
+            got
+        });
+        match next {
+            Ok(Some((name, data))) => Ok(Some((name, PyBytes::new(py, &data)))),
+            Ok(None) => Ok(None),
+            Err(e) => Err(GranaryError::new_err((
+                format!("the batch stream broke: {e}"),
+                None::<String>,
+                None::<u16>,
+            ))),
+        }
+    }
+}
+
+/// A dataset's shards and where their samples lie (`granary.ShardDataset` holds one).
+#[pyclass(module = "granary._granary")]
+struct Shards {
+    catalog: Arc<Catalog>,
+}
+
+#[pymethods]
+impl Shards {
+    /// Lists the shards under `prefix` and their samples.
+    #[staticmethod]
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (endpoint, bucket, prefix, access_key=None, secret_key=None, region="us-east-1", timeout=60.0))]
+    fn list(
+        py: Python<'_>,
+        endpoint: &str,
+        bucket: &str,
+        prefix: &str,
+        access_key: Option<&str>,
+        secret_key: Option<&str>,
+        region: &str,
+        timeout: f64,
+    ) -> PyResult<Shards> {
+        let creds = credentials(access_key, secret_key, region)?;
+        let catalog = py
+            .detach(|| {
+                let router = router_for(endpoint, &creds, timeout, true)?;
+                let client = new_client(endpoint, creds, timeout)?;
+                Catalog::build(&client, &router, bucket, prefix)
+            })
+            .map_err(py_err)?;
+        Ok(Shards {
+            catalog: Arc::new(catalog),
+        })
+    }
+
+    /// The catalog as JSON, to rebuild it elsewhere (pickling).
+    fn to_json(&self) -> PyResult<String> {
+        serde_json::to_string(&*self.catalog).map_err(|e| PyValueError::new_err(e.to_string()))
+    }
+
+    #[staticmethod]
+    fn from_json(text: &str) -> PyResult<Shards> {
+        let catalog: Catalog =
+            serde_json::from_str(text).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        Ok(Shards {
+            catalog: Arc::new(catalog),
+        })
+    }
+
+    /// Samples in the dataset.
+    fn __len__(&self) -> usize {
+        self.catalog.len()
+    }
+
+    /// The shard keys, in key order.
+    fn keys(&self) -> Vec<String> {
+        self.catalog.shards.iter().map(|s| s.key.clone()).collect()
+    }
+
+    /// Samples per shard, in key order.
+    fn counts(&self) -> Vec<u32> {
+        self.catalog.counts()
+    }
+
+    /// Samples each rank yields in an epoch after the resume history `rounds`.
+    #[allow(clippy::too_many_arguments)]
+    fn count(
+        &self,
+        epoch: u64,
+        seed: u64,
+        shuffle_shards: bool,
+        rounds: Vec<(usize, usize, bool, u64)>,
+        world_size: usize,
+        shuffle_buffer: usize,
+        drop_last: bool,
+    ) -> PyResult<usize> {
+        let spec = spec_of(
+            epoch,
+            seed,
+            shuffle_shards,
+            rounds,
+            (world_size, shuffle_buffer, drop_last),
+            (0, 0, 1, 1),
+        );
+        plan_epoch(&self.catalog, &spec)
+            .map(|e| e.len())
+            .map_err(py_err)
+    }
+
+    /// Starts reading one rank's (and worker's) part of an epoch. `rounds`: the resume
+    /// history, `(world_size, shuffle_buffer, drop_last, consumed)` each. `route`: read
+    /// each shard from its owner, as the cluster's ring says.
+    #[pyo3(signature = (endpoint, epoch, seed, shuffle_shards, rounds, world_size, shuffle_buffer, drop_last, rank, worker, workers, batch_size, read_ahead, route=true, access_key=None, secret_key=None, region="us-east-1", timeout=60.0))]
+    #[allow(clippy::too_many_arguments)]
+    fn read(
+        &self,
+        py: Python<'_>,
+        endpoint: &str,
+        epoch: u64,
+        seed: u64,
+        shuffle_shards: bool,
+        rounds: Vec<(usize, usize, bool, u64)>,
+        world_size: usize,
+        shuffle_buffer: usize,
+        drop_last: bool,
+        rank: usize,
+        worker: usize,
+        workers: usize,
+        batch_size: usize,
+        read_ahead: usize,
+        route: bool,
+        access_key: Option<&str>,
+        secret_key: Option<&str>,
+        region: &str,
+        timeout: f64,
+    ) -> PyResult<SampleIter> {
+        let creds = credentials(access_key, secret_key, region)?;
+        let spec = spec_of(
+            epoch,
+            seed,
+            shuffle_shards,
+            rounds,
+            (world_size, shuffle_buffer, drop_last),
+            (rank, worker, workers, batch_size),
+        );
+        let catalog = self.catalog.clone();
+        let read = py
+            .detach(|| {
+                let router = router_for(endpoint, &creds, timeout, route)?;
+                let settings = ReadSettings {
+                    router,
+                    credentials: creds,
+                    timeout: Duration::from_secs_f64(timeout.max(0.001)),
+                    read_ahead,
+                };
+                read_epoch(catalog, &spec, settings)
+            })
+            .map_err(py_err)?;
+        Ok(SampleIter {
+            read: Mutex::new(Some(read)),
+        })
+    }
+}
+
+/// An epoch's spec: `split` is (world size, buffer, drop_last), `place` (rank, worker,
+/// workers, batch size).
+fn spec_of(
+    epoch: u64,
+    seed: u64,
+    shuffle_shards: bool,
+    rounds: Vec<(usize, usize, bool, u64)>,
+    split: (usize, usize, bool),
+    place: (usize, usize, usize, usize),
+) -> EpochSpec {
+    let split_of = |(world_size, shuffle_buffer, drop_last): (usize, usize, bool)| Split {
+        world_size,
+        shuffle_buffer,
+        drop_last,
+    };
+    EpochSpec {
+        seed,
+        epoch,
+        shuffle_shards,
+        rounds: rounds
+            .into_iter()
+            .map(|(w, s, d, consumed)| Round {
+                split: split_of((w, s, d)),
+                consumed,
+            })
+            .collect(),
+        split: split_of(split),
+        rank: place.0,
+        worker: place.1,
+        workers: place.2,
+        batch_size: place.3,
+    }
+}
+
+/// Samples as dicts: `{"__key__", "__url__", ext: bytes, ...}`.
+#[pyclass(module = "granary._granary")]
+struct SampleIter {
+    read: Mutex<Option<PlannedRead>>,
+}
+
+#[pymethods]
+impl SampleIter {
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let next = py.detach(|| {
+            let mut g = self.read.lock().unwrap_or_else(|p| p.into_inner());
+            let got = g.as_mut().and_then(Iterator::next);
+            if !matches!(got, Some(Ok(_))) {
+                *g = None;
+            }
+            got
+        });
+        let Some(sample) = next else {
+            return Ok(None);
+        };
+        let sample = sample.map_err(py_err)?;
+        let d = PyDict::new(py);
+        d.set_item("__key__", &sample.key)?;
+        d.set_item("__url__", &sample.shard)?;
+        for (ext, data) in &sample.fields {
+            d.set_item(ext, PyBytes::new(py, data))?;
+        }
+        Ok(Some(d))
+    }
+}
+
+#[pymodule]
+fn _granary(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Client>()?;
+    m.add_class::<BatchIter>()?;
+    m.add_class::<Shards>()?;
+    m.add_class::<SampleIter>()?;
+    m.add("GranaryError", m.py().get_type::<GranaryError>())?;
+    Ok(())
+}

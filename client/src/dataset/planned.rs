@@ -1,0 +1,455 @@
+//! Reading a planned epoch: the samples one rank (or one of its DataLoader workers) takes,
+//! in the plan's order, fetched as runs.
+//!
+//! The entries are read in span order (front to back through the rank's shards), in
+//! runs: consecutive samples of one shard, fetched with one range read of the listed
+//! version (`If-Match`), gaps of other workers' samples read through when they are small.
+//! A compressed shard is read whole. Each run goes to its shard's owner, computed here
+//! from the cluster's ring (no proxy hop on the node), and to the next members in the
+//! ring's order when the owner cannot be reached. `read_ahead` runs are fetched ahead by
+//! as many threads, each with its own connections; the shuffle buffer's order is then
+//! served from the runs fetched, which is why the buffer costs memory, not requests.
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::sync::mpsc::{self, Receiver};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use granary_proto::ring::{key_hash, Ring, RingNode};
+
+use super::catalog::Catalog;
+use super::plan::{epoch_list, rank_plan, Round, SampleId, Split};
+use super::samples::ShardSamples;
+use crate::{Client, ClusterView, Credentials, Error, GetOptions, MemberState, Result, Sample};
+
+/// Bytes of other workers' samples a run reads through rather than starting another.
+const GAP: u64 = 512 << 10;
+/// Largest run read with one request.
+const MAX_RUN: u64 = 16 << 20;
+
+/// Where runs are read: each shard from its owner, or everything from one node.
+#[derive(Debug, Clone)]
+pub struct Router {
+    /// Members' URLs, sorted by id (the ring's order), and whether each is up.
+    members: Vec<(String, bool)>,
+    ring: Option<Ring>,
+    /// The node the dataset was given, last resort and sole target without a ring.
+    endpoint: String,
+}
+
+impl Router {
+    /// Every read to `endpoint`.
+    pub fn single(endpoint: &str) -> Router {
+        Router {
+            members: Vec::new(),
+            ring: None,
+            endpoint: endpoint.to_owned(),
+        }
+    }
+
+    /// Reads routed by the cluster's ring as `view` shows it (a view without members'
+    /// URLs routes everything to `endpoint`).
+    pub fn from_view(endpoint: &str, view: &ClusterView) -> Router {
+        let mut members: Vec<_> = view.members.iter().collect();
+        members.sort_by(|a, b| a.id.cmp(&b.id));
+        members.dedup_by(|a, b| a.id == b.id);
+        if members.len() < 2 || members.iter().any(|m| m.url.is_empty()) {
+            return Router::single(endpoint);
+        }
+        let ring = Ring::new(members.iter().map(|m| RingNode {
+            id: m.id.clone(),
+            weight: m.weight,
+        }));
+        Router {
+            members: members
+                .iter()
+                .map(|m| (m.url.clone(), m.state == MemberState::Up))
+                .collect(),
+            ring: Some(ring),
+            endpoint: endpoint.to_owned(),
+        }
+    }
+
+    /// Where to read `key` from, best first: its owner, then the other members up in the
+    /// ring's order, then the given node.
+    pub fn candidates(&self, bucket: &str, key: &str) -> Vec<String> {
+        let Some(ring) = &self.ring else {
+            return vec![self.endpoint.clone()];
+        };
+        let mut out: Vec<String> = ring
+            .ranked(key_hash(bucket, key))
+            .into_iter()
+            .filter(|&i| self.members[i].1)
+            .map(|i| self.members[i].0.clone())
+            .collect();
+        if !out.contains(&self.endpoint) {
+            out.push(self.endpoint.clone());
+        }
+        out
+    }
+}
+
+/// How a planned epoch is read.
+#[derive(Debug, Clone)]
+pub struct ReadSettings {
+    pub router: Router,
+    pub credentials: Option<Credentials>,
+    pub timeout: Duration,
+    /// Runs fetched ahead, by as many threads (0: each run fetched when it is needed).
+    pub read_ahead: usize,
+}
+
+/// One range read: samples `first..=last` of a shard, of which `take` (sample index,
+/// slot in the output) are wanted.
+#[derive(Debug, Clone)]
+struct Run {
+    shard: u32,
+    first: u32,
+    last: u32,
+    take: Vec<(u32, usize)>,
+}
+
+/// Splits the wanted samples, given in span order with their output slots, into runs.
+fn runs_of(catalog: &Catalog, wanted: &[(SampleId, usize)]) -> Vec<Run> {
+    let mut runs: Vec<Run> = Vec::new();
+    for &(id, slot) in wanted {
+        let shard = &catalog.shards[id.shard as usize];
+        let joins = runs.last().is_some_and(|r| {
+            if r.shard != id.shard || id.index <= r.last {
+                return false;
+            }
+            if shard.compressed {
+                return true;
+            }
+            let (prev_end, start) = (
+                shard.samples[r.last as usize].end,
+                shard.samples[id.index as usize].start,
+            );
+            let run_start = shard.samples[r.first as usize].start;
+            start - prev_end <= GAP && shard.samples[id.index as usize].end - run_start <= MAX_RUN
+        });
+        match runs.last_mut() {
+            Some(r) if joins => {
+                r.last = id.index;
+                r.take.push((id.index, slot));
+            }
+            _ => runs.push(Run {
+                shard: id.shard,
+                first: id.index,
+                last: id.index,
+                take: vec![(id.index, slot)],
+            }),
+        }
+    }
+    runs
+}
+
+/// Clients by endpoint, one connection each, kept by one fetching thread.
+pub(crate) struct Clients {
+    settings: ReadSettings,
+    open: HashMap<String, Client>,
+}
+
+impl Clients {
+    pub(crate) fn new(settings: ReadSettings) -> Clients {
+        Clients {
+            settings,
+            open: HashMap::new(),
+        }
+    }
+
+    fn get(&mut self, endpoint: &str) -> Result<&mut Client> {
+        if !self.open.contains_key(endpoint) {
+            let c = Client::new(endpoint)?
+                .with_credentials_opt(self.settings.credentials.clone())
+                .with_timeout(self.settings.timeout);
+            self.open.insert(endpoint.to_owned(), c);
+        }
+        Ok(self.open.get_mut(endpoint).expect("just inserted"))
+    }
+}
+
+/// Whether another member may succeed where this one failed: it could not be reached,
+/// or answered that it is unavailable.
+fn try_elsewhere(e: &Error) -> bool {
+    matches!(e, Error::Io { .. }) || matches!(e.status(), Some(500..=599))
+}
+
+/// Calls `f` with a client of `key`'s best member, then of the next ones while the
+/// failure is one another member may not have.
+pub(crate) fn on_best<T>(
+    clients: &mut Clients,
+    bucket: &str,
+    key: &str,
+    mut f: impl FnMut(&mut Client) -> Result<T>,
+) -> Result<T> {
+    let mut last_err = None;
+    for endpoint in clients.settings.router.candidates(bucket, key) {
+        match clients.get(&endpoint).and_then(&mut f) {
+            Err(e) if try_elsewhere(&e) => last_err = Some(e),
+            other => return other,
+        }
+    }
+    Err(last_err.unwrap_or_else(|| Error::Invalid("no member to read from".into())))
+}
+
+/// Fetches one run: the wanted samples with their slots.
+fn fetch(catalog: &Catalog, run: &Run, clients: &mut Clients) -> Result<Fetched> {
+    let shard = &catalog.shards[run.shard as usize];
+    let (first, last) = (
+        shard.samples[run.first as usize],
+        shard.samples[run.last as usize],
+    );
+    let opts = GetOptions {
+        range: (!shard.compressed).then_some(first.start..last.end),
+        if_match: Some(shard.etag.clone()).filter(|e| !e.is_empty()),
+        ..GetOptions::default()
+    };
+    on_best(clients, &catalog.bucket, &shard.key, |c| {
+        let reader = c.open_with(&catalog.bucket, &shard.key, &opts)?;
+        let stream: Box<dyn Read + Send> = if shard.compressed {
+            Box::new(flate2::read::MultiGzDecoder::new(reader))
+        } else {
+            Box::new(reader)
+        };
+        let first = if shard.compressed { 0 } else { run.first };
+        let mut take = run.take.iter().peekable();
+        let mut out = Vec::with_capacity(run.take.len());
+        for (index, sample) in (first..).zip(ShardSamples::new(shard.key.clone(), stream)) {
+            let sample = sample?;
+            while let Some(&&(i, slot)) = take.peek() {
+                if i != index {
+                    break;
+                }
+                out.push((slot, sample.clone()));
+                take.next();
+            }
+            if take.peek().is_none() {
+                return Ok(out);
+            }
+        }
+        Err(Error::Shard {
+            shard: shard.key.clone(),
+            source: std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "the shard holds fewer samples than it was listed with",
+            ),
+        })
+    })
+}
+
+/// A run's samples, each with its output slot.
+type Fetched = Vec<(usize, Sample)>;
+
+/// The fetching threads' shared state.
+struct Shared {
+    /// The next run no thread has taken, and the furthest run the reader has asked for.
+    progress: Mutex<(usize, usize, bool)>,
+    wake: Condvar,
+}
+
+/// Samples of a planned epoch in output order (an iterator).
+pub struct PlannedRead {
+    slots: usize,
+    next_slot: usize,
+    run_of_slot: Vec<u32>,
+    ready: HashMap<usize, Sample>,
+    results: Receiver<(usize, Result<Fetched>)>,
+    shared: Arc<Shared>,
+    /// Without read-ahead: the runs and how they are fetched, here.
+    inline: Option<(Arc<Catalog>, Vec<Run>, Clients)>,
+    failed: bool,
+}
+
+impl PlannedRead {
+    /// Reads `wanted` (in span order, each with its slot in the output `0..slots`).
+    pub fn start(
+        catalog: Arc<Catalog>,
+        wanted: &[(SampleId, usize)],
+        slots: usize,
+        settings: ReadSettings,
+    ) -> PlannedRead {
+        let runs = runs_of(&catalog, wanted);
+        let mut run_of_slot = vec![0u32; slots];
+        for (i, r) in runs.iter().enumerate() {
+            for &(_, slot) in &r.take {
+                run_of_slot[slot] = i as u32;
+            }
+        }
+        let shared = Arc::new(Shared {
+            progress: Mutex::new((0, 0, false)),
+            wake: Condvar::new(),
+        });
+        let (tx, results) = mpsc::channel();
+        let ahead = settings.read_ahead;
+        let mut inline = None;
+        if ahead == 0 {
+            inline = Some((catalog, runs, Clients::new(settings)));
+        } else {
+            let runs = Arc::new(runs);
+            for _ in 0..ahead {
+                let (catalog, runs, settings, shared, tx) = (
+                    catalog.clone(),
+                    runs.clone(),
+                    settings.clone(),
+                    shared.clone(),
+                    tx.clone(),
+                );
+                std::thread::spawn(move || {
+                    let mut clients = Clients::new(settings);
+                    loop {
+                        let i = {
+                            let mut p = shared.progress.lock().unwrap_or_else(|p| p.into_inner());
+                            loop {
+                                let (next, wanted, stop) = *p;
+                                if stop || next >= runs.len() {
+                                    return;
+                                }
+                                if next <= wanted + ahead {
+                                    p.0 += 1;
+                                    break next;
+                                }
+                                p = shared.wake.wait(p).unwrap_or_else(|p| p.into_inner());
+                            }
+                        };
+                        let got = fetch(&catalog, &runs[i], &mut clients);
+                        if tx.send((i, got)).is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        }
+        PlannedRead {
+            slots,
+            next_slot: 0,
+            run_of_slot,
+            ready: HashMap::new(),
+            results,
+            shared,
+            inline,
+            failed: false,
+        }
+    }
+
+    fn take(&mut self, got: Result<Fetched>) -> Result<()> {
+        for (slot, sample) in got? {
+            self.ready.insert(slot, sample);
+        }
+        Ok(())
+    }
+}
+
+impl Iterator for PlannedRead {
+    type Item = Result<Sample>;
+
+    fn next(&mut self) -> Option<Result<Sample>> {
+        if self.failed || self.next_slot >= self.slots {
+            return None;
+        }
+        let slot = self.next_slot;
+        let run = self.run_of_slot[slot] as usize;
+        while !self.ready.contains_key(&slot) {
+            let got = if let Some((catalog, runs, clients)) = &mut self.inline {
+                fetch(catalog, &runs[run], clients)
+            } else {
+                {
+                    let mut p = self
+                        .shared
+                        .progress
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner());
+                    p.1 = p.1.max(run);
+                }
+                self.shared.wake.notify_all();
+                match self.results.recv() {
+                    Ok((_, got)) => got,
+                    Err(_) => Err(Error::Invalid("the read-ahead threads stopped".into())),
+                }
+            };
+            if let Err(e) = self.take(got) {
+                self.failed = true;
+                return Some(Err(e));
+            }
+        }
+        self.next_slot += 1;
+        self.ready.remove(&slot).map(Ok)
+    }
+}
+
+impl Drop for PlannedRead {
+    fn drop(&mut self) {
+        self.shared
+            .progress
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .2 = true;
+        self.shared.wake.notify_all();
+    }
+}
+
+/// Which part of which epoch to read: the dataset's order settings, the resume history,
+/// this round's split, and the reader's place in it.
+#[derive(Debug, Clone)]
+pub struct EpochSpec {
+    pub seed: u64,
+    pub epoch: u64,
+    pub shuffle_shards: bool,
+    pub rounds: Vec<Round>,
+    pub split: Split,
+    pub rank: usize,
+    /// This DataLoader worker and how many there are (0 of 1 without workers).
+    pub worker: usize,
+    pub workers: usize,
+    /// The DataLoader's batch size: workers take whole batches in turn.
+    pub batch_size: usize,
+}
+
+/// The samples `spec`'s rank and worker take in its epoch, in the order they yield them.
+pub fn plan_epoch(catalog: &Catalog, spec: &EpochSpec) -> Result<Vec<(SampleId, u32)>> {
+    if spec.workers == 0 || spec.worker >= spec.workers {
+        return Err(Error::Invalid(format!(
+            "worker {} of {}",
+            spec.worker, spec.workers
+        )));
+    }
+    let list = epoch_list(
+        &catalog.counts(),
+        spec.seed,
+        spec.epoch,
+        spec.shuffle_shards,
+    );
+    let plan = rank_plan(
+        list,
+        &spec.rounds,
+        &spec.split,
+        spec.rank,
+        spec.seed,
+        spec.epoch,
+    )
+    .map_err(|e| Error::Invalid(e.to_string()))?;
+    Ok(plan
+        .worker_entries(spec.worker, spec.workers, spec.batch_size)
+        .into_iter()
+        .map(|e| (plan.order[e], plan.span_pos[e]))
+        .collect())
+}
+
+/// Starts reading `spec`'s samples.
+pub fn read_epoch(
+    catalog: Arc<Catalog>,
+    spec: &EpochSpec,
+    settings: ReadSettings,
+) -> Result<PlannedRead> {
+    let entries = plan_epoch(&catalog, spec)?;
+    let slots = entries.len();
+    let mut wanted: Vec<(u32, SampleId, usize)> = entries
+        .into_iter()
+        .enumerate()
+        .map(|(slot, (id, place))| (place, id, slot))
+        .collect();
+    wanted.sort_unstable_by_key(|w| w.0);
+    let wanted: Vec<(SampleId, usize)> = wanted.into_iter().map(|(_, id, s)| (id, s)).collect();
+    Ok(PlannedRead::start(catalog, &wanted, slots, settings))
+}

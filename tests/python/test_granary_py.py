@@ -1,0 +1,327 @@
+"""The `granary` Python package (client/python) against real nodes: the Client's calls,
+and ShardDataset under torch's DataLoader — every sample once per epoch for world sizes
+1–4 with 0 and 2 workers, equal counts per rank, the order a function of seed and epoch,
+resume on another world size, reads routed to each shard's owner in a 3-node cluster.
+"""
+
+from __future__ import annotations
+
+import collections
+import gzip
+import io
+import os
+import random
+import subprocess
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from conftest import _free_port, _server_binary, _stop_process, wait_members_up
+from granary_testutil import ACCESS_KEY, SECRET_KEY
+
+granary = pytest.importorskip("granary")
+torch = pytest.importorskip("torch")
+from torch.utils.data import DataLoader  # noqa: E402
+
+BUCKET = "train"
+# Samples per shard: uneven, 60 in all (not a multiple of 7 or 8, a multiple of 1–6).
+COUNTS = [8, 12, 5, 10, 9, 7, 9]
+
+
+def make_shard(i: int, n: int) -> tuple[bytes, dict[str, dict[str, bytes]]]:
+    """A WebDataset shard of `n` samples, `{key}.bin` (random) and `{key}.cls`, with a
+    member that is no sample (`README`) between two."""
+    rng = random.Random(i)
+    buf = io.BytesIO()
+    samples = {}
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        for j in range(n):
+            key = f"s{i:02}/{j:03}"
+            members = {"bin": rng.randbytes(100 + 1777 * j), "cls": str(j % 10).encode()}
+            for ext, data in members.items():
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+            if j == 2:
+                info = tarfile.TarInfo("README")
+                info.size = 5
+                tar.addfile(info, io.BytesIO(b"notes"))
+            samples[key] = members
+    return buf.getvalue(), samples
+
+
+def write_dataset(origin: Path, prefix: str, counts=COUNTS,
+                  gzip_every: int = 0) -> dict[str, dict[str, bytes]]:
+    """Shards under `origin/train/prefix` (every `gzip_every`-th one a `.tar.gz`); every
+    sample by key."""
+    d = origin / BUCKET / prefix
+    d.mkdir(parents=True, exist_ok=True)
+    every = {}
+    for i, n in enumerate(counts):
+        data, samples = make_shard(i, n)
+        if gzip_every and i % gzip_every == 0:
+            (d / f"shard-{i:04}.tar.gz").write_bytes(gzip.compress(data))
+        else:
+            (d / f"shard-{i:04}.tar").write_bytes(data)
+        every.update(samples)
+    return every
+
+
+def start_node(root: Path, origin: Path, node_id: str, port: int, peers: list[str],
+               creds: bool, extra: list[str] = ()) -> subprocess.Popen:
+    log = open(root / f"{node_id}.log", "wb")
+    args = [str(_server_binary()), "serve", "--listen", f"127.0.0.1:{port}",
+            "--data-dir", str(root / node_id), "--backend", f"fs:{origin}",
+            "--cache-capacity", "1GiB", "--node-id", node_id, *peers, *extra]
+    if creds:
+        args += ["--access-key", ACCESS_KEY, "--secret-key", SECRET_KEY]
+    return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL)
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory):
+    """One open node over an fs origin holding the dataset: (endpoint, samples, root)."""
+    root = tmp_path_factory.mktemp("pynode")
+    origin = root / "origin"
+    every = write_dataset(origin, "ds")
+    port = _free_port()
+    sock = root / "g.sock"
+    proc = start_node(root, origin, "solo", port, [], creds=False,
+                      extra=["--listen-unix", str(sock)])
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        wait_members_up([endpoint], [proc], [root / "solo.log"])
+        yield endpoint, every, root
+    finally:
+        _stop_process(proc)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """Three credentialed nodes over one origin: (endpoints, samples, origin)."""
+    root = tmp_path_factory.mktemp("pycluster")
+    origin = root / "origin"
+    every = write_dataset(origin, "ds", counts=[6] * 12)
+    ids = ["n0", "n1", "n2"]
+    ports = [_free_port() for _ in ids]
+    peers = []
+    for i, p in zip(ids, ports):
+        peers += ["--peer", f"{i}=http://127.0.0.1:{p}"]
+    procs = []
+    try:
+        for i, p in zip(ids, ports):
+            procs.append(start_node(root, origin, i, p, peers, creds=True))
+        endpoints = [f"http://127.0.0.1:{p}" for p in ports]
+        wait_members_up(endpoints, procs, [root / f"{i}.log" for i in ids])
+        yield endpoints, every, origin
+    finally:
+        for p in procs:
+            _stop_process(p)
+
+
+def as_list(batch):
+    return batch
+
+
+def check_bytes(sample: dict, every: dict) -> str:
+    key = sample["__key__"]
+    assert sample["bin"] == every[key]["bin"], key
+    assert sample["cls"] == every[key]["cls"], key
+    assert sample["__url__"].startswith("ds/shard-")
+    return key
+
+
+def read_rank(endpoint, rank, world, workers, every, *, epoch=0, seed=7, drop_last=False,
+              batch=4, buffer=0, state=None, limit=None, **kw) -> list[str]:
+    ds = granary.ShardDataset(endpoint, BUCKET, "ds/", seed=seed, shuffle_buffer=buffer,
+                              rank=rank, world_size=world, drop_last=drop_last,
+                              batch_size=batch, **kw)
+    if state is not None:
+        ds.load_state_dict(state)
+    else:
+        ds.set_epoch(epoch)
+    loader = DataLoader(ds, batch_size=batch, num_workers=workers, collate_fn=as_list)
+    keys = []
+    for i, b in enumerate(loader):
+        if limit is not None and i == limit:
+            break
+        keys += [check_bytes(s, every) for s in b]
+    if limit is None:
+        assert len(keys) == len(ds)
+    return keys
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_every_sample_once_per_epoch_with_equal_counts_per_rank(node, world, workers):
+    endpoint, every, _ = node
+    n = len(every)
+    for drop_last in (False, True):
+        per_rank = [read_rank(endpoint, r, world, workers, every, drop_last=drop_last,
+                              buffer=5 if drop_last else 0)
+                    for r in range(world)]
+        counts = {len(k) for k in per_rank}
+        assert len(counts) == 1, f"unequal counts per rank: {counts}"
+        seen = collections.Counter(k for keys in per_rank for k in keys)
+        q = counts.pop()
+        if drop_last:
+            assert q == n // world
+            assert len(seen) == q * world and set(seen.values()) == {1}
+        else:
+            assert q == -(-n // world)
+            assert set(seen) == set(every)
+            # Only the padding repeats, and each padded sample comes twice at most.
+            assert sum(seen.values()) - n == q * world - n
+            assert max(seen.values()) <= 2
+
+
+def test_the_order_is_a_function_of_seed_and_epoch(node):
+    endpoint, every, _ = node
+    a = read_rank(endpoint, 1, 2, 0, every, epoch=3, buffer=6)
+    b = read_rank(endpoint, 1, 2, 2, every, epoch=3, buffer=6)
+    assert a == b, "workers changed the order the rank's loop sees"
+    assert read_rank(endpoint, 1, 2, 0, every, epoch=4, buffer=6) != a
+    assert read_rank(endpoint, 1, 2, 0, every, epoch=3, buffer=6, seed=8) != a
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resume_on_fewer_ranks_loses_and_repeats_nothing(node, workers):
+    endpoint, every, _ = node
+    # 4 ranks consume 3 batches of 2 each (24 samples), then the job comes back on 3.
+    first = [read_rank(endpoint, r, 4, workers, every, batch=2, buffer=4, limit=3)
+             for r in range(4)]
+    assert all(len(k) == 6 for k in first)
+    ds = granary.ShardDataset(endpoint, BUCKET, "ds/", seed=7, shuffle_buffer=4, rank=0,
+                              world_size=4, batch_size=2)
+    ds.set_epoch(0)
+    state = ds.state_dict(consumed=24)
+    rest = [read_rank(endpoint, r, 3, workers, every, batch=2, buffer=4, state=state)
+            for r in range(3)]
+    assert [len(k) for k in rest] == [12, 12, 12]
+    seen = collections.Counter(k for keys in first + rest for k in keys)
+    assert set(seen) == set(every) and set(seen.values()) == {1}
+    # Once more, 3 → 2 ranks after 6 more samples each: still all, once.
+    ds3 = granary.ShardDataset(endpoint, BUCKET, "ds/", seed=7, shuffle_buffer=4, rank=0,
+                               world_size=3, batch_size=2)
+    ds3.load_state_dict(state)
+    mid = [read_rank(endpoint, r, 3, workers, every, batch=2, buffer=4, state=state,
+                     limit=3) for r in range(3)]
+    state2 = ds3.state_dict(consumed=24 + 18)
+    last = [read_rank(endpoint, r, 2, workers, every, batch=2, buffer=4, state=state2)
+            for r in range(2)]
+    seen = collections.Counter(k for keys in first + mid + last for k in keys)
+    assert set(seen) == set(every) and set(seen.values()) == {1}
+    with pytest.raises(ValueError):
+        ds3.state_dict(consumed=24 + 17)
+
+
+def test_client_calls(node):
+    endpoint, every, root = node
+    c = granary.Client(endpoint)
+    keys = c.list(BUCKET, "ds/")
+    assert keys == [f"ds/shard-{i:04}.tar" for i in range(len(COUNTS))]
+    etag = c.put(BUCKET, "misc/obj.bin", b"0123456789" * 1000)
+    assert len(etag) == 32
+    assert c.get(BUCKET, "misc/obj.bin", range=(5, 14)) == b"5678901234"
+    assert c.get_member(BUCKET, keys[1], "s01/003.bin") == every["s01/003"]["bin"]
+    # GetBatch: in order, objects and members.
+    items = [(BUCKET, keys[0], "s00/001.cls"), (BUCKET, "misc/obj.bin"),
+             (BUCKET, keys[2], "s02/004.bin")]
+    got = list(c.batch(items))
+    assert [g[1] for g in got] == [every["s00/001"]["cls"], b"0123456789" * 1000,
+                                   every["s02/004"]["bin"]]
+    assert got[0][0].endswith("s00/001.cls")
+    with pytest.raises(granary.GranaryError) as e:
+        c.get(BUCKET, "misc/none.bin")
+    assert e.value.status == 404 and e.value.code == "NoSuchKey"
+    assert c.cluster()["node_id"] == "solo"
+
+
+def test_zero_copy_over_the_local_socket(node):
+    endpoint, every, root = node
+    c = granary.Client(f"unix:{root / 'g.sock'}")
+    key = "ds/shard-0003.tar"
+    whole = granary.Client(endpoint).get(BUCKET, key)
+    view = granary.map_local(c, BUCKET, key)
+    assert view is not None and view.readonly
+    assert bytes(view) == whole
+    part = granary.map_local(c, BUCKET, key, range=(1000, 5999))
+    assert bytes(part) == whole[1000:6000]
+
+
+def test_prefetch_then_the_reads_are_hits(node):
+    endpoint, every, root = node
+    write_dataset(root / "origin", "warm", counts=[3, 4])
+    c = granary.Client(endpoint)
+    job = c.prefetch(BUCKET, "warm/")
+    deadline = time.monotonic() + 60
+    while c.job(job)["state"] not in ("done", "failed", "cancelled"):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert c.job(job)["state"] == "done"
+    before = c.stats()
+    for k in c.list(BUCKET, "warm/"):
+        c.get(BUCKET, k)
+    after = c.stats()
+    assert after["hits"] - before["hits"] == 2
+    assert after["misses"] == before["misses"]
+
+
+def test_wrong_credentials_raise(cluster):
+    endpoints, _, _ = cluster
+    bad = granary.Client(endpoints[0], access_key=ACCESS_KEY, secret_key="wrong")
+    with pytest.raises(granary.GranaryError) as e:
+        bad.list(BUCKET, "ds/")
+    assert e.value.status == 403 and e.value.code == "SignatureDoesNotMatch"
+    with pytest.raises(granary.GranaryError) as e:
+        granary.ShardDataset(endpoints[0], BUCKET, "ds/", access_key=ACCESS_KEY,
+                             secret_key="wrong")
+    assert e.value.status == 403
+    with pytest.raises(granary.GranaryError) as e:
+        granary.Client(endpoints[1]).list(BUCKET, "ds/")
+    assert e.value.status == 403 and e.value.code == "AccessDenied"
+
+
+def test_reads_go_to_each_shards_owner(cluster):
+    endpoints, every, _ = cluster
+    c = [granary.Client(e, access_key=ACCESS_KEY, secret_key=SECRET_KEY) for e in endpoints]
+    before = [x.stats() for x in c]
+    ds = granary.ShardDataset(endpoints[0], BUCKET, "ds/", seed=1, rank=0, world_size=1,
+                              access_key=ACCESS_KEY, secret_key=SECRET_KEY)
+    keys = [check_bytes(s, every) for s in DataLoader(ds, batch_size=None, num_workers=2)]
+    assert sorted(keys) == sorted(every)
+    after = [x.stats() for x in c]
+    owners = collections.Counter()
+    for shard in ds.shards:
+        r = requests.get(f"{endpoints[0]}/_granary/cluster",
+                         params={"bucket": BUCKET, "key": shard}, timeout=10)
+        owners[r.json()["owner"]] += 1
+    assert len(owners) >= 2, owners
+    for x, b, a in zip(c, before, after):
+        node_id = a["node_id"]
+        # No node passed a read on to another: each shard was read from its owner.
+        assert a["proxied"] - b["proxied"] == 0, node_id
+        reads = sum(a[k] - b[k] for k in ("hits", "misses", "bypasses", "peer_fills"))
+        assert (reads > 0) == (owners[node_id] > 0), (node_id, reads, owners)
+        # One fill per shard it owns (listing its members), the rest from its cache.
+        assert a["misses"] - b["misses"] == owners[node_id], node_id
+
+
+def test_compressed_shards_are_read_whole(node):
+    endpoint, _, root = node
+    every = write_dataset(root / "origin", "gz", counts=[4, 6, 5, 3], gzip_every=2)
+    seen = collections.Counter()
+    for rank in range(2):
+        ds = granary.ShardDataset(endpoint, BUCKET, "gz/", seed=3, rank=rank, world_size=2,
+                                  shuffle_buffer=3, batch_size=2)
+        assert sorted(ds.shards) == ["gz/shard-0000.tar.gz", "gz/shard-0001.tar",
+                                     "gz/shard-0002.tar.gz", "gz/shard-0003.tar"]
+        for b in DataLoader(ds, batch_size=2, num_workers=2, collate_fn=as_list):
+            for sample in b:
+                assert sample["bin"] == every[sample["__key__"]]["bin"]
+                seen[sample["__key__"]] += 1
+    assert set(seen) == set(every) and set(seen.values()) == {1}
