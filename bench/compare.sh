@@ -13,6 +13,10 @@
 #   P11 the 256 MiB object on the node's machine: a local read (descriptor + mmap) / HTTP
 #       over the Unix socket / HTTP over TCP loopback / read(2) of the file (ceiling),
 #       MB/s and CPU s per GiB, with --verify-reads true (default) and false
+#   P12 PyTorch loaders over 32 x 8 MiB shards through one node (bench/p12.py):
+#       granary.ShardDataset / WebDataset / s3torchconnector / boto3 / the DataLoader's
+#       own ceiling / curl, with 0, 1 and 4 workers: samples/s, CPU s per GiB (client and
+#       node); resume mid-epoch against restart-and-skip
 #
 # Usage: bench/compare.sh [--quick] [--rounds N] [--duration 5s] [--out DIR] [--only p1,p2,p8]
 # --only runs the named parts alone (P1 and P2 run together, with the bench ceiling).
@@ -52,7 +56,7 @@ else
 fi
 
 log() { printf '\n== %s\n' "$*" >&2; }
-# Whether part $1 (p1 … p11) runs: all of them unless --only names some.
+# Whether part $1 (p1 … p12) runs: all of them unless --only names some.
 want() { [ -z "$only" ] || [[ "$only" == *",$1,"* ]] || { [ "$1" = p1 ] && [[ "$only" == *",p2,"* ]]; }; }
 
 # --- what the run needs -------------------------------------------------------------
@@ -342,6 +346,20 @@ done
 
 fi
 
+if want p12; then
+# --- P12: PyTorch data loaders, side by side ------------------------------------------
+log "P12: ShardDataset / WebDataset / s3torchconnector / boto3 / curl"
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
+  -r tests/python/requirements.txt 's3torchconnector>=1.5'
+PATH="$venv/bin:$PATH" "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
+  --no-build-isolation ./client/python
+if [ "$quick" = 1 ]; then p12_args=(--rounds 1 --shards 8); else p12_args=(--rounds 3 --shards 32); fi
+GRANARY_BIN="$root/target/release/granary" PATH="$venv/bin:$PATH" \
+  "$venv/bin/python" bench/p12.py "${p12_args[@]}" --workers 0,1,4 --out "$out" \
+  >"$out/p12.md" 2>"$out/p12.log"
+
+fi
+
 if want p6; then
 # --- P6: memory while serving 8 x 1 GiB streams ------------------------------------
 log "P6: 8 x $p6_size streams, cold then warm"
@@ -489,6 +507,9 @@ if have("p11-true"):
                           for w in p11["ways"])
               + f". Local / TCP **{p11['local_over_tcp']:.2f}**, local / Unix HTTP "
               f"**{p11['local_over_unix']:.2f}**; CPU per GiB TCP / local **{p11['tcp_cpu_over_local']:.2f}**.")
+if os.path.exists(f"{out}/p12.md"):
+    res["p12"] = j("p12")
+    print("\n" + open(f"{out}/p12.md").read().strip())
 with open(f"{out}/results.json", "w") as f:
     json.dump(res, f, indent=2)
 EOF

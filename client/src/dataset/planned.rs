@@ -218,12 +218,12 @@ fn fetch(catalog: &Catalog, run: &Run, clients: &mut Clients) -> Result<Fetched>
         let mut out = Vec::with_capacity(run.take.len());
         for (index, sample) in (first..).zip(ShardSamples::new(shard.key.clone(), stream)) {
             let sample = sample?;
-            while let Some(&&(i, slot)) = take.peek() {
-                if i != index {
-                    break;
+            // Each sample is wanted once at most in a run (indexes rise strictly).
+            if let Some(&&(i, slot)) = take.peek() {
+                if i == index {
+                    out.push((slot, sample));
+                    take.next();
                 }
-                out.push((slot, sample.clone()));
-                take.next();
             }
             if take.peek().is_none() {
                 return Ok(out);
