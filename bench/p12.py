@@ -5,6 +5,8 @@
 fs backend, warmed first. Each loader reads whole epochs through torch's DataLoader with
 1 and 4 workers, rounds interleaved (A/B/A/B…), median kept:
   granary   granary.ShardDataset (range runs from the shard's owner, Rust tar parsing)
+  granary-zc  the same over the node's Unix socket with zero_copy: members are
+            memoryviews of the node's cache file (workers turn them into bytes)
   wds       WebDataset over the node's plain URLs
   s3tc      s3torchconnector S3IterableDataset over the node's S3 API (+ tarfile)
   boto3     boto3 get_object per shard (+ tarfile)
@@ -49,6 +51,7 @@ BUCKET = "train"
 PREFIX = "ds/"
 SAMPLE = 100 << 10
 PER_SHARD = 80
+SOCKET = ""  # the node's Unix socket, set in main
 
 
 def free_port() -> int:
@@ -149,8 +152,19 @@ class Ceiling(IterableDataset):
             yield {"__key__": str(j), "__url__": "", "bin": blobs[j % 64], "cls": b"1"}
 
 
+def to_bytes(sample: dict) -> dict:
+    return {k: bytes(v) if isinstance(v, memoryview) else v for k, v in sample.items()}
+
+
 def loader_for(name: str, endpoint: str, keys: list[str], workers: int, epoch: int):
-    if name == "ceiling":
+    if name == "granary-zc":
+        # Over the node's Unix socket, members mapped from its cache file; workers must
+        # turn them into bytes to hand them on (a memoryview does not pickle).
+        ds = granary.ShardDataset(f"unix:{SOCKET}", BUCKET, PREFIX, seed=0, rank=0,
+                                  world_size=1, batch_size=32, read_ahead=2, zero_copy=True,
+                                  map=to_bytes if workers else None)
+        ds.set_epoch(epoch)
+    elif name == "ceiling":
         ds = Ceiling(len(keys) * PER_SHARD)
     elif name == "granary":
         ds = granary.ShardDataset(endpoint, BUCKET, PREFIX, seed=0, rank=0, world_size=1,
@@ -175,6 +189,8 @@ def one_epoch(name, endpoint, keys, workers, node_pid, epoch) -> dict:
         for s in batch:
             samples += 1
             nbytes += sum(len(v) for k, v in s.items() if not k.startswith("__"))
+            if name == "granary-zc" and not workers:
+                assert isinstance(s["bin"], memoryview)
     wall = time.perf_counter() - t0
     gib = nbytes / (1 << 30)
     return {"samples": samples, "wall": wall, "samples_s": samples / wall,
@@ -232,7 +248,7 @@ def main() -> None:
     ap.add_argument("--shards", type=int, default=32)
     ap.add_argument("--out", default=str(ROOT / "target" / "p12"))
     ap.add_argument("--workers", default="1,4", help="DataLoader worker counts")
-    ap.add_argument("--only", default="granary,wds,s3tc,boto3,ceiling",
+    ap.add_argument("--only", default="granary,granary-zc,wds,s3tc,boto3,ceiling",
                     help="loaders to run")
     args = ap.parse_args()
     binary = os.environ.get("GRANARY_BIN", str(ROOT / "target" / "release" / "granary"))
@@ -244,7 +260,10 @@ def main() -> None:
     port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
     log = open(work / "node.log", "wb")
+    global SOCKET
+    SOCKET = str(work / "g.sock")
     node = subprocess.Popen([binary, "serve", "--listen", f"127.0.0.1:{port}",
+                             "--listen-unix", SOCKET,
                              "--data-dir", str(work / "data"), "--backend",
                              f"fs:{work / 'origin'}", "--cache-capacity", "4GiB"],
                             stdout=log, stderr=subprocess.STDOUT)

@@ -23,6 +23,13 @@ pub struct TarReader<R> {
     /// Data bytes of the current file not yet read, and the padding after them.
     left: u64,
     pad: u64,
+    /// Passes over `n` bytes of `inner`: reads them, unless the reader can seek.
+    skipper: fn(&mut R, u64) -> io::Result<u64>,
+}
+
+/// Skips by reading (and dropping) the bytes.
+fn read_past<R: Read>(r: &mut R, n: u64) -> io::Result<u64> {
+    io::copy(&mut r.take(n), &mut io::sink())
 }
 
 /// The bytes of a tar stream's current file (see [`TarReader::data`]).
@@ -150,11 +157,19 @@ fn padding(size: u64) -> u64 {
 impl<R: Read> TarReader<R> {
     /// Reads the archive `inner` holds, from its first header.
     pub fn new(inner: R) -> TarReader<R> {
+        TarReader::with_skipper(inner, read_past::<R>)
+    }
+
+    /// Reads the archive `inner` holds, passing over the bytes it does not hand out with
+    /// `skipper` (which returns how many it passed): a reader over memory or a file can
+    /// jump instead of reading them.
+    pub fn with_skipper(inner: R, skipper: fn(&mut R, u64) -> io::Result<u64>) -> TarReader<R> {
         TarReader {
             inner,
             done: false,
             left: 0,
             pad: 0,
+            skipper,
         }
     }
 
@@ -202,7 +217,7 @@ impl<R: Read> TarReader<R> {
     }
 
     fn skip(&mut self, n: u64) -> io::Result<()> {
-        let skipped = io::copy(&mut (&mut self.inner).take(n), &mut io::sink())?;
+        let skipped = (self.skipper)(&mut self.inner, n)?;
         if skipped != n {
             return Err(io::Error::new(
                 io::ErrorKind::UnexpectedEof,

@@ -269,6 +269,13 @@ def test_prefetch_then_the_reads_are_hits(node):
     after = c.stats()
     assert after["hits"] - before["hits"] == 2
     assert after["misses"] == before["misses"]
+    # The dataset's own: warms the whole prefix, every object already held.
+    ds = granary.ShardDataset(endpoint, BUCKET, "warm/")
+    job = ds.prefetch_ahead()
+    while c.job(job)["state"] not in ("done", "failed", "cancelled"):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert c.job(job)["state"] == "done"
 
 
 def test_wrong_credentials_raise(cluster):
@@ -325,3 +332,76 @@ def test_compressed_shards_are_read_whole(node):
                 assert sample["bin"] == every[sample["__key__"]]["bin"]
                 seen[sample["__key__"]] += 1
     assert set(seen) == set(every) and set(seen.values()) == {1}
+
+
+def to_bytes(sample: dict) -> dict:
+    return {k: bytes(v) if isinstance(v, memoryview) else v for k, v in sample.items()}
+
+
+def test_zero_copy_samples_over_the_local_socket(node):
+    endpoint, every, root = node
+    sock = f"unix:{root / 'g.sock'}"
+    ds = granary.ShardDataset(sock, BUCKET, "ds/", seed=2, shuffle_buffer=8, zero_copy=True)
+    seen = []
+    for sample in ds:
+        assert isinstance(sample["bin"], memoryview) and sample["bin"].readonly
+        assert bytes(sample["bin"]) == every[sample["__key__"]]["bin"]
+        assert bytes(sample["cls"]) == every[sample["__key__"]]["cls"]
+        seen.append(sample["__key__"])
+    assert sorted(seen) == sorted(every)
+    # The same order as over HTTP: delivery does not change the plan.
+    plain = granary.ShardDataset(endpoint, BUCKET, "ds/", seed=2, shuffle_buffer=8)
+    assert [s["__key__"] for s in plain] == seen
+    # In DataLoader workers, decoded where they are read.
+    ds.map = to_bytes
+    keys = [check_bytes(s, every) for b in DataLoader(ds, batch_size=4, num_workers=2,
+                                                       collate_fn=as_list) for s in b]
+    assert sorted(keys) == sorted(every)
+
+
+def test_a_client_works_on_both_sides_of_a_fork(node):
+    endpoint, every, _ = node
+    c = granary.Client(endpoint)
+    key = "ds/shard-0001.tar"
+    whole = c.get(BUCKET, key)  # the parent's connection is open now
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its own connection, the same bytes
+        try:
+            ok = c.get(BUCKET, key) == whole and c.get(BUCKET, key) == whole
+            os.write(w, b"1" if ok else b"0")
+        finally:
+            os._exit(0)
+    os.close(w)
+    assert c.get(BUCKET, key) == whole
+    assert os.read(r, 1) == b"1"
+    os.waitpid(pid, 0)
+    os.close(r)
+    assert c.get(BUCKET, key) == whole
+
+
+def test_an_owner_that_fails_is_read_around(tmp_path):
+    """Two members; the dataset is listed, one member is killed, and the epoch still
+    comes whole: its shards are read from the next member in the ring's order."""
+    origin = tmp_path / "origin"
+    every = write_dataset(origin, "ds", counts=[5] * 8)
+    ids, ports = ["a", "b"], [_free_port(), _free_port()]
+    peers = []
+    for i, p in zip(ids, ports):
+        peers += ["--peer", f"{i}=http://127.0.0.1:{p}"]
+    procs = [start_node(tmp_path, origin, i, p, peers, creds=False) for i, p in zip(ids, ports)]
+    endpoints = [f"http://127.0.0.1:{p}" for p in ports]
+    try:
+        wait_members_up(endpoints, procs, [tmp_path / f"{i}.log" for i in ids])
+        ds = granary.ShardDataset(endpoints[0], BUCKET, "ds/", seed=4)
+        owners = {requests.get(f"{endpoints[0]}/_granary/cluster",
+                               params={"bucket": BUCKET, "key": k}, timeout=10).json()["owner"]
+                  for k in ds.shards}
+        assert owners == {"a", "b"}
+        procs[1].kill()
+        procs[1].wait()
+        keys = [check_bytes(s, every) for s in ds]
+        assert sorted(keys) == sorted(every)
+    finally:
+        for p in procs:
+            _stop_process(p)

@@ -9,12 +9,12 @@ use std::time::Duration;
 use granary_client::dataset::catalog::Catalog;
 use granary_client::dataset::plan::{Round, Split};
 use granary_client::dataset::planned::{
-    plan_epoch, read_epoch, EpochSpec, PlannedRead, ReadSettings, Router,
+    plan_epoch, read_epoch, Delivered, EpochSpec, PlannedRead, ReadSettings, Router, RunFile,
 };
 use granary_client::{BatchItem, Credentials, GetOptions, Local, Missing, ObjectReader, TarReader};
 use pyo3::exceptions::{PyException, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict};
+use pyo3::types::{PyBytes, PyDict, PyMemoryView, PySlice};
 
 pyo3::create_exception!(
     _granary,
@@ -399,7 +399,7 @@ impl Shards {
     /// Starts reading one rank's (and worker's) part of an epoch. `rounds`: the resume
     /// history, `(world_size, shuffle_buffer, drop_last, consumed)` each. `route`: read
     /// each shard from its owner, as the cluster's ring says.
-    #[pyo3(signature = (endpoint, epoch, seed, shuffle_shards, rounds, world_size, shuffle_buffer, drop_last, rank, worker, workers, batch_size, read_ahead, route=true, access_key=None, secret_key=None, region="us-east-1", timeout=60.0))]
+    #[pyo3(signature = (endpoint, epoch, seed, shuffle_shards, rounds, world_size, shuffle_buffer, drop_last, rank, worker, workers, batch_size, read_ahead, route=true, access_key=None, secret_key=None, region="us-east-1", timeout=60.0, zero_copy=false))]
     #[allow(clippy::too_many_arguments)]
     fn read(
         &self,
@@ -422,6 +422,7 @@ impl Shards {
         secret_key: Option<&str>,
         region: &str,
         timeout: f64,
+        zero_copy: bool,
     ) -> PyResult<SampleIter> {
         let creds = credentials(access_key, secret_key, region)?;
         let spec = spec_of(
@@ -441,12 +442,14 @@ impl Shards {
                     credentials: creds,
                     timeout: Duration::from_secs_f64(timeout.max(0.001)),
                     read_ahead,
+                    local: zero_copy,
                 };
                 read_epoch(catalog, &spec, settings)
             })
             .map_err(py_err)?;
         Ok(SampleIter {
             read: Mutex::new(Some(read)),
+            maps: Mutex::new(Vec::new()),
         })
     }
 }
@@ -485,10 +488,52 @@ fn spec_of(
     }
 }
 
-/// Samples as dicts: `{"__key__", "__url__", ext: bytes, ...}`.
+/// Samples as dicts: `{"__key__", "__url__", ext: bytes, ...}`; with `zero_copy`,
+/// members the node passed as a file are read-only `memoryview`s of its mapping.
 #[pyclass(module = "granary._granary")]
 struct SampleIter {
     read: Mutex<Option<PlannedRead>>,
+    /// The last runs' files, each mapped once: the file, the mapping's `memoryview` and
+    /// where the mapping starts in the file.
+    maps: Mutex<Vec<Mapped>>,
+}
+
+/// A run's file, the `memoryview` of its mapping, and where the mapping starts.
+type Mapped = (Arc<RunFile>, Py<PyAny>, u64);
+
+/// Runs' mappings kept at once (a shuffle buffer may hold samples of a few runs).
+const MAPS_KEPT: usize = 16;
+
+impl SampleIter {
+    /// The `memoryview` over `file`'s mapping and where it starts in the file.
+    fn mapping<'py>(
+        &self,
+        py: Python<'py>,
+        file: &Arc<RunFile>,
+    ) -> PyResult<(Bound<'py, PyAny>, u64)> {
+        use std::os::fd::AsRawFd;
+        let mut maps = self.maps.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, view, start)) = maps.iter().find(|(f, _, _)| Arc::ptr_eq(f, file)) {
+            return Ok((view.bind(py).clone(), *start));
+        }
+        let mmap = py.import("mmap")?;
+        let gran: u64 = mmap.getattr("ALLOCATIONGRANULARITY")?.extract()?;
+        let start = file.offset / gran * gran;
+        let kwargs = PyDict::new(py);
+        kwargs.set_item("access", mmap.getattr("ACCESS_READ")?)?;
+        kwargs.set_item("offset", start)?;
+        // Python's mmap keeps its own duplicate of the descriptor.
+        let m = mmap.getattr("mmap")?.call(
+            (file.fd.as_raw_fd(), file.offset + file.len - start),
+            Some(&kwargs),
+        )?;
+        let view = PyMemoryView::from(&m)?.into_any();
+        if maps.len() >= MAPS_KEPT {
+            maps.remove(0);
+        }
+        maps.push((file.clone(), view.clone().unbind(), start));
+        Ok((view, start))
+    }
 }
 
 #[pymethods]
@@ -509,12 +554,25 @@ impl SampleIter {
         let Some(sample) = next else {
             return Ok(None);
         };
-        let sample = sample.map_err(py_err)?;
         let d = PyDict::new(py);
-        d.set_item("__key__", &sample.key)?;
-        d.set_item("__url__", &sample.shard)?;
-        for (ext, data) in &sample.fields {
-            d.set_item(ext, PyBytes::new(py, data))?;
+        match sample.map_err(py_err)? {
+            Delivered::Owned(sample) => {
+                d.set_item("__key__", &sample.key)?;
+                d.set_item("__url__", &sample.shard)?;
+                for (ext, data) in &sample.fields {
+                    d.set_item(ext, PyBytes::new(py, data))?;
+                }
+            }
+            Delivered::Mapped(sample) => {
+                d.set_item("__key__", &sample.key)?;
+                d.set_item("__url__", &sample.shard)?;
+                let (view, start) = self.mapping(py, &sample.file)?;
+                for (ext, offset, len) in &sample.fields {
+                    let a = (offset - start) as isize;
+                    let slice = PySlice::new(py, a, a + *len as isize, 1);
+                    d.set_item(ext, view.get_item(slice)?)?;
+                }
+            }
         }
         Ok(Some(d))
     }

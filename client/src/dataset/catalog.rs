@@ -13,9 +13,9 @@ use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
 
+use super::is_compressed;
 use super::planned::{on_best, Clients, ReadSettings, Router};
 use super::samples::split_name;
-use super::{is_compressed, is_shard};
 use crate::tarstream::TarReader;
 use crate::{Client, Error, Result};
 
@@ -53,19 +53,7 @@ impl Catalog {
     /// Lists the shards under `prefix` and where their samples lie, asking each shard's
     /// owner as `router` says.
     pub fn build(client: &Client, router: &Router, bucket: &str, prefix: &str) -> Result<Catalog> {
-        let mut keys: Vec<String> = client
-            .fresh()
-            .list(bucket, prefix)?
-            .into_iter()
-            .map(|o| o.key)
-            .filter(|k| is_shard(k))
-            .collect();
-        keys.sort();
-        if keys.is_empty() {
-            return Err(Error::Invalid(format!(
-                "no .tar, .tar.gz or .tgz objects under {bucket}/{prefix}"
-            )));
-        }
+        let keys = super::shard_keys(&mut client.fresh(), bucket, prefix)?;
         let next = AtomicUsize::new(0);
         let found: Mutex<Vec<Option<Result<ShardInfo>>>> =
             Mutex::new((0..keys.len()).map(|_| None).collect());
@@ -77,6 +65,7 @@ impl Catalog {
                         credentials: client.credentials().cloned(),
                         timeout: client.timeout(),
                         read_ahead: 0,
+                        local: false,
                     });
                     loop {
                         let i = next.fetch_add(1, Ordering::Relaxed);

@@ -43,6 +43,23 @@ pub fn is_shard(key: &str) -> bool {
     SHARD_SUFFIXES.iter().any(|s| key.ends_with(s))
 }
 
+/// The shards under `prefix`, in key order; an error when there are none.
+pub(crate) fn shard_keys(client: &mut Client, bucket: &str, prefix: &str) -> Result<Vec<String>> {
+    let mut keys: Vec<String> = client
+        .list(bucket, prefix)?
+        .into_iter()
+        .map(|o| o.key)
+        .filter(|k| is_shard(k))
+        .collect();
+    keys.sort();
+    if keys.is_empty() {
+        return Err(Error::Invalid(format!(
+            "no .tar, .tar.gz or .tgz objects under {bucket}/{prefix}"
+        )));
+    }
+    Ok(keys)
+}
+
 /// Whether a shard is compressed (`.tar.gz`, `.tgz`): read whole, never by range.
 pub fn is_compressed(key: &str) -> bool {
     key.ends_with(".tar.gz") || key.ends_with(".tgz")
@@ -166,20 +183,7 @@ impl DatasetBuilder {
         let client = Client::new(&self.endpoint)?
             .with_credentials_opt(self.credentials.clone())
             .with_timeout(self.timeout);
-        let mut probe = client.fresh();
-        let mut shards: Vec<String> = probe
-            .list(&self.bucket, &self.prefix)?
-            .into_iter()
-            .map(|o| o.key)
-            .filter(|k| is_shard(k))
-            .collect();
-        shards.sort();
-        if shards.is_empty() {
-            return Err(Error::Invalid(format!(
-                "no .tar, .tar.gz or .tgz objects under {}/{}",
-                self.bucket, self.prefix
-            )));
-        }
+        let shards = shard_keys(&mut client.fresh(), &self.bucket, &self.prefix)?;
         Ok(Dataset {
             settings: self,
             client,

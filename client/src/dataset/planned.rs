@@ -98,6 +98,9 @@ pub struct ReadSettings {
     pub timeout: Duration,
     /// Runs fetched ahead, by as many threads (0: each run fetched when it is needed).
     pub read_ahead: usize,
+    /// Ask the node for its cache file (a `unix:` endpoint on its machine) and deliver
+    /// samples as ranges of it ([`Delivered::Mapped`]); bytes where it sends bytes.
+    pub local: bool,
 }
 
 /// One range read: samples `first..=last` of a shard, of which `take` (sample index,
@@ -194,6 +197,130 @@ pub(crate) fn on_best<T>(
     Err(last_err.unwrap_or_else(|| Error::Invalid("no member to read from".into())))
 }
 
+/// A sample as it is delivered: its bytes, or where they lie in the node's cache file
+/// on this machine (a local read: the bytes are mapped, never copied).
+#[derive(Debug)]
+pub enum Delivered {
+    Owned(Sample),
+    Mapped(MappedSample),
+}
+
+/// A sample whose members are ranges of a node's cache file.
+#[derive(Debug, Clone)]
+pub struct MappedSample {
+    /// The members' common name up to the first `.` of the file name.
+    pub key: String,
+    /// The object key of the shard it came from.
+    pub shard: String,
+    /// The file the node passed for the run the sample was read in.
+    pub file: Arc<RunFile>,
+    /// Extension, offset in the file, length; in archive order.
+    pub fields: Vec<(String, u64, u64)>,
+}
+
+/// A node's cache file, passed for one run: read-only, open while a sample needs it.
+#[derive(Debug)]
+pub struct RunFile {
+    pub fd: std::os::fd::OwnedFd,
+    /// Where the run's bytes start in the file, and how many there are.
+    pub offset: u64,
+    pub len: u64,
+}
+
+/// Takes a run's wanted samples (with their slots) out of `samples`, which are the
+/// shard's from sample `first` on.
+fn pick<T>(
+    samples: impl Iterator<Item = Result<T>>,
+    first: u32,
+    run: &Run,
+    shard: &str,
+) -> Result<Vec<(usize, T)>> {
+    let mut take = run.take.iter().peekable();
+    let mut out = Vec::with_capacity(run.take.len());
+    for (index, sample) in (first..).zip(samples) {
+        let sample = sample?;
+        // Each sample is wanted once at most in a run (indexes rise strictly).
+        if let Some(&&(i, slot)) = take.peek() {
+            if i == index {
+                out.push((slot, sample));
+                take.next();
+            }
+        }
+        if take.peek().is_none() {
+            return Ok(out);
+        }
+    }
+    Err(Error::Shard {
+        shard: shard.to_owned(),
+        source: std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "the shard holds fewer samples than it was listed with",
+        ),
+    })
+}
+
+/// Bytes in memory, read by a tar reader that jumps over what it does not hand out.
+struct InMemory<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl Read for InMemory<'_> {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        let n = out.len().min(self.buf.len() - self.pos);
+        out[..n].copy_from_slice(&self.buf[self.pos..self.pos + n]);
+        self.pos += n;
+        Ok(n)
+    }
+}
+
+fn jump(r: &mut InMemory<'_>, n: u64) -> std::io::Result<u64> {
+    let k = (n.min((r.buf.len() - r.pos) as u64)) as usize;
+    r.pos += k;
+    Ok(k as u64)
+}
+
+/// The samples of a run the node passed as a file: its headers walked in the mapping,
+/// each member a range of the file.
+fn mapped_samples(shard: &str, local: crate::LocalFile) -> Result<Vec<Result<MappedSample>>> {
+    let map = local.map().map_err(Error::Local)?;
+    let mut members = Vec::new();
+    {
+        let mut tar = crate::TarReader::with_skipper(InMemory { buf: &map, pos: 0 }, jump);
+        let broken = |source| Error::Shard {
+            shard: shard.to_owned(),
+            source,
+        };
+        while let Some((name, size)) = tar.next_header().map_err(broken)? {
+            members.push((name, tar.get_mut().pos as u64, size));
+        }
+    }
+    drop(map);
+    let (offset, len) = (local.offset(), local.len());
+    let file = Arc::new(RunFile {
+        fd: local.into_fd(),
+        offset,
+        len,
+    });
+    let mut out: Vec<Result<MappedSample>> = Vec::new();
+    for (name, at, size) in members {
+        let Some((key, ext)) = super::samples::split_name(&name) else {
+            continue;
+        };
+        let field = (ext, offset + at, size);
+        match out.last_mut() {
+            Some(Ok(s)) if s.key == key => s.fields.push(field),
+            _ => out.push(Ok(MappedSample {
+                key: key.to_owned(),
+                shard: shard.to_owned(),
+                file: file.clone(),
+                fields: vec![field],
+            })),
+        }
+    }
+    Ok(out)
+}
+
 /// Fetches one run: the wanted samples with their slots.
 fn fetch(catalog: &Catalog, run: &Run, clients: &mut Clients) -> Result<Fetched> {
     let shard = &catalog.shards[run.shard as usize];
@@ -206,41 +333,37 @@ fn fetch(catalog: &Catalog, run: &Run, clients: &mut Clients) -> Result<Fetched>
         if_match: Some(shard.etag.clone()).filter(|e| !e.is_empty()),
         ..GetOptions::default()
     };
+    let local = clients.settings.local && !shard.compressed;
     on_best(clients, &catalog.bucket, &shard.key, |c| {
-        let reader = c.open_with(&catalog.bucket, &shard.key, &opts)?;
-        let stream: Box<dyn Read + Send> = if shard.compressed {
-            Box::new(flate2::read::MultiGzDecoder::new(reader))
-        } else {
-            Box::new(reader)
+        let owned = |stream: Box<dyn Read + Send>, first: u32| {
+            let samples =
+                ShardSamples::new(shard.key.clone(), stream).map(|s| s.map(Delivered::Owned));
+            pick(samples, first, run, &shard.key)
         };
-        let first = if shard.compressed { 0 } else { run.first };
-        let mut take = run.take.iter().peekable();
-        let mut out = Vec::with_capacity(run.take.len());
-        for (index, sample) in (first..).zip(ShardSamples::new(shard.key.clone(), stream)) {
-            let sample = sample?;
-            // Each sample is wanted once at most in a run (indexes rise strictly).
-            if let Some(&&(i, slot)) = take.peek() {
-                if i == index {
-                    out.push((slot, sample));
-                    take.next();
+        if local {
+            return match c.open_local(&catalog.bucket, &shard.key, &opts)? {
+                crate::Local::File(f) => {
+                    let samples = mapped_samples(&shard.key, f)?
+                        .into_iter()
+                        .map(|s| s.map(Delivered::Mapped));
+                    pick(samples, run.first, run, &shard.key)
                 }
-            }
-            if take.peek().is_none() {
-                return Ok(out);
-            }
+                crate::Local::Bytes(bytes, _) => {
+                    owned(Box::new(std::io::Cursor::new(bytes)), run.first)
+                }
+            };
         }
-        Err(Error::Shard {
-            shard: shard.key.clone(),
-            source: std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                "the shard holds fewer samples than it was listed with",
-            ),
-        })
+        let reader = c.open_with(&catalog.bucket, &shard.key, &opts)?;
+        if shard.compressed {
+            owned(Box::new(flate2::read::MultiGzDecoder::new(reader)), 0)
+        } else {
+            owned(Box::new(reader), run.first)
+        }
     })
 }
 
 /// A run's samples, each with its output slot.
-type Fetched = Vec<(usize, Sample)>;
+type Fetched = Vec<(usize, Delivered)>;
 
 /// The fetching threads' shared state.
 struct Shared {
@@ -254,7 +377,7 @@ pub struct PlannedRead {
     slots: usize,
     next_slot: usize,
     run_of_slot: Vec<u32>,
-    ready: HashMap<usize, Sample>,
+    ready: HashMap<usize, Delivered>,
     results: Receiver<(usize, Result<Fetched>)>,
     shared: Arc<Shared>,
     /// Without read-ahead: the runs and how they are fetched, here.
@@ -342,9 +465,9 @@ impl PlannedRead {
 }
 
 impl Iterator for PlannedRead {
-    type Item = Result<Sample>;
+    type Item = Result<Delivered>;
 
-    fn next(&mut self) -> Option<Result<Sample>> {
+    fn next(&mut self) -> Option<Result<Delivered>> {
         if self.failed || self.next_slot >= self.slots {
             return None;
         }
@@ -452,4 +575,123 @@ pub fn read_epoch(
     wanted.sort_unstable_by_key(|w| w.0);
     let wanted: Vec<(SampleId, usize)> = wanted.into_iter().map(|(_, id, s)| (id, s)).collect();
     Ok(PlannedRead::start(catalog, &wanted, slots, settings))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Member;
+
+    fn view(states: &[(&str, MemberState)]) -> ClusterView {
+        ClusterView {
+            node_id: "a".into(),
+            members: states
+                .iter()
+                .map(|(id, state)| Member {
+                    id: (*id).into(),
+                    url: format!("http://{id}:7070"),
+                    state: *state,
+                    weight: 100.0,
+                })
+                .collect(),
+            owner: None,
+        }
+    }
+
+    #[test]
+    fn reads_go_to_the_owner_then_the_ring_order_then_the_given_node() {
+        use MemberState::{Down, Up};
+        let all_up = Router::from_view("http://a:7070", &view(&[("a", Up), ("b", Up), ("c", Up)]));
+        let ring = Ring::uniform(["a", "b", "c"]);
+        for i in 0..50 {
+            let key = format!("d/shard-{i}.tar");
+            let want: Vec<String> = ring
+                .ranked(key_hash("bk", &key))
+                .into_iter()
+                .map(|n| format!("http://{}:7070", ring.nodes()[n].id))
+                .collect();
+            assert_eq!(all_up.candidates("bk", &key), want);
+        }
+        // A member seen down is not asked; the given node comes last whatever happens.
+        let b_down =
+            Router::from_view("http://a:7070", &view(&[("a", Up), ("b", Down), ("c", Up)]));
+        for i in 0..50 {
+            let got = b_down.candidates("bk", &format!("k{i}"));
+            assert!(!got.contains(&"http://b:7070".to_owned()));
+            assert_eq!(got.len(), 2);
+        }
+        // Without members' URLs (an unsigned view): everything through the given node.
+        let mut v = view(&[("a", Up), ("b", Up)]);
+        v.members[1].url.clear();
+        let single = Router::from_view("http://a:7070", &v);
+        assert_eq!(
+            single.candidates("bk", "k"),
+            vec!["http://a:7070".to_owned()]
+        );
+    }
+
+    #[test]
+    fn runs_join_near_samples_of_one_shard_and_split_at_gaps_and_limits() {
+        use super::super::catalog::{SampleSpan, ShardInfo};
+        let spans = |sizes: &[u64]| {
+            let mut at = 0;
+            sizes
+                .iter()
+                .map(|&n| {
+                    let s = SampleSpan {
+                        start: at,
+                        end: at + n,
+                    };
+                    at += n;
+                    s
+                })
+                .collect::<Vec<_>>()
+        };
+        let shard = |key: &str, compressed: bool, sizes: &[u64]| ShardInfo {
+            key: key.into(),
+            etag: "e".into(),
+            compressed,
+            samples: spans(sizes),
+        };
+        let catalog = Catalog {
+            bucket: "bk".into(),
+            shards: vec![
+                shard("a.tar", false, &[1024; 8]),
+                shard(
+                    "b.tar",
+                    false,
+                    &[300 << 10, 300 << 10, 300 << 10, 10 << 20, 8 << 20],
+                ),
+                shard("c.tar.gz", true, &[10; 4]),
+            ],
+        };
+        let id = |shard, index| SampleId { shard, index };
+        let wanted = vec![
+            (id(0, 0), 0),
+            (id(0, 2), 1),
+            (id(0, 5), 2),
+            (id(0, 3), 3), // goes back: a new run
+            (id(1, 0), 4),
+            (id(1, 2), 5), // a 300 KiB gap: read through
+            (id(1, 3), 6),
+            (id(1, 4), 7), // past 16 MiB: a new run
+            (id(2, 0), 8),
+            (id(2, 3), 9), // compressed: one run, read whole
+        ];
+        let runs = runs_of(&catalog, &wanted);
+        let shape: Vec<(u32, u32, u32, usize)> = runs
+            .iter()
+            .map(|r| (r.shard, r.first, r.last, r.take.len()))
+            .collect();
+        assert_eq!(
+            shape,
+            vec![
+                (0, 0, 5, 3),
+                (0, 3, 3, 1),
+                (1, 0, 3, 3),
+                (1, 4, 4, 1),
+                (2, 0, 3, 2)
+            ]
+        );
+    }
 }

@@ -80,6 +80,13 @@ class ShardDataset(_Base):  # type: ignore[misc,valid-type]
     order whatever the number of workers; give the DataLoader's ``batch_size`` for exact
     resume with workers.
 
+    With ``zero_copy=True`` and a ``unix:`` endpoint (the node on this machine), member
+    values are read-only ``memoryview``s of the node's cache file, mapped: no byte is
+    copied (``numpy.frombuffer``/``torch.frombuffer`` take them as they are). They cannot
+    cross to the training loop from DataLoader workers (a ``memoryview`` does not
+    pickle): decode them in the worker with ``map`` (a function applied to each sample
+    where it is read), or read in the main process.
+
     ``state_dict(consumed)`` (samples consumed in the epoch by all ranks together) and
     ``load_state_dict`` resume the epoch on any world size: the samples not yet consumed,
     each exactly once across the new ranks.
@@ -90,7 +97,8 @@ class ShardDataset(_Base):  # type: ignore[misc,valid-type]
                  world_size: Optional[int] = None, drop_last: bool = False,
                  access_key: Optional[str] = None, secret_key: Optional[str] = None, *,
                  batch_size: int = 1, read_ahead: int = 2, shuffle_shards: bool = True,
-                 route: bool = True, region: str = "us-east-1", timeout: float = 60.0):
+                 route: bool = True, region: str = "us-east-1", timeout: float = 60.0,
+                 zero_copy: bool = False, map=None):
         super().__init__()
         self.endpoint = endpoint
         self.bucket = bucket
@@ -105,6 +113,8 @@ class ShardDataset(_Base):  # type: ignore[misc,valid-type]
         self.read_ahead = max(0, int(read_ahead))
         self.shuffle_shards = bool(shuffle_shards)
         self.route = bool(route)
+        self.zero_copy = bool(zero_copy)
+        self.map = map
         self._auth = (access_key, secret_key, region, float(timeout))
         self.epoch = 0
         # The resume history of epoch `_rounds_epoch`: (world_size, shuffle_buffer,
@@ -151,11 +161,14 @@ class ShardDataset(_Base):  # type: ignore[misc,valid-type]
         info = _worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         access_key, secret_key, region, timeout = self._auth
-        return self._shards.read(
+        samples = self._shards.read(
             self.endpoint, self.epoch, self.seed, self.shuffle_shards,
             self._current_rounds(), self.world_size, self.shuffle_buffer, self.drop_last,
             self.rank, worker, workers, self.batch_size, self.read_ahead, self.route,
-            access_key, secret_key, region, timeout)
+            access_key, secret_key, region, timeout, self.zero_copy)
+        if self.map is None:
+            return samples
+        return (self.map(s) for s in samples)
 
     def state_dict(self, consumed: int) -> Dict[str, Any]:
         """Where the epoch stands after ``consumed`` samples by all ranks together (each
