@@ -405,3 +405,29 @@ def test_an_owner_that_fails_is_read_around(tmp_path):
     finally:
         for p in procs:
             _stop_process(p)
+
+
+def test_gpu_delivery(node):
+    """Where a GPU is lent: objects and samples land in CUDA memory whole. Elsewhere:
+    asking for it fails with a clear error, and the rest is skipped."""
+    endpoint, every, _ = node
+    c = granary.Client(endpoint)
+    key = "ds/shard-0002.tar"
+    whole = c.get(BUCKET, key)
+    if not (torch.cuda.is_available() and granary.cuda_available()):
+        with pytest.raises(granary.GranaryError) as e:
+            c.get_to_device(BUCKET, key)
+        assert "CUDA" in str(e.value) or "GPU" in str(e.value)
+        pytest.skip("no CUDA device here: GPU delivery refused cleanly")
+    t = c.get_to_device(BUCKET, key)
+    assert t.device.type == "cuda" and t.dtype == torch.uint8 and t.numel() == len(whole)
+    assert t.cpu().numpy().tobytes() == whole
+    part = c.get_to_device(BUCKET, key, range=(100, 4195))
+    assert part.cpu().numpy().tobytes() == whole[100:4196]
+    ds = granary.ShardDataset(endpoint, BUCKET, "ds/", device="cuda")
+    n = 0
+    for s in ds:
+        assert s["bin"].is_cuda
+        assert s["bin"].cpu().numpy().tobytes() == every[s["__key__"]]["bin"]
+        n += 1
+    assert n == len(every)

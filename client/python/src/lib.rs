@@ -77,10 +77,13 @@ fn router_for(
 }
 
 /// A client of one node (`http://host:port`, or `unix:PATH` on the node's machine).
-#[pyclass(module = "granary._granary")]
+#[pyclass(module = "granary._granary", subclass)]
 struct Client {
     /// The process that opened the connection, and the client.
     inner: Mutex<(u32, granary_client::Client)>,
+    /// GPU delivery's readers (pinned buffers and a stream each), by device.
+    #[cfg(feature = "cuda")]
+    gpus: Mutex<Vec<granary_client::cuda::DeviceReader>>,
 }
 
 impl Client {
@@ -127,6 +130,8 @@ impl Client {
         }
         Ok(Client {
             inner: Mutex::new((pid(), c)),
+            #[cfg(feature = "cuda")]
+            gpus: Mutex::new(Vec::new()),
         })
     }
 
@@ -246,6 +251,34 @@ impl Client {
     fn cluster(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         let v = self.json(py, "/_granary/cluster")?;
         json_to_py(py, &v)
+    }
+
+    /// An object's bytes (or `range`) in the memory of CUDA device `device`: received
+    /// into two pinned buffers in turn, each copied to the device while the other fills.
+    /// A `DeviceBytes` (`__cuda_array_interface__`: `torch.as_tensor` takes it).
+    #[cfg(feature = "cuda")]
+    #[pyo3(signature = (bucket, key, device=0, range=None))]
+    fn get_to_device(
+        &self,
+        py: Python<'_>,
+        bucket: &str,
+        key: &str,
+        device: usize,
+        range: Option<(u64, u64)>,
+    ) -> PyResult<gpu::DeviceBytes> {
+        let opts = GetOptions {
+            range: range_of(range)?,
+            ..GetOptions::default()
+        };
+        let mut client = {
+            let g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+            g.1.fresh()
+        };
+        py.detach(|| {
+            gpu::with_reader(&self.gpus, device, |r| {
+                r.read_object(&mut client, bucket, key, &opts)
+            })
+        })
     }
 
     /// The node's counters (`/_granary/stats`).
@@ -578,8 +611,103 @@ impl SampleIter {
     }
 }
 
+/// GPU delivery: device memory handed to Python with `__cuda_array_interface__`.
+#[cfg(feature = "cuda")]
+mod gpu {
+    use std::sync::Mutex;
+
+    use granary_client::cuda::{DeviceBuf, DeviceReader, GpuError};
+    use pyo3::prelude::*;
+    use pyo3::types::PyDict;
+
+    use super::GranaryError;
+
+    /// Device memory holding bytes: alive while Python (a tensor made from it) holds it.
+    #[pyclass(module = "granary._granary")]
+    pub struct DeviceBytes {
+        buf: DeviceBuf,
+        ptr: u64,
+        device: usize,
+    }
+
+    #[pymethods]
+    impl DeviceBytes {
+        /// The CUDA Array Interface (version 3): a byte array, ready on every stream.
+        #[getter]
+        fn __cuda_array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+            let d = PyDict::new(py);
+            d.set_item("shape", (self.buf.len(),))?;
+            d.set_item("typestr", "|u1")?;
+            d.set_item("data", (self.ptr, false))?;
+            d.set_item("version", 3)?;
+            d.set_item("strides", py.None())?;
+            d.set_item("stream", py.None())?;
+            Ok(d)
+        }
+
+        /// The device's ordinal.
+        #[getter]
+        fn device(&self) -> usize {
+            self.device
+        }
+
+        fn __len__(&self) -> usize {
+            self.buf.len()
+        }
+    }
+
+    fn gpu_err(e: GpuError) -> PyErr {
+        GranaryError::new_err((e.to_string(), None::<String>, None::<u16>))
+    }
+
+    /// Runs `f` with this client's reader for `device` (made on first use), and wraps
+    /// the memory it fills.
+    pub fn with_reader(
+        readers: &Mutex<Vec<DeviceReader>>,
+        device: usize,
+        f: impl FnOnce(&mut DeviceReader) -> Result<DeviceBuf, GpuError>,
+    ) -> PyResult<DeviceBytes> {
+        use granary_client::cuda::cudarc::driver::DevicePtr;
+        let mut readers = readers.lock().unwrap_or_else(|p| p.into_inner());
+        let i = match readers.iter().position(|r| r.ordinal() == device) {
+            Some(i) => i,
+            None => {
+                readers.push(DeviceReader::new(device).map_err(gpu_err)?);
+                readers.len() - 1
+            }
+        };
+        let reader = &mut readers[i];
+        let buf = f(reader).map_err(gpu_err)?;
+        let ptr = {
+            let (ptr, _sync) = buf.slice().device_ptr(reader.stream());
+            ptr
+        };
+        Ok(DeviceBytes { buf, ptr, device })
+    }
+
+    /// Bytes already in memory, copied to device `device` through the same pinned
+    /// buffers (`ShardDataset(device=...)`).
+    #[pyfunction]
+    pub fn to_device(py: Python<'_>, data: Vec<u8>, device: usize) -> PyResult<DeviceBytes> {
+        static READERS: Mutex<Vec<DeviceReader>> = Mutex::new(Vec::new());
+        py.detach(|| with_reader(&READERS, device, |r| r.copy_from_host(&data)))
+    }
+
+    /// Whether a CUDA driver loads and shows a device.
+    #[pyfunction]
+    pub fn cuda_available() -> bool {
+        granary_client::cuda::available()
+    }
+}
+
 #[pymodule]
 fn _granary(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    #[cfg(feature = "cuda")]
+    {
+        m.add_class::<gpu::DeviceBytes>()?;
+        m.add_function(wrap_pyfunction!(gpu::to_device, m)?)?;
+        m.add_function(wrap_pyfunction!(gpu::cuda_available, m)?)?;
+    }
     m.add_class::<Client>()?;
     m.add_class::<BatchIter>()?;
     m.add_class::<Shards>()?;

@@ -15,9 +15,42 @@ import mmap
 import os
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from ._granary import BatchIter, Client, GranaryError, SampleIter, Shards
+from . import _granary
+from ._granary import BatchIter, GranaryError, SampleIter, Shards
 
-__all__ = ["Client", "GranaryError", "ShardDataset", "map_local"]
+__all__ = ["Client", "GranaryError", "ShardDataset", "cuda_available", "map_local"]
+
+
+def cuda_available() -> bool:
+    """Whether GPU delivery can run here: a CUDA driver loads and shows a device."""
+    return hasattr(_granary, "cuda_available") and _granary.cuda_available()
+
+
+def _tensor(device_bytes):
+    import torch
+    return torch.as_tensor(device_bytes, device=f"cuda:{device_bytes.device}")
+
+
+def _cuda_ordinal(device) -> int:
+    text = str(device)
+    if text == "cuda":
+        return 0
+    if text.startswith("cuda:"):
+        return int(text[5:])
+    raise ValueError(f"device {device!r}: GPU delivery takes 'cuda' or 'cuda:N'")
+
+
+class Client(_granary.Client):
+    """A client of one node: ``http://host:port``, or ``unix:PATH`` on its machine."""
+
+    def get_to_device(self, bucket: str, key: str, device="cuda",
+                      range: Optional[Tuple[int, int]] = None):
+        """An object's bytes (or ``range``) as a ``torch.uint8`` CUDA tensor, received
+        through two pinned host buffers, each copied to the device while the other
+        fills. Raises ``GranaryError`` where no GPU can be used."""
+        if not hasattr(_granary.Client, "get_to_device"):
+            raise GranaryError("this build of granary has no GPU delivery", None, None)
+        return _tensor(super().get_to_device(bucket, key, _cuda_ordinal(device), range))
 
 GranaryError.message = property(lambda self: self.args[0] if self.args else "")
 GranaryError.code = property(lambda self: self.args[1] if len(self.args) > 1 else None)
@@ -87,6 +120,10 @@ class ShardDataset(_Base):  # type: ignore[misc,valid-type]
     pickle): decode them in the worker with ``map`` (a function applied to each sample
     where it is read), or read in the main process.
 
+    With ``device="cuda"`` (or ``"cuda:N"``), member values are raw ``torch.uint8`` CUDA
+    tensors, copied through pinned buffers; read in the main process (CUDA does not
+    survive a DataLoader worker's fork).
+
     ``state_dict(consumed)`` (samples consumed in the epoch by all ranks together) and
     ``load_state_dict`` resume the epoch on any world size: the samples not yet consumed,
     each exactly once across the new ranks.
@@ -98,7 +135,7 @@ class ShardDataset(_Base):  # type: ignore[misc,valid-type]
                  access_key: Optional[str] = None, secret_key: Optional[str] = None, *,
                  batch_size: int = 1, read_ahead: int = 2, shuffle_shards: bool = True,
                  route: bool = True, region: str = "us-east-1", timeout: float = 60.0,
-                 zero_copy: bool = False, map=None):
+                 zero_copy: bool = False, map=None, device=None):
         super().__init__()
         self.endpoint = endpoint
         self.bucket = bucket
@@ -115,6 +152,7 @@ class ShardDataset(_Base):  # type: ignore[misc,valid-type]
         self.route = bool(route)
         self.zero_copy = bool(zero_copy)
         self.map = map
+        self.device = device if device is None else _cuda_ordinal(device)
         self._auth = (access_key, secret_key, region, float(timeout))
         self.epoch = 0
         # The resume history of epoch `_rounds_epoch`: (world_size, shuffle_buffer,
@@ -166,9 +204,20 @@ class ShardDataset(_Base):  # type: ignore[misc,valid-type]
             self._current_rounds(), self.world_size, self.shuffle_buffer, self.drop_last,
             self.rank, worker, workers, self.batch_size, self.read_ahead, self.route,
             access_key, secret_key, region, timeout, self.zero_copy)
+        if self.device is not None:
+            samples = (self._to_device(s) for s in samples)
         if self.map is None:
             return samples
         return (self.map(s) for s in samples)
+
+    def _to_device(self, sample: Dict[str, Any]) -> Dict[str, Any]:
+        out = {}
+        for k, v in sample.items():
+            if k.startswith("__"):
+                out[k] = v
+            else:
+                out[k] = _tensor(_granary.to_device(bytes(v), self.device))
+        return out
 
     def state_dict(self, consumed: int) -> Dict[str, Any]:
         """Where the epoch stands after ``consumed`` samples by all ranks together (each
