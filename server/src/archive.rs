@@ -50,6 +50,13 @@ pub struct Member {
 /// Member name → place, for the regular files of a tar.
 pub type TarIndex = HashMap<String, Member>;
 
+/// An index's members in archive order (by data offset).
+pub fn in_order(index: &TarIndex) -> Vec<(&String, &Member)> {
+    let mut members: Vec<(&String, &Member)> = index.iter().collect();
+    members.sort_by_key(|(_, m)| m.offset);
+    members
+}
+
 /// A member name as the index keeps it: without a leading `./` or `/`.
 pub fn normalize(name: &str) -> &str {
     let mut n = name;

@@ -37,9 +37,14 @@ pub struct ShardInfo {
     pub key: String,
     /// The ETag listed; reads ask for this version (`If-Match`).
     pub etag: String,
-    /// `.tar.gz`/`.tgz`: read whole, never by range.
-    pub compressed: bool,
     pub samples: Vec<SampleSpan>,
+}
+
+impl ShardInfo {
+    /// `.tar.gz`/`.tgz`: read whole, never by range.
+    pub fn compressed(&self) -> bool {
+        is_compressed(&self.key)
+    }
 }
 
 /// The shards of a dataset, in key order.
@@ -119,7 +124,6 @@ fn shard_info(c: &mut Client, bucket: &str, key: &str) -> Result<ShardInfo> {
                 return Ok(ShardInfo {
                     key: key.to_owned(),
                     etag: list.etag,
-                    compressed,
                     samples: group(list.members.into_iter()),
                 });
             }
@@ -157,7 +161,6 @@ fn shard_info(c: &mut Client, bucket: &str, key: &str) -> Result<ShardInfo> {
     Ok(ShardInfo {
         key: key.to_owned(),
         etag,
-        compressed,
         samples: group(members.into_iter()),
     })
 }

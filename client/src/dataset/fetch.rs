@@ -18,7 +18,7 @@ use crate::{Client, Result};
 pub(crate) type ShardStream = Box<dyn Read + Send>;
 
 fn decompressed(key: &str, raw: ShardStream) -> ShardStream {
-    if key.ends_with(".tar.gz") || key.ends_with(".tgz") {
+    if super::is_compressed(key) {
         Box::new(flate2::read::MultiGzDecoder::new(raw))
     } else {
         raw

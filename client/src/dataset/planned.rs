@@ -122,7 +122,7 @@ fn runs_of(catalog: &Catalog, wanted: &[(SampleId, usize)]) -> Vec<Run> {
             if r.shard != id.shard || id.index <= r.last {
                 return false;
             }
-            if shard.compressed {
+            if shard.compressed() {
                 return true;
             }
             let (prev_end, start) = (
@@ -173,12 +173,6 @@ impl Clients {
     }
 }
 
-/// Whether another member may succeed where this one failed: it could not be reached,
-/// or answered that it is unavailable.
-fn try_elsewhere(e: &Error) -> bool {
-    matches!(e, Error::Io { .. }) || matches!(e.status(), Some(500..=599))
-}
-
 /// Calls `f` with a client of `key`'s best member, then of the next ones while the
 /// failure is one another member may not have.
 pub(crate) fn on_best<T>(
@@ -190,7 +184,8 @@ pub(crate) fn on_best<T>(
     let mut last_err = None;
     for endpoint in clients.settings.router.candidates(bucket, key) {
         match clients.get(&endpoint).and_then(&mut f) {
-            Err(e) if try_elsewhere(&e) => last_err = Some(e),
+            // Another member may succeed where this one failed or was busy.
+            Err(e) if e.is_retryable() => last_err = Some(e),
             other => return other,
         }
     }
@@ -329,11 +324,11 @@ fn fetch(catalog: &Catalog, run: &Run, clients: &mut Clients) -> Result<Fetched>
         shard.samples[run.last as usize],
     );
     let opts = GetOptions {
-        range: (!shard.compressed).then_some(first.start..last.end),
+        range: (!shard.compressed()).then_some(first.start..last.end),
         if_match: Some(shard.etag.clone()).filter(|e| !e.is_empty()),
         ..GetOptions::default()
     };
-    let local = clients.settings.local && !shard.compressed;
+    let local = clients.settings.local && !shard.compressed();
     on_best(clients, &catalog.bucket, &shard.key, |c| {
         let owned = |stream: Box<dyn Read + Send>, first: u32| {
             let samples =
@@ -354,7 +349,7 @@ fn fetch(catalog: &Catalog, run: &Run, clients: &mut Clients) -> Result<Fetched>
             };
         }
         let reader = c.open_with(&catalog.bucket, &shard.key, &opts)?;
-        if shard.compressed {
+        if shard.compressed() {
             owned(Box::new(flate2::read::MultiGzDecoder::new(reader)), 0)
         } else {
             owned(Box::new(reader), run.first)
@@ -647,22 +642,20 @@ mod tests {
                 })
                 .collect::<Vec<_>>()
         };
-        let shard = |key: &str, compressed: bool, sizes: &[u64]| ShardInfo {
+        let shard = |key: &str, sizes: &[u64]| ShardInfo {
             key: key.into(),
             etag: "e".into(),
-            compressed,
             samples: spans(sizes),
         };
         let catalog = Catalog {
             bucket: "bk".into(),
             shards: vec![
-                shard("a.tar", false, &[1024; 8]),
+                shard("a.tar", &[1024; 8]),
                 shard(
                     "b.tar",
-                    false,
                     &[300 << 10, 300 << 10, 300 << 10, 10 << 20, 8 << 20],
                 ),
-                shard("c.tar.gz", true, &[10; 4]),
+                shard("c.tar.gz", &[10; 4]),
             ],
         };
         let id = |shard, index| SampleId { shard, index };

@@ -536,8 +536,7 @@ async fn whole_shard(
         ));
     }
     let (_, idx) = state.node.shard_index(bucket, key).await?;
-    let mut members: Vec<(&String, &archive::Member)> = idx.iter().collect();
-    members.sort_by_key(|(_, m)| m.offset);
+    let members = archive::in_order(&idx);
     let names: Vec<String> = members.iter().map(|(n, _)| (*n).clone()).collect();
     let items = names
         .iter()
@@ -568,8 +567,7 @@ pub async fn archive_list(state: &AppState, r: Req) -> Result<Response, S3Error>
         .with_resource(r.resource()));
     }
     let (meta, idx) = state.node.shard_index(bucket, key).await?;
-    let mut members: Vec<(&String, &archive::Member)> = idx.iter().collect();
-    members.sort_by_key(|(_, m)| m.offset);
+    let members = archive::in_order(&idx);
     let body = serde_json::json!({
         "etag": meta.etag,
         "size": meta.size,
