@@ -14,6 +14,9 @@ root=$(pwd)
 export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
 
 step() { printf '\n== %s\n' "$*"; }
+# Room on the disk, printed where the run's use of it grows (the build, the venv, tests).
+room() { df -h --output=avail,target "$root" | tail -1 | awk '{print "disk: " $1 " free on " $2}'; }
+room
 
 # The lint tools, where a toolchain came without them.
 if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
@@ -64,8 +67,14 @@ if [ ! -x "$venv/bin/python" ]; then
     python3 -m virtualenv --quiet "$venv"
   }
 fi
+room
+# No pip cache: every wheel would be kept twice on disk.
+export PIP_NO_CACHE_DIR=1
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
   -r tests/python/requirements.txt -r tests/s3-tests/requirements.txt
+# torch and s3torchconnector (tests/python/requirements-torch.txt), without triton.
+"$venv/bin/python" tests/python/install_torch.py
+room
 export PATH="$venv/bin:$PATH"
 export MOTO_SERVER="$venv/bin/moto_server"
 
@@ -95,4 +104,5 @@ step "Ceph s3-tests on the operations Granary serves (tests/s3-tests; failures: 
 # The floor below is the pass rate reached; every failure left is listed, with its reason.
 S3TESTS_MIN_PERCENT=${S3TESTS_MIN_PERCENT:-98} VENV="$venv" tests/s3-tests/run.sh
 
+room
 step "all tests passed"
