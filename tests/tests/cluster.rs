@@ -984,7 +984,37 @@ fn signal(pid: u32, signal: &str) -> Result<()> {
         .args([&format!("-{signal}"), &pid.to_string()])
         .status()?;
     anyhow::ensure!(status.success(), "kill -{signal} {pid}: {status}");
+    if signal == "STOP" {
+        // kill(2) returns once the signal is queued: the process goes on until one of its
+        // threads is scheduled to take it and stops the others. On busy cores that takes
+        // a while, and a request that arrives meanwhile is still answered.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !every_thread_stopped(pid) {
+            anyhow::ensure!(Instant::now() < deadline, "{pid} never stopped");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
     Ok(())
+}
+
+/// Whether every thread of `pid` that runs its code is stopped (state `T` in /proc).
+/// The kernel's io_uring workers (`iou-*`) run none and do not take job control.
+fn every_thread_stopped(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().all(|t| {
+        let Ok(stat) = std::fs::read_to_string(t.path().join("stat")) else {
+            return false;
+        };
+        // `PID (COMM) STATE ...`: the command may hold spaces and parentheses.
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+            return false;
+        };
+        let comm = &stat[open + 1..close];
+        let state = stat[close + 1..].split_whitespace().next();
+        comm.starts_with("iou-") || state == Some("T")
+    })
 }
 
 fn back_after_absence(absence: Absence) -> Result<()> {
