@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Granary side by side with the physical ceiling here, every figure taken by granary-bench
 # in one run, pairs interleaved (A/B/A/B) so drift hits both sides alike:
-#   P1  warm GET of one 256 MiB object, 1 and 8 streams: Granary / nginx (page cache)
+#   P1  warm GET of one 256 MiB object, 1 and 8 streams: Granary (--verify-reads true and
+#       false) / nginx (page cache), MB/s and server CPU s per GiB (every server: /proc)
 #   P2  warm GET of 100 KiB objects, 32 connections, req/s: Granary / nginx
 #       + the bench's own ceiling: granary-bench / wrk, both against nginx, same URL
 #   P3  cold GET through Granary (S3 backend) / direct GET from the same S3 server (moto)
@@ -81,7 +82,8 @@ fi
 
 log "building granary and granary-bench (release)"
 cargo build --release -q -p granary-server -p granary-bench
-granary="$root/target/release/granary"
+# GRANARY_BIN runs another build of the node (a before-and-after comparison).
+granary="${GRANARY_BIN:-$root/target/release/granary}"
 bench="$root/target/release/granary-bench"
 
 mkdir -p "$out"
@@ -190,32 +192,44 @@ EOF
 "$nginx_bin" -c "$work/nginx.conf"
 nginx_url="http://127.0.0.1:$nginx_port"
 wait_http "$nginx_url/bench/big.bin"
+# nginx's CPU is its master's and its workers'.
+nginx_pids="$(cat "$work/nginx.pid"),$(pgrep -P "$(cat "$work/nginx.pid")" | paste -sd,)"
 
 if want p1; then
 # --- Granary over the same directory, warmed ---------------------------------------
 start_granary g-fs --backend "fs:$work/origin"
 fs_pid=$g_pid; fs_url=$g_url
 log "warming Granary's cache and the page cache"
-b run --endpoint "$fs_url" --bucket bench --prefix big.bin --epochs 1 --workers 1
+# The first read of the big object is a cold fill from the fs backend: its CPU is recorded.
+b run --endpoint "$fs_url" --bucket bench --prefix big.bin --epochs 1 --workers 1 \
+  --server-pid "$fs_pid" --json "$out/fill-fs.json"
 b run --endpoint "$fs_url" --bucket bench --prefix small/ --epochs 1 --workers 8
 b run --endpoint "$nginx_url" --bucket bench --prefix small/ --objects "$small_n" --object-size 100KiB --epochs 1 --workers 8
 b get --endpoint "$nginx_url" --path /bench/big.bin --duration 1s --workers 1
 b get --endpoint "$fs_url" --path /bench/big.bin --duration 1s --workers 1
+# A second node that checks no block after an entry's first whole read.
+start_granary g-fs-nv --backend "fs:$work/origin" --verify-reads false
+nv_pid=$g_pid; nv_url=$g_url
+b run --endpoint "$nv_url" --bucket bench --prefix big.bin --epochs 1 --workers 1
+b get --endpoint "$nv_url" --path /bench/big.bin --duration 1s --workers 1
 
 # --- P1, P2 and the bench's ceiling, interleaved -----------------------------------
 for r in $(seq "$rounds"); do
   log "round $r/$rounds: P1 (256 MiB object), P2 (100 KiB objects), bench ceiling"
   for streams in 1 8; do
-    for side in nginx granary; do
-      url=$nginx_url; [ $side = granary ] && url=$fs_url
+    for side in nginx granary granary_nv; do
+      url=$nginx_url; spid=$nginx_pids
+      [ $side = granary ] && { url=$fs_url; spid=$fs_pid; }
+      [ $side = granary_nv ] && { url=$nv_url; spid=$nv_pid; }
       b get --endpoint "$url" --path /bench/big.bin --workers "$streams" --duration "$dur" \
-        --json "$out/p1-$streams-$side-$r.json"
+        --server-pid "$spid" --json "$out/p1-$streams-$side-$r.json"
     done
   done
   for side in nginx granary; do
-    url=$nginx_url; [ $side = granary ] && url=$fs_url
+    url=$nginx_url; spid=$nginx_pids
+    [ $side = granary ] && { url=$fs_url; spid=$fs_pid; }
     b run --endpoint "$url" --bucket bench --prefix small/ --objects "$small_n" \
-      --object-size 100KiB --workers 32 --duration "$dur" --epoch-stats false \
+      --object-size 100KiB --workers 32 --duration "$dur" --epoch-stats false --server-pid "$spid" \
       --json "$out/p2-$side-$r.json" --plot "$out/p2-$side-$r.svg"
   done
   wrk -t2 -c32 -d"$dur" "$nginx_url/bench/small/000000" >"$out/wrk-nginx-$r.log"
@@ -224,13 +238,14 @@ for r in $(seq "$rounds"); do
   wrk -t2 -c32 -d"$dur" "$fs_url/bench/small/000000" >"$out/wrk-granary-$r.log"
 done
 stop_granary
+g_pid=$fs_pid; stop_granary
 
 fi
 
 if want p3 || want p9; then
 moto_port=$(free_port)
 "$venv/bin/moto_server" -H 127.0.0.1 -p "$moto_port" >"$out/moto.log" 2>&1 &
-pids+=($!)
+moto_pid=$!; pids+=($!)
 moto_url="http://127.0.0.1:$moto_port"
 wait_http "$moto_url/"
 fi
@@ -244,11 +259,11 @@ b run --endpoint "$moto_url" --bucket cold --objects "$p3_n" --object-size "$p3_
   --pct-put 100 --epochs 1 --workers 4
 for r in $(seq "$rounds"); do
   b run --endpoint "$moto_url" --bucket cold --epochs 1 --workers 4 \
-    --json "$out/p3-direct-$r.json"
+    --server-pid "$moto_pid" --json "$out/p3-direct-$r.json"
   start_granary "g-s3-$r" --backend s3 --s3-endpoint "$moto_url"
   AWS_ACCESS_KEY_ID= AWS_SECRET_ACCESS_KEY= \
     b run --endpoint "$g_url" --bucket cold --epochs 1 --workers 4 \
-    --json "$out/p3-granary-$r.json"
+    --server-pid "$g_pid" --json "$out/p3-granary-$r.json"
   stop_granary
   rm -rf "$work/g-s3-$r"
 done
@@ -385,9 +400,14 @@ def j(name):
 med = statistics.median
 rows, res = [], {"machine": machine, "rounds": rounds, "duration": dur, "quick": quick}
 
+def field_of(doc, field):
+    for part in field.split("."):
+        doc = doc[part] if doc is not None else None
+    return doc if doc is not None else float("nan")
+
 def pair(key, label, a, b, field, unit, fmt="{:.0f}"):
-    va = [j(a.format(r=r))[field] for r in R]
-    vb = [j(b.format(r=r))[field] for r in R]
+    va = [field_of(j(a.format(r=r)), field) for r in R]
+    vb = [field_of(j(b.format(r=r)), field) for r in R]
     ratios = [x / y if y else float("nan") for x, y in zip(va, vb)]
     res[key] = {"granary": va, "reference": vb, "ratios": ratios, "ratio": med(ratios)}
     rows.append((label, " / ".join(fmt.format(x) for x in va) + f" {unit}",
@@ -401,8 +421,22 @@ if have("p1-1-granary-1"):
     pair("p1_1", "P1 warm GET 256 MiB, 1 stream (MB/s)", "p1-1-granary-{r}", "p1-1-nginx-{r}", "read_throughput_mb_s", "MB/s")
     pair("p1_8", "P1 warm GET 256 MiB, 8 streams (MB/s)", "p1-8-granary-{r}", "p1-8-nginx-{r}", "read_throughput_mb_s", "MB/s")
     pair("p2", "P2 warm GET 100 KiB, 32 conns (req/s)", "p2-granary-{r}", "p2-nginx-{r}", "requests_per_s", "req/s")
+    cpu = "server_cpu.cpu_s_per_gib"
+    pair("p1_1_cpu", "P1 1 stream, server CPU s/GiB (lower is better)", "p1-1-granary-{r}", "p1-1-nginx-{r}", cpu, "s", "{:.3f}")
+    pair("p1_8_cpu", "P1 8 streams, server CPU s/GiB (lower is better)", "p1-8-granary-{r}", "p1-8-nginx-{r}", cpu, "s", "{:.3f}")
+    pair("p1_1_nv", "P1 1 stream, --verify-reads false (MB/s)", "p1-1-granary_nv-{r}", "p1-1-nginx-{r}", "read_throughput_mb_s", "MB/s")
+    pair("p1_8_nv", "P1 8 streams, --verify-reads false (MB/s)", "p1-8-granary_nv-{r}", "p1-8-nginx-{r}", "read_throughput_mb_s", "MB/s")
+    pair("p1_1_nv_cpu", "P1 1 stream, --verify-reads false, CPU s/GiB", "p1-1-granary_nv-{r}", "p1-1-nginx-{r}", cpu, "s", "{:.3f}")
+    pair("p1_8_nv_cpu", "P1 8 streams, --verify-reads false, CPU s/GiB", "p1-8-granary_nv-{r}", "p1-8-nginx-{r}", cpu, "s", "{:.3f}")
+    pair("p2_cpu", "P2 100 KiB, server CPU s/GiB (lower is better)", "p2-granary-{r}", "p2-nginx-{r}", cpu, "s", "{:.3f}")
+if have("fill-fs"):
+    f = j("fill-fs")
+    res["fill_fs_cpu_s_per_gib"] = field_of(f, "server_cpu.cpu_s_per_gib")
+    rows.append(("Cold fill from the fs backend, 256 MiB: node CPU s/GiB",
+                 f"{res['fill_fs_cpu_s_per_gib']:.3f} s at {f['read_throughput_mb_s']:.0f} MB/s", "—", "—"))
 if have("p3-granary-1"):
     pair("p3_mb", "P3 cold GET via S3 backend (MB/s)", "p3-granary-{r}", "p3-direct-{r}", "read_throughput_mb_s", "MB/s")
+    pair("p3_cpu", "P3 cold GET, node / moto CPU s/GiB", "p3-granary-{r}", "p3-direct-{r}", "server_cpu.cpu_s_per_gib", "s", "{:.3f}")
     ttfb_g = [j(f"p3-granary-{r}")["ttfb_us"]["p50"] / 1e3 for r in R]
     ttfb_d = [j(f"p3-direct-{r}")["ttfb_us"]["p50"] / 1e3 for r in R]
     res["p3_ttfb_ms"] = {"granary": ttfb_g, "reference": ttfb_d, "ratio": med(ttfb_g) / med(ttfb_d)}

@@ -287,6 +287,10 @@ struct Common {
     /// Concurrent requests, each over its own keep-alive connection.
     #[arg(long, default_value_t = 8)]
     workers: usize,
+    /// The server's processes (repeat, or comma-separate: nginx's master and workers),
+    /// whose CPU time (user + system, from /proc) over the run is reported per GiB read.
+    #[arg(long, value_name = "PID", value_delimiter = ',')]
+    server_pid: Vec<u32>,
     /// Draw a progress line on stderr while running (only when it is a terminal).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     progress: bool,
@@ -809,13 +813,17 @@ async fn get(a: GetArgs) -> anyhow::Result<()> {
 async fn measure(wl: Workload, config: RunConfig, common: &Common) -> anyhow::Result<()> {
     let target = wl.target.clone();
     let before = fetch_stats(&target, true).await;
+    let cpu = granary_bench::report::CpuProbe::start(&common.server_pid)?;
     let m = workload::run(wl, before.clone()).await?;
+    let cpu_s = cpu.finish()?;
     let delta = match (&before, fetch_stats(&target, true).await) {
         (Some(b), Some(a)) => Some(stats_delta(b, &a)),
         _ => None,
     };
     let gpu = common.gpus.zip(common.gpu_rate);
-    let report = Report::build(config, &m, delta, gpu);
+    let mut report = Report::build(config, &m, delta, gpu);
+    report.server_cpu = cpu_s
+        .map(|s| granary_bench::report::ServerCpu::new(&common.server_pid, s, report.bytes_read));
     print!("{}", report.summary());
     if let Some(path) = &common.json {
         let json = serde_json::to_string_pretty(&report)?;

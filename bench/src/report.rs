@@ -162,6 +162,67 @@ pub struct Report {
     pub gpu: Option<GpuConfig>,
     /// Overall stall for the run's read throughput (with `--gpus`).
     pub stall: Option<Stall>,
+    /// The server's CPU over the run (with `--server-pid`).
+    pub server_cpu: Option<ServerCpu>,
+}
+
+/// CPU time of the server's processes over a run, and per GiB read.
+#[derive(Debug, Clone, Serialize)]
+pub struct ServerCpu {
+    pub pids: Vec<u32>,
+    pub cpu_s: f64,
+    pub cpu_s_per_gib: f64,
+}
+
+impl ServerCpu {
+    pub fn new(pids: &[u32], cpu_s: f64, bytes_read: u64) -> ServerCpu {
+        let gib = bytes_read as f64 / (1u64 << 30) as f64;
+        ServerCpu {
+            pids: pids.to_vec(),
+            cpu_s,
+            cpu_s_per_gib: if gib > 0.0 { cpu_s / gib } else { 0.0 },
+        }
+    }
+}
+
+/// The CPU time (user + system) of some processes, all their threads, from /proc.
+pub fn cpu_seconds(pids: &[u32]) -> std::io::Result<f64> {
+    // SAFETY: sysconf has no preconditions.
+    let tick = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    let mut ticks = 0u64;
+    for pid in pids {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+        // Fields after the command's closing parenthesis: utime and stime are 14 and 15.
+        let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        for i in [11, 12] {
+            ticks += f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        }
+    }
+    Ok(ticks as f64 / tick)
+}
+
+/// The server's CPU time at the start of a run; `finish` gives what the run used.
+pub struct CpuProbe {
+    pids: Vec<u32>,
+    start: f64,
+}
+
+impl CpuProbe {
+    pub fn start(pids: &[u32]) -> std::io::Result<CpuProbe> {
+        Ok(CpuProbe {
+            pids: pids.to_vec(),
+            start: cpu_seconds(pids)?,
+        })
+    }
+
+    /// Seconds used since `start`; `None` without processes to watch.
+    pub fn finish(self) -> std::io::Result<Option<f64>> {
+        if self.pids.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(cpu_seconds(&self.pids)? - self.start))
+    }
 }
 
 impl Report {
@@ -240,6 +301,7 @@ impl Report {
                 gpu_rate_mb_s: r / 1e6,
             }),
             stall: gpu.map(|(n, r)| Stall::new(bytes_read as f64 / secs, n, r)),
+            server_cpu: None,
             config,
         }
     }
@@ -272,6 +334,13 @@ impl Report {
             self.requests, self.gets, self.puts, self.elapsed_s, self.throughput_mb_s,
             self.read_throughput_mb_s, self.write_throughput_mb_s, self.requests_per_s
         );
+        if let Some(cpu) = &self.server_cpu {
+            let _ = writeln!(
+                s,
+                "  server CPU: {:.2}s, {:.3} s/GiB read (pids {:?})",
+                cpu.cpu_s, cpu.cpu_s_per_gib, cpu.pids
+            );
+        }
         let _ = writeln!(
             s,
             "  bytes: {} read, {} written",
