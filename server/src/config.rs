@@ -53,6 +53,9 @@ pub struct Config {
     pub anonymous_read: bool,
     /// Verify cache checksums while serving hits.
     pub verify_reads: bool,
+    /// Send large cache hits with `sendfile(2)` from the page cache, instead of the
+    /// kernel's copy from a mapping into the socket (cheaper over loopback here).
+    pub sendfile: bool,
     /// Also serve the same API on this Unix domain socket.
     pub listen_unix: Option<PathBuf>,
     /// TLS certificate chain (PEM) for HTTPS.
@@ -94,6 +97,7 @@ impl Default for Config {
             secret_key: None,
             anonymous_read: false,
             verify_reads: true,
+            sendfile: false,
             listen_unix: None,
             tls_cert: None,
             tls_key: None,

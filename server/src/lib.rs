@@ -90,6 +90,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     };
     let engine = io::engine(config.read_engine).context("cannot start the cache read engine")?;
     tracing::info!(engine = engine.name(), "cache read engine");
+    if config.sendfile {
+        io::sendfile::enable();
+        tracing::info!("large cache hits leave with sendfile");
+    }
     let cache = cache::Cache::open(
         &cache_dir,
         capacity,

@@ -78,7 +78,11 @@ impl<L> Timed<L> {
     }
 }
 
-impl<L: axum::serve::Listener> axum::serve::Listener for Timed<L> {
+impl<L> axum::serve::Listener for Timed<L>
+where
+    L: axum::serve::Listener,
+    L::Io: FileSink,
+{
     type Io = IdleIo<L::Io>;
     type Addr = L::Addr;
 
@@ -152,6 +156,8 @@ impl<T> IdleIo<T> {
 
 use std::future::Future;
 
+use crate::io::sendfile::{self, FileSink};
+
 impl<T: AsyncRead + Unpin> AsyncRead for IdleIo<T> {
     fn poll_read(
         self: Pin<&mut Self>,
@@ -166,14 +172,16 @@ impl<T: AsyncRead + Unpin> AsyncRead for IdleIo<T> {
     }
 }
 
-impl<T: AsyncWrite + Unpin> AsyncWrite for IdleIo<T> {
+/// Writes go through [`sendfile`]: slices of a cache entry's mapping leave from the file
+/// where the connection can send files.
+impl<T: FileSink> AsyncWrite for IdleIo<T> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        let r = Pin::new(&mut this.inner).poll_write(cx, buf);
+        let r = sendfile::poll_write(&mut this.inner, cx, buf);
         this.judge(cx, r, |n| *n > 0)
     }
 
@@ -183,7 +191,7 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for IdleIo<T> {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        let r = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+        let r = sendfile::poll_write_vectored(&mut this.inner, cx, bufs);
         this.judge(cx, r, |n| *n > 0)
     }
 

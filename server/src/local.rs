@@ -215,6 +215,31 @@ impl AsyncWrite for FdStream {
     }
 }
 
+impl crate::io::sendfile::FileSink for FdStream {
+    /// Sends a file range with `sendfile(2)`, unless descriptors wait for this write.
+    fn poll_send_file(
+        &mut self,
+        cx: &mut Context<'_>,
+        fd: RawFd,
+        offset: u64,
+        len: usize,
+    ) -> Option<Poll<io::Result<usize>>> {
+        if !self.sender.lock().is_empty() {
+            return None;
+        }
+        let inner = &self.inner;
+        Some(crate::io::sendfile::poll_sendfile_on(
+            cx,
+            inner,
+            |cx| inner.poll_write_ready(cx),
+            |f| inner.try_io(Interest::WRITABLE, f),
+            fd,
+            offset,
+            len,
+        ))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -91,6 +91,11 @@ struct ServeArgs {
     /// Verify cache checksums while serving hits [default: true].
     #[arg(long, env = "GRANARY_VERIFY_READS")]
     verify_reads: Option<bool>,
+    /// Send large cache hits with sendfile(2) from the page cache instead of copying them
+    /// from a mapping into the socket; over loopback the copy is cheaper, on a NIC
+    /// sendfile may be [default: false].
+    #[arg(long, env = "GRANARY_SENDFILE")]
+    sendfile: Option<bool>,
     /// Also serve the same API on this Unix domain socket.
     #[arg(long, env = "GRANARY_LISTEN_UNIX")]
     listen_unix: Option<PathBuf>,
@@ -134,6 +139,7 @@ impl ServeArgs {
             cache_policy,
             route,
             verify_reads,
+            sendfile,
             read_engine,
             max_requests,
             max_backend_fetches,

@@ -362,6 +362,67 @@ fn corrupt_entry_is_cut_short_dropped_and_refetched() -> Result<()> {
     Ok(())
 }
 
+/// A warm hit of a large object leaves as slices of a mapping of its cache file (copied
+/// once, by the kernel, into the socket), or with `--sendfile true` from the file itself:
+/// byte for byte either way, whether blocks are checked on every read or not; ranges too.
+#[test]
+fn large_hits_leave_from_the_cache_file_with_every_byte() -> Result<()> {
+    const SIZE: usize = 5 << 20;
+    for (sendfile, verify) in [
+        ("false", "true"),
+        ("false", "false"),
+        ("true", "true"),
+        ("true", "false"),
+    ] {
+        let how = format!("--sendfile {sendfile} --verify-reads {verify}");
+        let server = Server::start(ServerOpts::open().args(&[
+            "--sendfile",
+            sendfile,
+            "--verify-reads",
+            verify,
+        ]))?;
+        let objects = lay_out(&server, 1, SIZE);
+        let (key, want) = objects.iter().next().unwrap();
+        assert_eq!(get(&server, key)?.1, "miss");
+        settle(&server);
+        let before = stat(&server, "bytes_sent_from_files");
+        for _ in 0..2 {
+            let (status, source, md5, len) = get(&server, key)?;
+            assert_eq!((status, source.as_str(), len), (200, "hit", SIZE), "{how}");
+            assert_eq!(&md5, want, "{how}");
+        }
+        let sent = stat(&server, "bytes_sent_from_files") - before;
+        if sendfile == "true" {
+            assert!(
+                sent >= 2 * SIZE as u64 - (64 << 10),
+                "{how}: {sent} bytes by sendfile"
+            );
+        } else {
+            assert_eq!(sent, 0, "{how}: nothing by sendfile");
+        }
+        // Ranges across windows and check steps, starting and ending mid-block.
+        let path = format!("/{BUCKET}/{key}");
+        let whole = raw_request_blocking(
+            server.addr(),
+            &request_bytes("GET", &path, server.addr(), &[], b""),
+        )?;
+        assert_eq!(whole.body.len(), SIZE, "{how}");
+        for (a, b) in [
+            (1_000_003usize, 4_500_001usize),
+            (0, 0),
+            (SIZE - 1, SIZE - 1),
+            (65_536, 2_162_687),
+        ] {
+            let range = format!("bytes={a}-{b}");
+            let req = request_bytes("GET", &path, server.addr(), &[("range", &range)], b"");
+            let resp = raw_request_blocking(server.addr(), &req)?;
+            assert_eq!(resp.status, 206, "{how} {range}");
+            assert_eq!(resp.body, &whole.body[a..=b], "{how} {range}");
+        }
+    }
+    Ok(())
+}
+
 /// The cache paths over a real S3 server (moto) as the backend.
 #[test]
 fn cache_over_a_real_s3_backend() -> Result<()> {

@@ -320,6 +320,7 @@ fn stats_json(state: &AppState) -> serde_json::Value {
         "transform_errors": s.transform_errors,
         "transform_cpu_seconds": transform_cpu_seconds(&s),
         "local_reads": s.local_reads,
+        "bytes_sent_from_files": crate::io::sendfile::bytes_sent_from_files(),
         "slowdowns": s.slowdowns,
         "process_cpu_seconds": crate::stats::rusage_us(libc::RUSAGE_SELF) as f64 / 1e6,
         "requests": s.requests,
@@ -414,6 +415,11 @@ fn metrics_text(state: &AppState) -> String {
             "local_reads_total",
             "object reads answered with a descriptor of the cache file",
             s.local_reads,
+        ),
+        (
+            "bytes_sent_from_files_total",
+            "bytes of cache hits that left with sendfile, not copied through the node",
+            crate::io::sendfile::bytes_sent_from_files(),
         ),
     ];
     for (name, help, v) in counters {

@@ -15,8 +15,8 @@ use std::io::{self, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use bytes::{Bytes, BytesMut};
-use futures::StreamExt;
+use bytes::Bytes;
+use futures::{FutureExt, StreamExt};
 use tokio::sync::{mpsc, watch};
 
 use super::store::{self, BlockSums};
@@ -25,6 +25,8 @@ use crate::io::ReadEngine;
 
 /// Bytes per read of a follower.
 const FOLLOW_CHUNK: u64 = 256 << 10;
+/// The most bytes one piece of a fill holds.
+const PIECE_MAX: usize = 1 << 20;
 
 /// Where a fill is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,7 +53,7 @@ pub struct FillState {
     pub written: u64,
     /// The last piece written, at its offset: a follower caught up with the writer takes
     /// it from memory instead of reading back what was just written.
-    pub tail: Option<(u64, Bytes)>,
+    pub tail: Option<(u64, Piece)>,
 }
 
 /// One object being filled.
@@ -137,6 +139,46 @@ impl Fill {
     }
 }
 
+/// Bytes as the source sent them, in order: written to the temp file with one `writev`,
+/// checked and handed to readers without being copied into a buffer of their own.
+#[derive(Debug, Clone, Default)]
+pub struct Piece(Arc<Vec<Bytes>>);
+
+impl Piece {
+    pub fn len(&self) -> u64 {
+        self.0.iter().map(|b| b.len() as u64).sum()
+    }
+
+    /// Bytes `from..to` of the piece, as slices of its parts.
+    fn slice(&self, from: u64, to: u64) -> Vec<Bytes> {
+        let mut out = Vec::new();
+        let mut at = 0u64;
+        for part in self.0.iter() {
+            let len = part.len() as u64;
+            let (lo, hi) = (from.max(at), to.min(at + len));
+            if lo < hi {
+                out.push(part.slice((lo - at) as usize..(hi - at) as usize));
+            }
+            at += len;
+        }
+        out
+    }
+}
+
+/// Writes every byte of `parts` to `file`.
+fn write_parts(file: &mut File, parts: &[Bytes]) -> io::Result<()> {
+    let mut slices: Vec<io::IoSlice<'_>> = parts.iter().map(|b| io::IoSlice::new(b)).collect();
+    let mut rest = &mut slices[..];
+    while !rest.is_empty() {
+        let n = file.write_vectored(rest)?;
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        io::IoSlice::advance_slices(&mut rest, n);
+    }
+    Ok(())
+}
+
 /// The object a fill writes, named in its footer.
 pub struct Commit {
     pub bucket: String,
@@ -153,20 +195,22 @@ pub async fn write_body(
     commit: Commit,
     on_bytes: impl Fn(u64) + Send + 'static,
 ) -> Result<Vec<u32>, FillError> {
-    let (tx, mut rx) = mpsc::channel::<Bytes>(8);
+    let (tx, mut rx) = mpsc::channel::<Piece>(8);
     let writer_fill = fill.clone();
     let size = meta.size;
     let writer = tokio::task::spawn_blocking(move || -> Result<Vec<u32>, FillError> {
         let mut sums = BlockSums::default();
         let mut written = 0u64;
-        while let Some(chunk) = rx.blocking_recv() {
-            file.write_all(&chunk).map_err(FillError::Disk)?;
-            sums.update(&chunk);
+        while let Some(piece) = rx.blocking_recv() {
+            write_parts(&mut file, &piece.0).map_err(FillError::Disk)?;
+            for part in piece.0.iter() {
+                sums.update(part);
+            }
             let at = written;
-            written += chunk.len() as u64;
+            written += piece.len();
             writer_fill.state.send_modify(|s| {
                 s.written = written;
-                s.tail = Some((at, chunk));
+                s.tail = Some((at, piece));
             });
         }
         if written != size {
@@ -181,28 +225,48 @@ pub async fn write_body(
             .map_err(FillError::Disk)?;
         Ok(crcs)
     });
-    let mut buf = BytesMut::new();
+    // Each piece is what the source has sent by the time it is handed over (up to
+    // PIECE_MAX): the first bytes go to the readers as soon as they arrive, and under
+    // load the chunks gather into pieces by themselves. No chunk is copied.
     let mut failure = None;
-    while let Some(item) = body.next().await {
-        match item {
-            Ok(chunk) => {
-                on_bytes(chunk.len() as u64);
-                buf.extend_from_slice(&chunk);
-                // Hand over in 256 KiB pieces: small enough for a quick first byte.
-                if buf.len() >= FOLLOW_CHUNK as usize
-                    && tx.send(buf.split().freeze()).await.is_err()
-                {
+    let mut ended = false;
+    while !ended {
+        let mut parts = Vec::new();
+        let mut len = 0usize;
+        let mut next = body.next().await;
+        loop {
+            match next {
+                Some(Ok(chunk)) => {
+                    on_bytes(chunk.len() as u64);
+                    len += chunk.len();
+                    if !chunk.is_empty() {
+                        parts.push(chunk);
+                    }
+                }
+                Some(Err(e)) => {
+                    failure = Some(e);
+                    ended = true;
+                    break;
+                }
+                None => {
+                    ended = true;
                     break;
                 }
             }
-            Err(e) => {
-                failure = Some(e);
+            if len >= PIECE_MAX {
                 break;
             }
+            match body.next().now_or_never() {
+                Some(item) => next = item,
+                None => break,
+            }
         }
-    }
-    if failure.is_none() && !buf.is_empty() {
-        let _ = tx.send(buf.freeze()).await;
+        if failure.is_some() {
+            break;
+        }
+        if !parts.is_empty() && tx.send(Piece(Arc::new(parts))).await.is_err() {
+            break;
+        }
     }
     drop(tx);
     let result = writer
@@ -248,9 +312,11 @@ pub fn follow(fill: Arc<Fill>, engine: Arc<dyn ReadEngine>, start: u64, end: u64
                 // Done or abandoned with fewer bytes than promised.
                 Err(io::Error::new(io::ErrorKind::UnexpectedEof, "cache fill ended short"))?;
             }
-            if let Some(chunk) = in_memory {
-                pos += chunk.len() as u64;
-                yield chunk;
+            if let Some(parts) = in_memory {
+                for chunk in parts {
+                    pos += chunk.len() as u64;
+                    yield chunk;
+                }
                 continue;
             }
             let file = fill
@@ -274,7 +340,7 @@ async fn next_step(
     rx: &mut watch::Receiver<FillState>,
     pos: u64,
     end: u64,
-) -> io::Result<(Option<Phase>, u64, Option<Bytes>)> {
+) -> io::Result<(Option<Phase>, u64, Option<Vec<Bytes>>)> {
     let st = rx
         .wait_for(|s| s.written > pos || s.phase != Phase::Filling)
         .await
@@ -324,13 +390,13 @@ async fn resume(fill: &Fill, pos: u64, end: u64) -> io::Result<ByteStream> {
 }
 
 /// The bytes from `pos` (up to `end`) when the writer's last piece holds them.
-fn tail_slice(st: &FillState, pos: u64, end: u64) -> Option<Bytes> {
+fn tail_slice(st: &FillState, pos: u64, end: u64) -> Option<Vec<Bytes>> {
     let (at, piece) = st.tail.as_ref()?;
-    let piece_end = at + piece.len() as u64;
+    let piece_end = at + piece.len();
     if *at > pos || pos >= piece_end {
         return None;
     }
-    Some(piece.slice((pos - at) as usize..(end.min(piece_end) - at) as usize))
+    Some(piece.slice(pos - at, end.min(piece_end) - at))
 }
 
 /// Whether a fill should be left alone by a reader starting at `start`: far ahead of

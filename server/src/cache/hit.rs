@@ -1,8 +1,22 @@
-//! Hits: a committed entry's bytes, from memory for a small hot object, else streamed
-//! from its file through the read engine with every 64 KiB block checked against its
-//! CRC32C on the way; or, for a client on this machine, the file itself (its blocks
-//! checked through a mapping first). A block that fails its check drops the entry, so the
-//! next read refetches it, and the read fails before the bad bytes are sent.
+//! Hits: a committed entry's bytes, from memory for a small hot object; a small object
+//! read from its file through the read engine (so the memory tier can keep it); a larger
+//! one as slices of a read-only mapping of its file, a window at a time, so no byte is
+//! copied in user space: the kernel copies each from the page cache into the socket (or,
+//! with `--sendfile`, sends the pages themselves: `io::sendfile`); or, for a client on
+//! this machine, the file itself. Where reads are checked, every 64 KiB block is checked
+//! against its CRC32C before it is handed on: in the read buffer, or through the mapping,
+//! a few blocks at a time just before the kernel copies them (while they are still in
+//! the CPU's cache). A block that fails its check drops the entry, so the next read
+//! refetches it, and the read fails before the bad bytes are sent.
+//!
+//! The window between check and send: a mapped block is checked in the page cache and
+//! then copied (or sent) from the same pages by the connection's next write, within
+//! microseconds to milliseconds (as long as the socket takes to accept it). Only a write
+//! to the entry file in that window could change what leaves, and the node never writes
+//! a committed entry. Damage on the disk reaches the page cache only when a page is read
+//! in again, and that read is checked before it is sent; a page the page cache holds is
+//! the one that was checked. So the window admits only another process writing into the
+//! cache's files while a read is in flight, which no deployment does.
 
 use std::fs::File;
 use std::io;
@@ -14,6 +28,15 @@ use bytes::Bytes;
 use super::index::Entry;
 use super::{store, Body, Cache, CacheError, LocalFile, Origin, Read, HOT_MAX_OBJECT};
 use crate::backend::{ByteRange, ByteStream, RangeFn};
+use crate::io::mapped::Mapped;
+use crate::io::sendfile::FileBytes;
+
+/// What a mapped hit maps at a time. Mapped pages count in the node's RSS while they are
+/// mapped: a window per stream (and the one the socket is still taking) bounds that.
+const WINDOW: u64 = 2 << 20;
+/// Where blocks are checked, the bytes checked and handed on at a time: the kernel's
+/// copy into the socket then reads them from the CPU's cache.
+const CHECK_STEP: u64 = 1 << 20;
 
 impl Cache {
     /// A committed entry's bytes, of the range `range` picks: from memory for a hot
@@ -110,7 +133,7 @@ impl Cache {
             return Err(io::Error::other("cache entry is shorter than its size"));
         }
         // Blocks are 64 KiB or 1 MiB: multiples of the page size.
-        let bytes = match store::Mapped::new(file, from, (stop - from) as usize) {
+        let bytes = match Mapped::new(file, from, (stop - from) as usize) {
             Ok(m) => m,
             Err(e) => {
                 self.drop_entry(ikey, entry);
@@ -139,10 +162,88 @@ impl Cache {
         Ok(())
     }
 
-    /// Streams a committed entry, checking each block's CRC32C before sending it. On a
-    /// mismatch the stream ends with an error (the response is cut short) and the entry
-    /// is dropped, so the next read refetches it.
+    /// Streams a committed entry, checking each block's CRC32C before sending it (where
+    /// reads are checked). On a mismatch the stream ends with an error (the response is
+    /// cut short) and the entry is dropped, so the next read refetches it.
     pub(super) fn hit_stream(
+        self: Arc<Self>,
+        ikey: String,
+        entry: Arc<Entry>,
+        range: Option<ByteRange>,
+    ) -> ByteStream {
+        if entry.meta.size <= HOT_MAX_OBJECT {
+            self.read_stream(ikey, entry, range)
+        } else {
+            self.mapped_stream(ikey, entry, range)
+        }
+    }
+
+    /// A hit as slices of mappings of its file, a [`WINDOW`] at a time. Each window is in
+    /// the page cache before its bytes are touched or handed on (else read in on the
+    /// blocking pool), so neither the check nor the socket's copy waits on the disk in
+    /// the runtime.
+    fn mapped_stream(
+        self: Arc<Self>,
+        ikey: String,
+        entry: Arc<Entry>,
+        range: Option<ByteRange>,
+    ) -> ByteStream {
+        let size = entry.meta.size;
+        let (start, end) = range.map_or((0, size), |r| (r.start, r.end));
+        let verify = self.verify_reads || !entry.verified.load(Ordering::Relaxed);
+        let stream = async_stream::try_stream! {
+            if start < end {
+                let file = Arc::new(File::open(&entry.path)?);
+                let block = entry.block();
+                let stop = end.div_ceil(block).saturating_mul(block).min(size);
+                // A mapping read past the end of its file faults: the node never shortens
+                // an entry file, only damage does, so check once here.
+                if file.metadata()?.len() < stop {
+                    self.drop_entry(&ikey, &entry);
+                    Err(io::Error::other("cache entry is shorter than its size"))?;
+                }
+                // Blocks are 64 KiB or 1 MiB: the step and the window are multiples.
+                let step = if verify { CHECK_STEP.max(block) } else { WINDOW };
+                let mut pos = start / block * block;
+                while pos < end {
+                    let len = (stop - pos).min(WINDOW.max(block));
+                    let map = FileBytes::new(file.clone(), pos, len as usize)?;
+                    let map = if map.mapped().resident() {
+                        map
+                    } else {
+                        tokio::task::spawn_blocking(move || {
+                            map.mapped().fault_in();
+                            map
+                        })
+                        .await
+                        .map_err(io::Error::other)?
+                    };
+                    let window = map.into_bytes();
+                    let mut at = pos;
+                    let window_end = pos + len;
+                    while at < window_end && at < end {
+                        let to = (at + step).min(window_end);
+                        let part = window.slice((at - pos) as usize..(to - pos) as usize);
+                        if verify {
+                            self.check_crcs(&ikey, &entry, at, &part)?;
+                        }
+                        let (lo, hi) = (start.max(at) - at, end.min(to) - at);
+                        yield part.slice(lo as usize..hi as usize);
+                        at = to;
+                    }
+                    pos = window_end;
+                }
+                if verify && start == 0 && end == size {
+                    entry.verified.store(true, Ordering::Relaxed);
+                }
+            }
+        };
+        Box::pin(stream)
+    }
+
+    /// A small hit read through the read engine into memory (kept in the memory tier
+    /// when it is the whole object).
+    fn read_stream(
         self: Arc<Self>,
         ikey: String,
         entry: Arc<Entry>,

@@ -47,66 +47,6 @@ pub struct Loaded {
     pub crcs: Vec<u32>,
 }
 
-/// Bytes of an entry file mapped read-only (for checking them without copying them);
-/// unmapped on drop.
-pub struct Mapped {
-    base: *mut libc::c_void,
-    len: usize,
-}
-
-impl Mapped {
-    /// Maps `len` bytes of `file` from `offset` (a multiple of the page size).
-    pub fn new(file: &File, offset: u64, len: usize) -> io::Result<Mapped> {
-        use std::os::fd::AsRawFd;
-        if len == 0 {
-            return Ok(Mapped {
-                base: std::ptr::null_mut(),
-                len: 0,
-            });
-        }
-        // SAFETY: a fresh private read-only mapping of an open file; the kernel checks the
-        // range and the descriptor.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ,
-                libc::MAP_PRIVATE,
-                file.as_raw_fd(),
-                offset as libc::off_t,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: advice on the mapping just made; failure is harmless.
-        unsafe { libc::madvise(base, len, libc::MADV_SEQUENTIAL) };
-        Ok(Mapped { base, len })
-    }
-}
-
-impl std::ops::Deref for Mapped {
-    type Target = [u8];
-
-    fn deref(&self) -> &[u8] {
-        if self.len == 0 {
-            return &[];
-        }
-        // SAFETY: `len` bytes from `base` stay mapped readable while self lives. Entry
-        // files are never written or truncated after their commit.
-        unsafe { std::slice::from_raw_parts(self.base.cast::<u8>(), self.len) }
-    }
-}
-
-impl Drop for Mapped {
-    fn drop(&mut self) {
-        if !self.base.is_null() {
-            // SAFETY: unmaps exactly the mapping this value made.
-            unsafe { libc::munmap(self.base, self.len) };
-        }
-    }
-}
-
 /// The file name of an entry: a stable 128-bit hash of bucket and key.
 pub fn entry_path(objects: &Path, bucket: &str, key: &str) -> PathBuf {
     let mut buf = Vec::with_capacity(bucket.len() + key.len() + 1);

@@ -1,0 +1,145 @@
+//! Read-only mappings of cache files: how a hit's bytes are checked and handed to the
+//! connection without a copy in user space. A mapping costs no read: its pages are the
+//! page cache's own, and the only copy of a byte is the kernel's, into the socket (or
+//! none, with `sendfile`). Mapped pages count in the node's RSS while they are mapped,
+//! so callers map a window of an entry at a time and let it go once it is sent.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+
+/// Bytes of a file mapped read-only; unmapped on drop.
+pub struct Mapped {
+    base: *mut libc::c_void,
+    len: usize,
+}
+
+// SAFETY: the mapping is read-only and owned by this value alone.
+unsafe impl Send for Mapped {}
+// SAFETY: as above: shared references only read it.
+unsafe impl Sync for Mapped {}
+
+impl Mapped {
+    /// Maps `len` bytes of `file` from `offset` (a multiple of the page size). The file
+    /// must hold them: a mapped page past its end faults when touched.
+    pub fn new(file: &File, offset: u64, len: usize) -> io::Result<Mapped> {
+        if len == 0 {
+            return Ok(Mapped {
+                base: std::ptr::null_mut(),
+                len: 0,
+            });
+        }
+        // SAFETY: a fresh private read-only mapping of an open file; the kernel checks the
+        // range and the descriptor.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE,
+                file.as_raw_fd(),
+                offset as libc::off_t,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: advice on the mapping just made; failure is harmless.
+        unsafe { libc::madvise(base, len, libc::MADV_SEQUENTIAL) };
+        Ok(Mapped { base, len })
+    }
+
+    /// The address of the first byte (null when empty).
+    pub fn base(&self) -> usize {
+        self.base as usize
+    }
+
+    /// Whether every page of the mapping is in the page cache now: then touching it
+    /// never waits on the disk.
+    pub fn resident(&self) -> bool {
+        if self.len == 0 {
+            return true;
+        }
+        let pages = self.len.div_ceil(page_size());
+        let mut vec = vec![0u8; pages];
+        // SAFETY: `vec` has one byte per page of this live mapping.
+        let r = unsafe { libc::mincore(self.base, self.len, vec.as_mut_ptr()) };
+        r == 0 && vec.iter().all(|b| b & 1 == 1)
+    }
+
+    /// Reads the mapping's pages in from the disk, waiting for them (blocking: call it
+    /// off the runtime's threads).
+    pub fn fault_in(&self) {
+        if self.len == 0 {
+            return;
+        }
+        // SAFETY: advice on this live mapping; failure is harmless.
+        unsafe { libc::madvise(self.base, self.len, libc::MADV_WILLNEED) };
+        let step = page_size();
+        let bytes: &[u8] = self;
+        let mut sum = 0u8;
+        for at in (0..bytes.len()).step_by(step) {
+            // SAFETY: `at` is inside the mapping; a volatile read so the touch stays.
+            sum = sum.wrapping_add(unsafe { std::ptr::read_volatile(bytes.as_ptr().add(at)) });
+        }
+        std::hint::black_box(sum);
+    }
+}
+
+pub fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if n > 0 {
+        n as usize
+    } else {
+        4096
+    }
+}
+
+impl std::ops::Deref for Mapped {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: `len` bytes from `base` stay mapped readable while self lives. Entry
+        // files are never written or truncated after their commit; the callers check the
+        // file's length before mapping it.
+        unsafe { std::slice::from_raw_parts(self.base.cast::<u8>(), self.len) }
+    }
+}
+
+impl AsRef<[u8]> for Mapped {
+    fn as_ref(&self) -> &[u8] {
+        self
+    }
+}
+
+impl Drop for Mapped {
+    fn drop(&mut self) {
+        if !self.base.is_null() {
+            // SAFETY: unmaps exactly the mapping this value made.
+            unsafe { libc::munmap(self.base, self.len) };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    #[test]
+    fn a_mapping_holds_the_files_bytes_and_can_be_faulted_in() {
+        let mut f = tempfile::tempfile().unwrap();
+        let data: Vec<u8> = (0..(1u32 << 20)).map(|i| (i % 253) as u8).collect();
+        f.write_all(&data).unwrap();
+        let m = Mapped::new(&f, 64 << 10, 512 << 10).unwrap();
+        m.fault_in();
+        assert!(m.resident(), "just written and touched");
+        assert_eq!(&m[..], &data[64 << 10..576 << 10]);
+        let empty = Mapped::new(&f, 0, 0).unwrap();
+        assert!(empty.is_empty() && empty.resident());
+    }
+}

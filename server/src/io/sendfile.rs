@@ -1,0 +1,330 @@
+//! Cache hits sent with `sendfile(2)` (`--sendfile true`): bytes leave from their file
+//! without a copy in user space or into the socket.
+//!
+//! hyper writes a body as the `Bytes` it is given. A large cache hit's body is made of
+//! slices of a read-only mapping of the entry file ([`FileBytes`]). With sendfile on,
+//! each live mapping is registered here by address. A connection that can
+//! ([`FileSink`]: TCP and Unix sockets) looks up every large slice it is asked to
+//! write; a slice of a registered mapping leaves with `sendfile(2)` from the same file
+//! range, so the kernel moves page-cache pages to the socket. Any other writer (TLS, a
+//! test's buffer), and every writer with sendfile off, copies from the mapping: the same
+//! bytes, with the kernel's one copy.
+//!
+//! Off by default: over loopback here, `sendfile` costs the node more CPU per byte than
+//! the kernel's copy from a mapping, and the receiver more too (BENCHMARKS.md, "Warm
+//! hits: how the bytes leave"). On a NIC it saves the copy; measure it there.
+//!
+//! Soundness: a mapping stays registered until its last `Bytes` is dropped, and a write
+//! borrows the slice it sends, so the descriptor looked up stays open during the call.
+//! Addresses of live mappings never overlap, so a lookup cannot name the wrong file.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{self, IoSlice};
+use std::os::fd::{AsRawFd, RawFd};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
+use std::task::{ready, Context, Poll};
+
+use bytes::Bytes;
+use tokio::io::{AsyncWrite, Interest};
+
+use super::mapped::Mapped;
+
+/// Where a registered mapping's bytes lie: its file and the offset of its first byte.
+struct Region {
+    end: usize,
+    file: Arc<File>,
+    offset: u64,
+}
+
+/// Whether mappings are registered, so that connections send them with `sendfile`.
+static ENABLED: AtomicBool = AtomicBool::new(false);
+static REGIONS: RwLock<BTreeMap<usize, Region>> = RwLock::new(BTreeMap::new());
+/// How many mappings are registered: writers skip the lookup while there are none.
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+/// Bytes sent with `sendfile` since the process started.
+static SENT: AtomicU64 = AtomicU64::new(0);
+
+/// Sends the slices of every [`FileBytes`] made from now on with `sendfile`, where the
+/// connection can.
+pub fn enable() {
+    ENABLED.store(true, Ordering::Relaxed);
+}
+
+/// Bytes that left with `sendfile` since the process started.
+pub fn bytes_sent_from_files() -> u64 {
+    SENT.load(Ordering::Relaxed)
+}
+
+/// Slices shorter than this are written as they are: a lookup and a `sendfile` call
+/// cost more than copying them.
+const SEND_FILE_MIN: usize = 16 << 10;
+
+/// A mapping of a file range, whose slices a [`FileSink`] sends from the file when
+/// sendfile is on.
+pub struct FileBytes {
+    map: Mapped,
+    registered: bool,
+}
+
+impl FileBytes {
+    /// Maps `len` bytes of `file` from `offset` (a multiple of the page size), and
+    /// registers the mapping when sendfile is on.
+    pub fn new(file: Arc<File>, offset: u64, len: usize) -> io::Result<FileBytes> {
+        let map = Mapped::new(&file, offset, len)?;
+        let registered = len > 0 && ENABLED.load(Ordering::Relaxed);
+        if registered {
+            let base = map.base();
+            let region = Region {
+                end: base + len,
+                file,
+                offset,
+            };
+            REGIONS
+                .write()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(base, region);
+            LIVE.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(FileBytes { map, registered })
+    }
+
+    /// The mapped bytes (reading them faults pages in from the page cache).
+    pub fn mapped(&self) -> &Mapped {
+        &self.map
+    }
+
+    /// The whole mapping as `Bytes`; its slices stay sendable.
+    pub fn into_bytes(self) -> Bytes {
+        Bytes::from_owner(self)
+    }
+}
+
+impl AsRef<[u8]> for FileBytes {
+    fn as_ref(&self) -> &[u8] {
+        &self.map
+    }
+}
+
+impl Drop for FileBytes {
+    fn drop(&mut self) {
+        if self.registered {
+            REGIONS
+                .write()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&self.map.base());
+            LIVE.fetch_sub(1, Ordering::Relaxed);
+        }
+        // `map` unmaps after the region is gone.
+    }
+}
+
+/// The descriptor and file offset of `buf`'s bytes, when they lie in a registered
+/// mapping. The descriptor is open while `buf`'s mapping lives.
+fn lookup(buf: &[u8]) -> Option<(RawFd, u64)> {
+    let at = buf.as_ptr() as usize;
+    let regions = REGIONS.read().unwrap_or_else(|p| p.into_inner());
+    let (base, region) = regions.range(..=at).next_back()?;
+    (at + buf.len() <= region.end)
+        .then(|| (region.file.as_raw_fd(), region.offset + (at - base) as u64))
+}
+
+/// A connection that can send file ranges itself.
+pub trait FileSink: AsyncWrite + Unpin {
+    /// Sends up to `len` bytes of `fd` from `offset`; `None` where this connection cannot
+    /// (its bytes are then written from the mapping).
+    fn poll_send_file(
+        &mut self,
+        cx: &mut Context<'_>,
+        fd: RawFd,
+        offset: u64,
+        len: usize,
+    ) -> Option<Poll<io::Result<usize>>>;
+}
+
+/// Writes `bufs` to `io`: the slices before the first sendable one with one `writev`, or
+/// a sendable first slice with `sendfile`. Returns what one call moved, as a write does.
+pub fn poll_write_vectored<T: FileSink>(
+    io: &mut T,
+    cx: &mut Context<'_>,
+    bufs: &[IoSlice<'_>],
+) -> Poll<io::Result<usize>> {
+    if LIVE.load(Ordering::Relaxed) > 0 {
+        let first = bufs
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.len() >= SEND_FILE_MIN)
+            .find_map(|(i, b)| lookup(b).map(|at| (i, at)));
+        if let Some((i, (fd, offset))) = first {
+            if i > 0 {
+                return Pin::new(io).poll_write_vectored(cx, &bufs[..i]);
+            }
+            if let Some(r) = io.poll_send_file(cx, fd, offset, bufs[0].len()) {
+                return r;
+            }
+        }
+    }
+    Pin::new(io).poll_write_vectored(cx, bufs)
+}
+
+/// [`poll_write_vectored`] for one buffer.
+pub fn poll_write<T: FileSink>(
+    io: &mut T,
+    cx: &mut Context<'_>,
+    buf: &[u8],
+) -> Poll<io::Result<usize>> {
+    if buf.len() >= SEND_FILE_MIN && LIVE.load(Ordering::Relaxed) > 0 {
+        if let Some((fd, offset)) = lookup(buf) {
+            if let Some(r) = io.poll_send_file(cx, fd, offset, buf.len()) {
+                return r;
+            }
+        }
+    }
+    Pin::new(io).poll_write(cx, buf)
+}
+
+/// `sendfile(2)` from `fd` to a non-blocking socket, when the socket is writable.
+pub fn poll_sendfile_on<S: AsRawFd>(
+    cx: &mut Context<'_>,
+    socket: &S,
+    poll_ready: impl Fn(&mut Context<'_>) -> Poll<io::Result<()>>,
+    try_io: impl Fn(&mut dyn FnMut() -> io::Result<usize>) -> io::Result<usize>,
+    fd: RawFd,
+    offset: u64,
+    len: usize,
+) -> Poll<io::Result<usize>> {
+    // One call moves at most this much, so one connection does not hold a thread long.
+    const MAX: usize = 8 << 20;
+    let out = socket.as_raw_fd();
+    loop {
+        ready!(poll_ready(cx))?;
+        let mut send = || {
+            let mut off = offset as libc::off_t;
+            // SAFETY: both descriptors are open for the call; `off` is a local the kernel
+            // advances.
+            let n = unsafe { libc::sendfile(out, fd, &mut off, len.min(MAX)) };
+            if n < 0 {
+                Err(io::Error::last_os_error())
+            } else {
+                Ok(n as usize)
+            }
+        };
+        match try_io(&mut send) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            r => {
+                if let Ok(n) = &r {
+                    SENT.fetch_add(*n as u64, Ordering::Relaxed);
+                }
+                return Poll::Ready(r);
+            }
+        }
+    }
+}
+
+impl FileSink for tokio::net::TcpStream {
+    fn poll_send_file(
+        &mut self,
+        cx: &mut Context<'_>,
+        fd: RawFd,
+        offset: u64,
+        len: usize,
+    ) -> Option<Poll<io::Result<usize>>> {
+        let this = &*self;
+        Some(poll_sendfile_on(
+            cx,
+            this,
+            |cx| this.poll_write_ready(cx),
+            |f| this.try_io(Interest::WRITABLE, f),
+            fd,
+            offset,
+            len,
+        ))
+    }
+}
+
+impl FileSink for tokio::io::DuplexStream {
+    fn poll_send_file(
+        &mut self,
+        _: &mut Context<'_>,
+        _: RawFd,
+        _: u64,
+        _: usize,
+    ) -> Option<Poll<io::Result<usize>>> {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    fn file_of(len: usize) -> (Arc<File>, Vec<u8>) {
+        let mut f = tempfile::tempfile().unwrap();
+        let data: Vec<u8> = (0..len as u32).map(|i| (i % 251) as u8).collect();
+        f.write_all(&data).unwrap();
+        (Arc::new(f), data)
+    }
+
+    #[tokio::test]
+    async fn a_mapped_slice_leaves_by_sendfile_with_the_files_bytes() {
+        enable();
+        let (file, data) = file_of(3 << 20);
+        let bytes = FileBytes::new(file, 4096, (3 << 20) - 4096)
+            .unwrap()
+            .into_bytes();
+        let piece = bytes.slice(100..(2 << 20) + 7);
+        assert_eq!(lookup(&piece).map(|(_, o)| o), Some(4096 + 100));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let reader = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut got = Vec::new();
+            s.read_to_end(&mut got).await.unwrap();
+            got
+        });
+        let mut out = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let head = b"head:";
+        let mut sent = 0;
+        let total = head.len() + piece.len();
+        while sent < total {
+            let n = std::future::poll_fn(|cx| {
+                let bufs = if sent < head.len() {
+                    vec![IoSlice::new(&head[sent..]), IoSlice::new(&piece)]
+                } else {
+                    vec![IoSlice::new(&piece[sent - head.len()..])]
+                };
+                poll_write_vectored(&mut out, cx, &bufs)
+            })
+            .await
+            .unwrap();
+            assert!(n > 0);
+            sent += n;
+        }
+        out.shutdown().await.unwrap();
+        drop(out);
+        let got = reader.await.unwrap();
+        assert_eq!(&got[..5], head);
+        assert_eq!(&got[5..], &data[4096 + 100..4096 + (2 << 20) + 7]);
+        drop((bytes, piece));
+        assert!(lookup(&data[..SEND_FILE_MIN]).is_none());
+    }
+
+    #[tokio::test]
+    async fn a_writer_that_cannot_sendfile_reads_the_mapping() {
+        enable();
+        let (file, data) = file_of(1 << 20);
+        let bytes = FileBytes::new(file, 0, 1 << 20).unwrap().into_bytes();
+        let (mut a, mut b) = tokio::io::duplex(4 << 20);
+        let n = std::future::poll_fn(|cx| poll_write(&mut a, cx, &bytes))
+            .await
+            .unwrap();
+        drop(a);
+        let mut got = Vec::new();
+        b.read_to_end(&mut got).await.unwrap();
+        assert_eq!(&got[..], &data[..n]);
+    }
+}
