@@ -172,10 +172,13 @@ impl ServeArgs {
     }
 }
 
-/// Keeps glibc from returning freed memory to the kernel block by block. The hot paths
-/// allocate a 1 MiB buffer per cache block and free it once the socket has taken it; with
-/// glibc's defaults each such buffer is a fresh `mmap` (or a trimmed heap top), so every
-/// block paid page faults and kernel zeroing, a quarter of the CPU of a warm GET.
+/// Keeps glibc from returning freed memory to the kernel block by block, and from
+/// keeping it in many arenas. Cold fills and small hits allocate buffers of up to 1 MiB
+/// and free them once the socket and the disk have taken them; with glibc's defaults each
+/// such buffer is a fresh `mmap` (page faults and kernel zeroing, a quarter of the CPU of
+/// a warm GET when hits were read into buffers), and each of the blocking pool's threads
+/// may keep its own arena of freed buffers (twice the node's RSS while eight streams
+/// fill, `P6` in BENCHMARKS.md). Two arenas keep both in check.
 fn tune_allocator() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
@@ -183,6 +186,7 @@ fn tune_allocator() {
         unsafe {
             libc::mallopt(libc::M_MMAP_THRESHOLD, 16 << 20);
             libc::mallopt(libc::M_TRIM_THRESHOLD, 32 << 20);
+            libc::mallopt(libc::M_ARENA_MAX, 2);
         }
     }
 }

@@ -33,7 +33,7 @@ use crate::io::sendfile::FileBytes;
 
 /// What a mapped hit maps at a time. Mapped pages count in the node's RSS while they are
 /// mapped: a window per stream (and the one the socket is still taking) bounds that.
-const WINDOW: u64 = 2 << 20;
+const WINDOW: u64 = 1 << 20;
 /// Where blocks are checked, the bytes checked and handed on at a time: the kernel's
 /// copy into the socket then reads them from the CPU's cache.
 const CHECK_STEP: u64 = 1 << 20;

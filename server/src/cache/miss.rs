@@ -14,6 +14,7 @@ use futures::StreamExt;
 
 use super::fill::{self, Fill, FillError, Phase, Resume};
 use super::flight::{Flights, Joined, Lead};
+use super::follow;
 use super::index::{self, Entry};
 use super::{room, store, Body, Cache, CacheError, Counted, Fetched, Origin, Read};
 use crate::backend::{
@@ -46,7 +47,7 @@ impl Cache {
         let meta = st.meta.clone().expect("a started fill knows its object");
         let resolved = range(&meta).map_err(CacheError::Refused)?;
         let start = resolved.map_or(0, |r| r.start);
-        if fill::far_ahead(&st, start) {
+        if follow::far_ahead(&st, start) {
             return Ok(None);
         }
         let origin = if fill.from_peer.load(Ordering::Acquire) {
@@ -60,7 +61,7 @@ impl Cache {
         Ok(Some(Read {
             meta,
             range: resolved,
-            body: Body::Stream(fill::follow(fill, self.engine.clone(), start, end)),
+            body: Body::Stream(follow::follow(fill, start, end)),
             origin,
         }))
     }
@@ -132,7 +133,7 @@ impl Cache {
             }
         };
         let start = client.map_or(0, |r| r.start);
-        if !fill::far_ahead(&fill.state.borrow(), start) {
+        if !follow::far_ahead(&fill.state.borrow(), start) {
             return Ok(read);
         }
         // The fill goes on in the background; this reader's range, far into the object,
@@ -241,7 +242,7 @@ impl Cache {
             self.stats.peer_fills.fetch_add(1, Ordering::Relaxed);
             let (start, end) = client.map_or((0, obj.meta.size), |r| (r.start, r.end));
             return Read {
-                body: Body::Stream(self.count(fill::slice(obj.body, start, end), counted)),
+                body: Body::Stream(self.count(follow::slice(obj.body, start, end), counted)),
                 meta: obj.meta,
                 range: client,
                 origin,
@@ -291,6 +292,7 @@ impl Cache {
             .join(format!("fill-{}", uuid::Uuid::new_v4().simple()));
         let (writer, reader) =
             File::create(&temp).and_then(|w| File::open(&temp).map(|r| (w, r)))?;
+        fill::preallocate(&writer, f.obj.meta.size);
         let fill = lead.start();
         let _ = fill.file.set(Arc::new(reader));
         if let Some(r) = resume {
@@ -339,7 +341,7 @@ impl Cache {
         let start = f.client.map_or(0, |r| r.start);
         let end = f.client.map_or(meta.size, |r| r.end);
         let read = Read {
-            body: Body::Stream(fill::follow(fill.clone(), self.engine.clone(), start, end)),
+            body: Body::Stream(follow::follow(fill.clone(), start, end)),
             meta,
             range: f.client,
             origin: f.origin,

@@ -16,6 +16,7 @@ mod derived;
 mod error;
 mod fill;
 mod flight;
+mod follow;
 mod hit;
 mod index;
 mod local;
@@ -44,7 +45,7 @@ use index::{Entry, Index};
 pub use admission::{Admission, Refused};
 pub use adopt::Adopted;
 pub use error::{CacheError, DeriveError};
-pub use fill::slice;
+pub use follow::slice;
 pub use index::Usage;
 
 /// Where the bytes of a read came from (`x-granary-cache`).

@@ -179,6 +179,11 @@ impl BlockSums {
         }
     }
 
+    /// The checksums of the blocks finished so far.
+    pub fn done(&self) -> &[u32] {
+        &self.crcs
+    }
+
     pub fn finish(mut self) -> Vec<u32> {
         if self.in_block > 0 {
             self.crcs.push(self.current);
