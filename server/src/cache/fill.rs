@@ -62,9 +62,13 @@ pub enum Phase {
 pub struct FillState {
     pub phase: Phase,
     pub meta: Option<ObjectMeta>,
+    /// Bytes the source has sent, handed to the writer (and to readers, from memory).
+    pub received: u64,
+    /// Bytes on disk.
     pub written: u64,
-    /// The last pieces written, at their offsets: a follower close behind the writer
-    /// takes them from memory instead of reading back what was just written.
+    /// The last pieces received, at their offsets: a reader close behind takes them from
+    /// memory, as soon as they arrive, instead of waiting for the disk and reading back
+    /// what was just written.
     pub recent: Recent,
 }
 
@@ -114,6 +118,7 @@ impl Fill {
         let (tx, _) = watch::channel(FillState {
             phase: Phase::Starting,
             meta: None,
+            received: 0,
             written: 0,
             recent: Recent::default(),
         });
@@ -149,6 +154,7 @@ impl Fill {
         st.unwrap_or(FillState {
             phase: Phase::Abandoned,
             meta: None,
+            received: 0,
             written: 0,
             recent: Recent::default(),
         })
@@ -215,6 +221,13 @@ impl Recent {
         }
     }
 
+    /// Whether the byte at `pos` is held.
+    pub fn holds(&self, pos: u64) -> bool {
+        self.pieces
+            .iter()
+            .any(|(at, p)| *at <= pos && pos < at + p.len())
+    }
+
     /// The bytes from `pos` up to `end`, as far as the pieces held run on from `pos`.
     pub fn slice(&self, pos: u64, end: u64) -> Option<Vec<Bytes>> {
         let first = self
@@ -249,7 +262,7 @@ fn write_parts(file: &mut File, parts: &[Bytes]) -> io::Result<()> {
 /// Reserves the disk blocks of `len` bytes for `file` without changing its size, so
 /// that writes do not allocate block by block (a third of the write's CPU on ext4 here).
 /// Best effort: a filesystem that cannot, or a full disk, shows in the writes.
-pub fn preallocate(file: &File, len: u64) {
+fn preallocate(file: &File, len: u64) {
     // SAFETY: fallocate on an open descriptor; KEEP_SIZE leaves the file's size alone.
     let r = unsafe {
         libc::fallocate(
@@ -284,6 +297,7 @@ pub async fn write_body(
     let writer_fill = fill.clone();
     let size = meta.size;
     let writer = tokio::task::spawn_blocking(move || -> Result<Vec<u32>, FillError> {
+        preallocate(&file, size);
         let mut sums = BlockSums::default();
         let mut written = 0u64;
         while let Some(piece) = rx.blocking_recv() {
@@ -292,12 +306,8 @@ pub async fn write_body(
                 sums.update(part);
             }
             publish_sums(&writer_fill, sums.done());
-            let at = written;
             written += piece.len();
-            writer_fill.state.send_modify(|s| {
-                s.written = written;
-                s.recent.push(at, piece);
-            });
+            writer_fill.state.send_modify(|s| s.written = written);
         }
         if written != size {
             return Err(FillError::Source(io::Error::new(
@@ -354,7 +364,17 @@ pub async fn write_body(
         if failure.is_some() {
             break;
         }
-        if !parts.is_empty() && tx.send(Piece::new(parts)).await.is_err() {
+        if parts.is_empty() {
+            continue;
+        }
+        let piece = Piece::new(parts);
+        // Readers have it now; the disk a moment later.
+        fill.state.send_modify(|s| {
+            let at = s.received;
+            s.received += piece.len();
+            s.recent.push(at, piece.clone());
+        });
+        if tx.send(piece).await.is_err() {
             break;
         }
     }

@@ -49,10 +49,6 @@ pub fn follow(fill: Arc<Fill>, start: u64, end: u64) -> ByteStream {
                 }
                 _ => {}
             }
-            if written <= pos {
-                // Done or abandoned with fewer bytes than promised.
-                Err(io::Error::new(io::ErrorKind::UnexpectedEof, "cache fill ended short"))?;
-            }
             if let Some(parts) = in_memory {
                 for chunk in parts {
                     pos += chunk.len() as u64;
@@ -77,23 +73,36 @@ pub fn follow(fill: Arc<Fill>, start: u64, end: u64) -> ByteStream {
     Box::pin(stream)
 }
 
-/// Waits until the writer is past `pos` or has ended; returns the failure if any
-/// (`Failed` or `DiskFailed`), how many bytes are on disk, and the bytes from `pos`
-/// when the writer still holds them.
+/// Waits until the bytes at `pos` are in memory or on disk, or the fill has ended;
+/// returns the failure if any (`Failed` or `DiskFailed`), how many bytes are on disk,
+/// and the bytes from `pos` when they are still in memory. A fill that ended without
+/// them is an error: never a short body.
 async fn next_step(
     rx: &mut watch::Receiver<FillState>,
     pos: u64,
     end: u64,
 ) -> io::Result<(Option<Phase>, u64, Option<Vec<Bytes>>)> {
     let st = rx
-        .wait_for(|s| s.written > pos || s.phase != Phase::Filling)
+        .wait_for(|s| {
+            s.written > pos
+                || (s.received > pos && s.recent.holds(pos))
+                || s.phase != Phase::Filling
+        })
         .await
         .map_err(|_| io::Error::other("the fill ended without a verdict"))?;
     let failed = match &st.phase {
         p @ (Phase::Failed(_) | Phase::DiskFailed(_)) => Some(p.clone()),
         _ => None,
     };
-    Ok((failed, st.written, st.recent.slice(pos, end)))
+    let in_memory = st.recent.slice(pos, end);
+    if failed.is_none() && in_memory.is_none() && st.written <= pos {
+        // Done or abandoned with fewer bytes than promised.
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "cache fill ended short",
+        ));
+    }
+    Ok((failed, st.written, in_memory))
 }
 
 /// Bytes of the temp file from `pos` (up to `to`, at most a window), as a slice of a
@@ -188,7 +197,7 @@ async fn resume(fill: &Fill, pos: u64, end: u64) -> io::Result<ByteStream> {
 /// the writer, a direct backend read is quicker than waiting.
 pub fn far_ahead(st: &FillState, start: u64) -> bool {
     const FAR: u64 = 32 << 20;
-    st.phase == Phase::Filling && start > st.written + FAR
+    st.phase == Phase::Filling && start > st.received.max(st.written) + FAR
 }
 
 /// The bytes `start..end` of a stream that begins at offset 0.

@@ -292,7 +292,6 @@ impl Cache {
             .join(format!("fill-{}", uuid::Uuid::new_v4().simple()));
         let (writer, reader) =
             File::create(&temp).and_then(|w| File::open(&temp).map(|r| (w, r)))?;
-        fill::preallocate(&writer, f.obj.meta.size);
         let fill = lead.start();
         let _ = fill.file.set(Arc::new(reader));
         if let Some(r) = resume {
