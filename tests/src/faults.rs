@@ -1,7 +1,7 @@
 //! A fault-injecting HTTP proxy to put in front of a real S3 server (moto): requests are
 //! passed on one at a time, each over a fresh connection to the upstream, and the answers
-//! to GETs of object keys can be spoiled on purpose — delayed, replaced by an S3 error
-//! status, cut mid-body with a reset, or ended early with fewer bytes than their
+//! to GETs of object keys can be spoiled on purpose — delayed, slowed, replaced by an S3
+//! error status, cut mid-body with a reset, or ended early with fewer bytes than their
 //! `Content-Length` promised. The fault applies to the next `times` object GETs, then the
 //! proxy passes answers on untouched again. Every request passed on is recorded, as a
 //! man in the middle would capture it.
@@ -31,6 +31,8 @@ pub enum Fault {
     /// The head and this many body bytes, then an orderly close: fewer bytes than the
     /// `Content-Length` promised.
     ShortBy(usize),
+    /// The whole answer, its body at this many bytes a second (a slow store).
+    Throttle(usize),
 }
 
 struct Plan {
@@ -265,6 +267,15 @@ fn serve(client: TcpStream, s: &Shared) -> Result<()> {
                     out.shutdown(Shutdown::Both)?;
                 }
                 return Ok(());
+            }
+            Fault::Throttle(rate) => {
+                out.write_all(&resp_head)?;
+                let piece = (rate / 20).max(1);
+                for chunk in resp_body.chunks(piece) {
+                    out.write_all(chunk)?;
+                    thread::sleep(Duration::from_millis(50));
+                }
+                continue;
             }
             _ => {}
         }

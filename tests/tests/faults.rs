@@ -2,7 +2,8 @@
 //! server errors are retried; a store that keeps failing is an error to the client, never
 //! a body; a body cut by a reset or ended before its length is resumed from where it
 //! broke (pinned to the same version), and when it cannot be, the client's answer is cut
-//! short too — never a complete-looking 200 — and nothing is committed to the cache.
+//! short too — never a complete-looking 200 — and nothing is committed to the cache; a
+//! block damaged in a fill's temp file is never sent.
 //! Also the load limits: `--max-requests` answers `503 SlowDown` beyond it (health
 //! probes still pass), `--max-backend-fetches` refuses reads that wait too long for a
 //! place, and `--idle-timeout` closes connections that make no progress.
@@ -11,7 +12,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use granary_client::Client;
 use granary_tests::{Fault, FaultProxy, Moto, Pattern, Server, ServerOpts};
 
@@ -186,6 +187,84 @@ fn a_body_that_keeps_breaking_is_cut_short_for_the_client_and_not_cached() -> Re
     assert_eq!(got.cache.as_deref(), Some("miss"), "nothing was committed");
     assert!(got.body == expected(0, size));
     Ok(())
+}
+
+/// A block damaged in a fill's temp file while the fill runs is never sent: a reader
+/// that joins late (reading the first bytes back from the temp file, checked against
+/// the checksums of what the store sent) stops before it; the reader close behind the
+/// writer gets every byte, from memory; and the fill is not committed.
+#[test]
+fn a_block_damaged_in_a_fills_temp_file_is_never_sent() -> Result<()> {
+    use std::os::unix::fs::FileExt;
+    let size = 12 << 20;
+    let rig = rig(&[("slow.bin", size)], &[])?;
+    let want = expected(0, size);
+    // A 3-second fill.
+    rig.proxy.inject(Fault::Throttle(4 << 20), 1);
+    let node = &rig.node;
+    std::thread::scope(|s| -> Result<()> {
+        let leader = s.spawn(|| get(node, "slow.bin"));
+        let tmp = node.data_dir().join("cache").join("tmp");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let temp = loop {
+            let found = std::fs::read_dir(&tmp)?
+                .flatten()
+                .map(|e| e.path())
+                .find(|p| std::fs::metadata(p).is_ok_and(|m| m.len() >= 4 << 20));
+            if let Some(p) = found {
+                break p;
+            }
+            anyhow::ensure!(Instant::now() < deadline, "the fill never reached 4 MiB");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        // Damage a byte of the second block in place, as the disk might.
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&temp)?;
+        let mut byte = [0u8; 1];
+        f.read_exact_at(&mut byte, 100_000)?;
+        f.write_all_at(&[byte[0] ^ 0xff], 100_000)?;
+        // Closed before the head (nothing was sent), or cut short before the block.
+        if let Ok(late) = get(node, "slow.bin") {
+            assert!(!late.whole, "a late reader got {} bytes", late.body.len());
+            assert!(late.body.len() < 2 << 16, "never past the damaged block");
+            assert!(
+                late.body == want[..late.body.len()],
+                "only the object's bytes"
+            );
+        }
+        let first = leader
+            .join()
+            .expect("leader")
+            .context("the leader's read")?;
+        assert_eq!((first.status, first.whole), (200, true));
+        assert!(
+            first.body == want,
+            "the reader behind the writer got every byte"
+        );
+        Ok(())
+    })?;
+    // Nothing was committed: once the fill has ended, the next whole read is a miss.
+    rig.proxy.inject(Fault::None, 0);
+    for _ in 0..100 {
+        // A read that joins the damaged fill before it ends is cut like the late one.
+        let Ok(got) = get(node, "slow.bin") else {
+            std::thread::sleep(Duration::from_millis(50));
+            continue;
+        };
+        if got.whole {
+            assert_eq!(
+                got.cache.as_deref(),
+                Some("miss"),
+                "the damaged fill was not kept"
+            );
+            assert!(got.body == want);
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    anyhow::bail!("no whole read after the damaged fill")
 }
 
 #[test]
