@@ -173,12 +173,12 @@ impl ServeArgs {
 }
 
 /// Keeps glibc from returning freed memory to the kernel block by block, and from
-/// keeping it in many arenas. Cold fills and small hits allocate buffers of up to 1 MiB
+/// keeping it in many arenas. Checked hits and cold fills allocate buffers of up to 1 MiB
 /// and free them once the socket and the disk have taken them; with glibc's defaults each
-/// such buffer is a fresh `mmap` (page faults and kernel zeroing, a quarter of the CPU of
-/// a warm GET when hits were read into buffers), and each of the blocking pool's threads
-/// may keep its own arena of freed buffers (twice the node's RSS while eight streams
-/// fill, `P6` in BENCHMARKS.md). Two arenas keep both in check.
+/// such buffer is a fresh `mmap` (page faults and kernel zeroing: a quarter of the CPU of
+/// a warm GET), and each of the blocking pool's threads may keep its own arena of freed
+/// buffers (half the node's RSS while eight streams fill, `P6` in BENCHMARKS.md). Two
+/// arenas keep both in check.
 fn tune_allocator() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {

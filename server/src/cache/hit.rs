@@ -1,22 +1,29 @@
-//! Hits: a committed entry's bytes, from memory for a small hot object; a small object
-//! read from its file through the read engine (so the memory tier can keep it); a larger
-//! one as slices of a read-only mapping of its file, a window at a time, so no byte is
-//! copied in user space: the kernel copies each from the page cache into the socket (or,
-//! with `--sendfile`, sends the pages themselves: `io::sendfile`); or, for a client on
-//! this machine, the file itself. Where reads are checked, every 64 KiB block is checked
-//! against its CRC32C before it is handed on: in the read buffer, or through the mapping,
-//! a few blocks at a time just before the kernel copies them (while they are still in
-//! the CPU's cache). A block that fails its check drops the entry, so the next read
-//! refetches it, and the read fails before the bad bytes are sent.
+//! Hits: a committed entry's bytes, from memory for a small hot object; else from its
+//! file, in one of two ways, chosen by what was measured cheaper (BENCHMARKS.md, "Warm
+//! hits: how the bytes leave"):
+//! - read into buffers through the read engine, each 64 KiB block checked against its
+//!   CRC32C there, the next read running on the engine's thread meanwhile: checked reads
+//!   (`--verify-reads`, or an entry not yet read whole since the node started), small
+//!   objects (the memory tier keeps them) and small ranges (shard members);
+//! - as slices of a read-only mapping of the file, a window at a time, so no byte is
+//!   copied in user space: the kernel copies each from the page cache into the socket,
+//!   or with `--sendfile` sends the pages themselves (`io::sendfile`). Unchecked large
+//!   reads, and with `--sendfile` checked ones too, their blocks checked through the
+//!   mapping just before they are handed on.
 //!
-//! The window between check and send: a mapped block is checked in the page cache and
-//! then copied (or sent) from the same pages by the connection's next write, within
-//! microseconds to milliseconds (as long as the socket takes to accept it). Only a write
-//! to the entry file in that window could change what leaves, and the node never writes
-//! a committed entry. Damage on the disk reaches the page cache only when a page is read
-//! in again, and that read is checked before it is sent; a page the page cache holds is
-//! the one that was checked. So the window admits only another process writing into the
-//! cache's files while a read is in flight, which no deployment does.
+//! A block that fails its check drops the entry, so the next read refetches it, and the
+//! read fails before the bad bytes are sent. For a client on this machine the file itself
+//! is handed over (`local_file`), its range checked through a mapping first.
+//!
+//! The window between check and send, on the mapped path: a block is checked in the page
+//! cache and then copied (or sent) from the same pages by the connection's next write,
+//! within microseconds to milliseconds (as long as the socket takes to accept it). Only a
+//! write to the entry file in that window could change what leaves, and the node never
+//! writes a committed entry. Damage on the disk reaches the page cache only when a page
+//! is read in again, and that read is checked before it is sent; a page the page cache
+//! holds is the one that was checked. So the window admits only another process writing
+//! into the cache's files while a read is in flight, which no deployment does. (The
+//! buffered path has no window: what is checked is what is sent.)
 
 use std::fs::File;
 use std::io;
@@ -31,12 +38,17 @@ use crate::backend::{ByteRange, ByteStream, RangeFn};
 use crate::io::mapped::Mapped;
 use crate::io::sendfile::FileBytes;
 
-/// What a mapped hit maps at a time. Mapped pages count in the node's RSS while they are
-/// mapped: a window per stream (and the one the socket is still taking) bounds that.
-const WINDOW: u64 = 1 << 20;
+/// What a mapped hit maps at a time: 4 MiB costs a quarter less CPU per byte than 1 MiB
+/// here (fewer mappings set up and torn down), and larger windows no less. Mapped pages
+/// count in the node's RSS while they are mapped: a window per stream (and the one the
+/// socket is still taking) bounds that.
+const WINDOW: u64 = 4 << 20;
 /// Where blocks are checked, the bytes checked and handed on at a time: the kernel's
 /// copy into the socket then reads them from the CPU's cache.
 const CHECK_STEP: u64 = 1 << 20;
+/// Reads up to this long (shard members, small ranges) are read into a buffer: a
+/// mapping's set-up and tear-down cost more than copying them.
+const SMALL_READ: u64 = 1 << 20;
 
 impl Cache {
     /// A committed entry's bytes, of the range `range` picks: from memory for a hot
@@ -165,13 +177,24 @@ impl Cache {
     /// Streams a committed entry, checking each block's CRC32C before sending it (where
     /// reads are checked). On a mismatch the stream ends with an error (the response is
     /// cut short) and the entry is dropped, so the next read refetches it.
+    ///
+    /// Which way the bytes go is measured (BENCHMARKS.md, "Warm hits: how the bytes
+    /// leave"): mapping a window costs the kernel about what copying it costs, so the
+    /// mapping pays only where nothing in user space reads the bytes. Checked reads of an
+    /// entry read it into a buffer (the check reads it anyway; the next read runs on the
+    /// engine's thread meanwhile); unchecked reads of more than [`SMALL_READ`], and every
+    /// read with `--sendfile`, go mapped.
     pub(super) fn hit_stream(
         self: Arc<Self>,
         ikey: String,
         entry: Arc<Entry>,
         range: Option<ByteRange>,
     ) -> ByteStream {
-        if entry.meta.size <= HOT_MAX_OBJECT {
+        let size = entry.meta.size;
+        let len = range.map_or(size, |r| r.end - r.start);
+        let verify = self.verify_reads || !entry.verified.load(Ordering::Relaxed);
+        let mapped = crate::io::sendfile::enabled() || !verify;
+        if size <= HOT_MAX_OBJECT || len <= SMALL_READ || !mapped {
             self.read_stream(ikey, entry, range)
         } else {
             self.mapped_stream(ikey, entry, range)

@@ -53,6 +53,11 @@ pub fn enable() {
     ENABLED.store(true, Ordering::Relaxed);
 }
 
+/// Whether mappings are sent with `sendfile`.
+pub fn enabled() -> bool {
+    ENABLED.load(Ordering::Relaxed)
+}
+
 /// Bytes that left with `sendfile` since the process started.
 pub fn bytes_sent_from_files() -> u64 {
     SENT.load(Ordering::Relaxed)
