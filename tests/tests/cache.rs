@@ -337,24 +337,36 @@ fn walk_entries(cache: &Path) -> Vec<std::path::PathBuf> {
 /// bytes leave (mapped and copied, or `--sendfile`); with `false`, every hit of an entry
 /// not yet read whole since the node started. The read is cut short before the block,
 /// the entry is dropped and the next read refetches it.
+/// A node with `--sendfile` and `--verify-reads` as given, holding one object of `size`
+/// bytes it has just read cold and committed: the node, the mode in words, the key and
+/// the object's MD5.
+fn one_object_in_mode(
+    sendfile: &str,
+    verify: &str,
+    size: usize,
+) -> Result<(Server, String, String, String)> {
+    let how = format!("--sendfile {sendfile} --verify-reads {verify}");
+    let server = Server::start(ServerOpts::open().args(&[
+        "--sendfile",
+        sendfile,
+        "--verify-reads",
+        verify,
+    ]))?;
+    let objects = lay_out(&server, 1, size);
+    let (key, want) = objects.into_iter().next().unwrap();
+    assert_eq!(get(&server, &key)?.1, "miss", "{how}");
+    settle(&server);
+    Ok((server, how, key, want))
+}
+
 #[test]
 fn corrupt_entry_is_cut_short_dropped_and_refetched() -> Result<()> {
     use std::os::unix::fs::FileExt;
     const SIZE: usize = 3 << 20;
     const DAMAGE: usize = (1 << 20) + 10;
     for (sendfile, verify) in [("false", "true"), ("true", "true"), ("false", "false")] {
-        let how = format!("--sendfile {sendfile} --verify-reads {verify}");
-        let mut server = Server::start(ServerOpts::open().args(&[
-            "--sendfile",
-            sendfile,
-            "--verify-reads",
-            verify,
-        ]))?;
-        let objects = lay_out(&server, 1, SIZE);
-        let (key, want) = objects.iter().next().unwrap();
-        assert_eq!(get(&server, key)?.1, "miss");
-        settle(&server);
-        assert_eq!(get(&server, key)?.1, "hit");
+        let (mut server, how, key, want) = one_object_in_mode(sendfile, verify, SIZE)?;
+        assert_eq!(get(&server, &key)?.1, "hit");
         if verify == "false" {
             // Checked once read whole; after a restart, checked again until then.
             server.kill_and_restart()?;
@@ -384,9 +396,9 @@ fn corrupt_entry_is_cut_short_dropped_and_refetched() -> Result<()> {
                 r.body.len()
             );
         }
-        let (status, source, md5, _) = get(&server, key)?;
+        let (status, source, md5, _) = get(&server, &key)?;
         assert_eq!((status, source.as_str()), (200, "miss"), "{how}: refetched");
-        assert_eq!(&md5, want, "{how}");
+        assert_eq!(md5, want, "{how}");
     }
     Ok(())
 }
@@ -403,22 +415,12 @@ fn large_hits_leave_from_the_cache_file_with_every_byte() -> Result<()> {
         ("true", "true"),
         ("true", "false"),
     ] {
-        let how = format!("--sendfile {sendfile} --verify-reads {verify}");
-        let server = Server::start(ServerOpts::open().args(&[
-            "--sendfile",
-            sendfile,
-            "--verify-reads",
-            verify,
-        ]))?;
-        let objects = lay_out(&server, 1, SIZE);
-        let (key, want) = objects.iter().next().unwrap();
-        assert_eq!(get(&server, key)?.1, "miss");
-        settle(&server);
+        let (server, how, key, want) = one_object_in_mode(sendfile, verify, SIZE)?;
         let before = stat(&server, "bytes_sent_from_files");
         for _ in 0..2 {
-            let (status, source, md5, len) = get(&server, key)?;
+            let (status, source, md5, len) = get(&server, &key)?;
             assert_eq!((status, source.as_str(), len), (200, "hit", SIZE), "{how}");
-            assert_eq!(&md5, want, "{how}");
+            assert_eq!(md5, want, "{how}");
         }
         let sent = stat(&server, "bytes_sent_from_files") - before;
         if sendfile == "true" {

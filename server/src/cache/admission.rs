@@ -48,7 +48,7 @@ impl Cache {
             return false;
         }
         // Asked before the locks: they serialize every commit.
-        let disk_free = self.room.look();
+        let disk_free = self.room.look_for_reservations();
         let _commit = self.flights.lock();
         let mut index = self.lock_index();
         match index.admit(size) {

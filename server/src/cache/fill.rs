@@ -18,7 +18,6 @@
 use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{self, Write};
-use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -26,6 +25,7 @@ use bytes::Bytes;
 use futures::{FutureExt, StreamExt};
 use tokio::sync::{mpsc, watch};
 
+use super::room::{Room, Taken};
 use super::store::{self, BlockSums};
 use crate::backend::{ByteStream, ObjectMeta, Source};
 
@@ -259,34 +259,18 @@ fn write_parts(file: &mut File, parts: &[Bytes]) -> io::Result<()> {
     Ok(())
 }
 
-/// Reserves the disk blocks of `len` bytes for `file` without changing its size, so
-/// that writes do not allocate block by block (a third of the write's CPU on ext4 here).
-/// Best effort: a filesystem that cannot, or a full disk, shows in the writes.
-fn preallocate(file: &File, len: u64) {
-    // SAFETY: fallocate on an open descriptor; KEEP_SIZE leaves the file's size alone.
-    let r = unsafe {
-        libc::fallocate(
-            file.as_raw_fd(),
-            libc::FALLOC_FL_KEEP_SIZE,
-            0,
-            len.min(i64::MAX as u64) as libc::off_t,
-        )
-    };
-    if r != 0 {
-        tracing::debug!(error = %io::Error::last_os_error(), "temp file not preallocated");
-    }
-}
-
 /// The object a fill writes, named in its footer.
 pub struct Commit {
     pub bucket: String,
     pub key: String,
 }
 
-/// Writes `body` into the fill's temp file on a blocking thread, publishing progress.
-/// Returns the block checksums once every byte is durable, or the failure.
+/// Writes `body` into the fill's temp file on a blocking thread, publishing progress,
+/// taking its room from `room` a step ahead. Returns the block checksums once every byte
+/// is durable, or the failure.
 pub async fn write_body(
     fill: Arc<Fill>,
+    room: Arc<Room>,
     mut file: File,
     meta: ObjectMeta,
     mut body: ByteStream,
@@ -297,10 +281,11 @@ pub async fn write_body(
     let writer_fill = fill.clone();
     let size = meta.size;
     let writer = tokio::task::spawn_blocking(move || -> Result<Vec<u32>, FillError> {
-        preallocate(&file, size);
+        let mut taken = Taken::new(room);
         let mut sums = BlockSums::default();
         let mut written = 0u64;
         while let Some(piece) = rx.blocking_recv() {
+            taken.cover(&file, written + piece.len(), size);
             write_parts(&mut file, &piece.parts).map_err(FillError::Disk)?;
             for part in piece.parts.iter() {
                 sums.update(part);

@@ -117,27 +117,27 @@ async fn read_back(fill: &Fill, pos: u64, to: u64) -> io::Result<Option<Bytes>> 
         .ok_or_else(|| io::Error::other("fill has no file"))?;
     let first = pos / BLOCK;
     let from = first * BLOCK;
+    // The writer publishes a block's checksum before it says the block is written: read
+    // the written length first, then the checksums, and take whole blocks within both
+    // (the last block is whole once every byte is written), never past `to`'s block.
+    let (written, size) = {
+        let st = fill.state.borrow();
+        (st.written, st.meta.as_ref().map_or(u64::MAX, |m| m.size))
+    };
+    let on_disk = if written >= size {
+        written
+    } else {
+        written / BLOCK * BLOCK
+    };
     let sums = fill.sums_from(first as usize);
-    // Whole blocks (or the last one, once every byte is written), never past `to`'s
-    // block: the writer has written all of them, so the file holds them.
     let stop = (from + sums.len() as u64 * BLOCK)
+        .min(on_disk)
         .min(to.div_ceil(BLOCK) * BLOCK)
         .min(from + WINDOW);
-    let stop = stop.min(fill.state.borrow().written);
     if stop <= pos {
         return Ok(None);
     }
-    let map = FileBytes::new(file, from, (stop - from) as usize)?;
-    let map = if map.mapped().resident() {
-        map
-    } else {
-        tokio::task::spawn_blocking(move || {
-            map.mapped().fault_in();
-            map
-        })
-        .await
-        .map_err(io::Error::other)?
-    };
+    let map = FileBytes::resident(file, from, (stop - from) as usize).await?;
     for (i, block) in map.mapped().chunks(BLOCK as usize).enumerate() {
         if crc32c::crc32c(block) != sums[i] {
             tracing::error!(
@@ -227,6 +227,7 @@ pub fn slice(body: ByteStream, start: u64, end: u64) -> ByteStream {
 mod tests {
     use super::*;
     use crate::cache::fill::{write_body, Commit};
+    use crate::cache::room::Room;
     use std::fs::File;
     use std::time::SystemTime;
 
@@ -322,6 +323,7 @@ mod tests {
         };
         let crcs = write_body(
             fill.clone(),
+            Arc::new(Room::new(dir.path())),
             writer,
             meta(size as u64),
             body,
@@ -343,6 +345,27 @@ mod tests {
         let range = all(follow(fill.clone(), 65_535, 3 << 20)).await.unwrap();
         assert_eq!(range, data[65_535..3 << 20]);
         assert!(!fill.stale.load(Ordering::Acquire));
+    }
+
+    /// The writer publishes a block's checksum a moment before it says the block is
+    /// written: a reader in that moment reads whole blocks only, never a part of one
+    /// checked against the whole one's checksum (which would look like damage).
+    #[tokio::test]
+    async fn a_reader_between_a_checksum_and_the_written_length_reads_whole_blocks() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = data(200_000);
+        let fill = fill_of(dir.path(), &data, 2 << 16, Phase::Filling);
+        // Both checksums known, the written length not yet past the first block's end.
+        fill.state.send_modify(|s| s.written = 100_000);
+        let reader = tokio::spawn(all(follow(fill.clone(), 0, 2 << 16)));
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        fill.state.send_modify(|s| s.written = 2 << 16);
+        let got = reader.await.unwrap().unwrap();
+        assert_eq!(got, data[..2 << 16]);
+        assert!(
+            !fill.stale.load(Ordering::Acquire),
+            "no block looked damaged"
+        );
     }
 
     /// A block damaged in the temp file after it was written is never sent: the read

@@ -211,14 +211,17 @@ impl Cache {
         entry: Arc<Entry>,
         range: Option<ByteRange>,
     ) -> ByteStream {
-        let size = entry.meta.size;
-        let (start, end) = range.map_or((0, size), |r| (r.start, r.end));
-        let verify = self.verify_reads || !entry.verified.load(Ordering::Relaxed);
+        let Span {
+            size,
+            start,
+            end,
+            block,
+            stop,
+            verify,
+        } = Span::of(&entry, range, self.verify_reads);
         let stream = async_stream::try_stream! {
             if start < end {
                 let file = Arc::new(File::open(&entry.path)?);
-                let block = entry.block();
-                let stop = end.div_ceil(block).saturating_mul(block).min(size);
                 // A mapping read past the end of its file faults: the node never shortens
                 // an entry file, only damage does, so check once here.
                 if file.metadata()?.len() < stop {
@@ -230,18 +233,9 @@ impl Cache {
                 let mut pos = start / block * block;
                 while pos < end {
                     let len = (stop - pos).min(WINDOW.max(block));
-                    let map = FileBytes::new(file.clone(), pos, len as usize)?;
-                    let map = if map.mapped().resident() {
-                        map
-                    } else {
-                        tokio::task::spawn_blocking(move || {
-                            map.mapped().fault_in();
-                            map
-                        })
-                        .await
-                        .map_err(io::Error::other)?
-                    };
-                    let window = map.into_bytes();
+                    let window = FileBytes::resident(file.clone(), pos, len as usize)
+                        .await?
+                        .into_bytes();
                     let mut at = pos;
                     let window_end = pos + len;
                     while at < window_end && at < end {
@@ -272,16 +266,19 @@ impl Cache {
         entry: Arc<Entry>,
         range: Option<ByteRange>,
     ) -> ByteStream {
-        let size = entry.meta.size;
-        let (start, end) = range.map_or((0, size), |r| (r.start, r.end));
-        let verify = self.verify_reads || !entry.verified.load(Ordering::Relaxed);
+        let Span {
+            size,
+            start,
+            end,
+            block,
+            stop,
+            verify,
+        } = Span::of(&entry, range, self.verify_reads);
         let stream = async_stream::try_stream! {
             if start < end {
                 let file = Arc::new(File::open(&entry.path)?);
-                // Reads of up to 1 MiB, from the block holding `start` to the end of
-                // the block holding `end - 1`: whole blocks, each checked on arrival.
-                let block = entry.block();
-                let stop = end.div_ceil(block).saturating_mul(block).min(size);
+                // Reads of up to 1 MiB over the span's whole blocks, each checked on
+                // arrival.
                 let read = |pos: u64| {
                     let len = (stop - pos).min(store::READ) as usize;
                     self.engine.read_at(file.clone(), pos, len)
@@ -321,5 +318,33 @@ impl Cache {
             }
         };
         Box::pin(stream)
+    }
+}
+
+/// What a hit reads of an entry: bytes `start..end` of an object of `size`, in whole
+/// blocks of `block` bytes, from the block holding `start` to `stop` (the end of the
+/// block holding `end - 1`); each block checked or not.
+struct Span {
+    size: u64,
+    start: u64,
+    end: u64,
+    block: u64,
+    stop: u64,
+    verify: bool,
+}
+
+impl Span {
+    fn of(entry: &Entry, range: Option<ByteRange>, verify_reads: bool) -> Span {
+        let size = entry.meta.size;
+        let (start, end) = range.map_or((0, size), |r| (r.start, r.end));
+        let block = entry.block();
+        Span {
+            size,
+            start,
+            end,
+            block,
+            stop: end.div_ceil(block).saturating_mul(block).min(size),
+            verify: verify_reads || !entry.verified.load(Ordering::Relaxed),
+        }
     }
 }

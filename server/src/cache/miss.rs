@@ -315,7 +315,7 @@ impl Cache {
         let ikey = index::key_of(bucket, key);
         let dest = store::entry_path(&self.objects, bucket, key);
         let (cache, task_fill, task_meta) = (self.clone(), fill.clone(), meta.clone());
-        let (stats, counted) = (self.stats.clone(), f.counted);
+        let (stats, counted, room) = (self.stats.clone(), f.counted, self.room.clone());
         tokio::spawn(async move {
             let on_bytes = move |n: u64| match counted {
                 Counted::Backend => {
@@ -328,6 +328,7 @@ impl Cache {
             };
             let written = fill::write_body(
                 task_fill.clone(),
+                room,
                 writer,
                 task_meta.clone(),
                 f.obj.body,

@@ -192,7 +192,7 @@ pub struct Cache {
     /// is removed.
     refusing: AtomicBool,
     /// The filesystem's own limit, watched while running.
-    room: room::Room,
+    room: Arc<room::Room>,
     /// The source a fill's readers go on from when this node's disk fails mid-fill.
     source: std::sync::OnceLock<Arc<dyn Source>>,
     /// Whether copies may be served as they are and new ones kept. A cluster member
@@ -251,7 +251,7 @@ impl Cache {
             }
         }
         let u = index.usage();
-        let room = room::Room::new(dir);
+        let room = Arc::new(room::Room::new(dir));
         if u.used + room.free() < capacity {
             tracing::warn!(
                 capacity,

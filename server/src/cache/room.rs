@@ -5,10 +5,19 @@
 //! no (at admission, or ENOSPC in the middle of a fill) the cache stops admitting — health
 //! says `admitting: false`, so members spill to others — and a watcher admits again
 //! once the filesystem has room.
+//!
+//! A fill takes its room from the filesystem a step ahead of its writes ([`Taken`]):
+//! the blocks are preallocated, so the writes find them ready (a tenth of a cold fill's
+//! CPU on ext4 here) and a fill keeps the room it has taken when something else fills
+//! the disk. Those bytes are gone from the free space and still in the reservations, so
+//! admission counts them back once.
 
+use std::fs::File;
 use std::io;
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// Space the cache leaves free on its filesystem: 1% of it, at most 64 MiB (footers,
 /// directories, the filesystem's own blocks).
@@ -28,6 +37,8 @@ pub struct Room {
     free_at_refusal: AtomicU64,
     /// Bytes left free (see [`margin`]).
     margin: u64,
+    /// Bytes the fills in flight have taken from the filesystem (see [`Taken`]).
+    taken: AtomicU64,
 }
 
 impl Room {
@@ -38,6 +49,7 @@ impl Room {
             free: AtomicU64::new(u64::MAX),
             free_at_refusal: AtomicU64::new(0),
             margin: fs4::total_space(dir).map_or(0, margin),
+            taken: AtomicU64::new(0),
         };
         let _ = room.look();
         room
@@ -53,6 +65,14 @@ impl Room {
         Some(free)
     }
 
+    /// Free bytes for the reservations in flight: [`Room::look`] plus what their fills
+    /// have taken already. Counted before looking, so a step taken in between is missed
+    /// on the side of refusing.
+    pub fn look_for_reservations(&self) -> Option<u64> {
+        let taken = self.taken.load(Ordering::Acquire);
+        self.look().map(|free| free + taken)
+    }
+
     /// Free bytes for the cache when last looked.
     pub fn free(&self) -> u64 {
         self.free.load(Ordering::Relaxed)
@@ -63,10 +83,9 @@ impl Room {
         self.full.load(Ordering::Acquire)
     }
 
-    /// Whether `free` bytes (as [`Room::look`] found them) hold every reservation in
-    /// flight, `reserved` bytes (the new one included). Their fills may have written part
-    /// already, so this errs on the side of refusing. No answer from the filesystem is no
-    /// refusal.
+    /// Whether `free` bytes (as [`Room::look_for_reservations`] found them) hold every
+    /// reservation in flight, `reserved` bytes (the new one included). No answer from the
+    /// filesystem is no refusal.
     pub fn fits(&self, free: Option<u64>, reserved: u64) -> bool {
         match free {
             Some(free) if free < reserved => {
@@ -96,16 +115,75 @@ impl Room {
     /// since the refusal and has room for the reservations in flight and a little more
     /// (1 MiB, or the margin if larger).
     pub fn recheck(&self, reserved: u64) {
+        let taken = self.taken.load(Ordering::Acquire);
         let Some(free) = self.look() else { return };
         if !self.full() {
             return;
         }
         let wanted = reserved + self.margin.max(1 << 20);
         let gained = free >= self.free_at_refusal.load(Ordering::Acquire) + (1 << 20);
-        if free >= wanted && gained {
+        if free + taken >= wanted && gained {
             self.full.store(false, Ordering::Release);
             tracing::info!(dir = %self.dir.display(), free, "the cache's disk has room again; admitting");
         }
+    }
+}
+
+/// How far ahead of its writes a fill takes room.
+const STEP: u64 = 4 << 20;
+
+/// The room one fill has taken from the filesystem: the first `end` bytes of its file
+/// have their blocks (preallocated, or written where preallocation failed). Given back
+/// to the count when dropped, which the fill does before its reservation is released.
+pub struct Taken {
+    room: Arc<Room>,
+    end: u64,
+    preallocate: bool,
+}
+
+impl Taken {
+    pub fn new(room: Arc<Room>) -> Taken {
+        Taken {
+            room,
+            end: 0,
+            preallocate: true,
+        }
+    }
+
+    /// Makes the first `need` bytes of `file` (a fill of `size`) taken, preallocating
+    /// up to a step further. A filesystem that cannot preallocate, or a full disk, shows
+    /// in the writes: from then on only what is written counts.
+    pub fn cover(&mut self, file: &File, need: u64, size: u64) {
+        if need <= self.end {
+            return;
+        }
+        let mut end = need;
+        if self.preallocate {
+            let want = (self.end + STEP).max(need).min(size.max(need));
+            // SAFETY: fallocate on an open descriptor; KEEP_SIZE leaves the size alone.
+            let r = unsafe {
+                libc::fallocate(
+                    file.as_raw_fd(),
+                    libc::FALLOC_FL_KEEP_SIZE,
+                    self.end.min(i64::MAX as u64) as libc::off_t,
+                    (want - self.end).min(i64::MAX as u64) as libc::off_t,
+                )
+            };
+            if r == 0 {
+                end = want;
+            } else {
+                self.preallocate = false;
+                tracing::debug!(error = %io::Error::last_os_error(), "fill not preallocated");
+            }
+        }
+        self.room.taken.fetch_add(end - self.end, Ordering::AcqRel);
+        self.end = end;
+    }
+}
+
+impl Drop for Taken {
+    fn drop(&mut self) {
+        self.room.taken.fetch_sub(self.end, Ordering::AcqRel);
     }
 }
 
@@ -145,6 +223,29 @@ mod tests {
         assert!(!room.full(), "room again once space is freed");
         room.refused("ENOSPC");
         assert!(room.full());
+    }
+
+    #[test]
+    fn a_fills_room_is_taken_a_step_ahead_and_counted_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let room = Arc::new(Room::new(dir.path()));
+        let file = File::create(dir.path().join("fill")).unwrap();
+        let mut taken = Taken::new(room.clone());
+        taken.cover(&file, 100, 10 * STEP);
+        assert_eq!(room.taken.load(Ordering::Acquire), STEP, "a step ahead");
+        assert_eq!(file.metadata().unwrap().len(), 0, "the size is left alone");
+        let blocks = |f: &File| std::os::unix::fs::MetadataExt::blocks(&f.metadata().unwrap());
+        assert!(blocks(&file) * 512 >= STEP, "the blocks are the file's");
+        taken.cover(&file, STEP, 10 * STEP);
+        assert_eq!(room.taken.load(Ordering::Acquire), STEP, "inside the step");
+        taken.cover(&file, STEP + 1, STEP + 10);
+        assert_eq!(
+            room.taken.load(Ordering::Acquire),
+            STEP + 10,
+            "never past the object's end"
+        );
+        drop(taken);
+        assert_eq!(room.taken.load(Ordering::Acquire), 0, "given back");
     }
 
     #[test]

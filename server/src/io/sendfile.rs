@@ -96,6 +96,22 @@ impl FileBytes {
         Ok(FileBytes { map, registered })
     }
 
+    /// [`FileBytes::new`], with every page in the page cache: read in on the blocking
+    /// pool where they are not, so that touching them never waits on the disk in the
+    /// runtime.
+    pub async fn resident(file: Arc<File>, offset: u64, len: usize) -> io::Result<FileBytes> {
+        let map = FileBytes::new(file, offset, len)?;
+        if map.map.resident() {
+            return Ok(map);
+        }
+        tokio::task::spawn_blocking(move || {
+            map.map.fault_in();
+            map
+        })
+        .await
+        .map_err(io::Error::other)
+    }
+
     /// The mapped bytes (reading them faults pages in from the page cache).
     pub fn mapped(&self) -> &Mapped {
         &self.map
