@@ -1500,6 +1500,42 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn an_object_whose_parts_are_not_known_is_one_part() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = FsBackend::open(dir.path()).unwrap();
+        b.create_bucket("bkt").await.unwrap();
+        b.put_object("bkt", "k", body(b"0123456789"), PutOptions::default())
+            .await
+            .unwrap();
+        // Metadata naming a multipart ETag without the parts' sizes (as written before
+        // they were kept).
+        use xattr::FileExt;
+        let file = File::open(b.root().join("bkt/k")).unwrap();
+        let mut stored: StoredMeta =
+            serde_json::from_slice(&file.get_xattr(META_XATTR).unwrap().unwrap()).unwrap();
+        stored.etag = "\"0123456789abcdef0123456789abcdef-3\"".into();
+        stored.parts.clear();
+        file.set_xattr(META_XATTR, &serde_json::to_vec(&stored).unwrap())
+            .unwrap();
+        assert_eq!(b.parts_of("bkt", "k").await.unwrap(), None);
+        let first = b.part_of("bkt", "k", 1).await.unwrap();
+        assert_eq!(
+            (first.etag.as_str(), first.count),
+            (stored.etag.as_str(), 1)
+        );
+        assert_eq!(
+            first.part,
+            Some(crate::backend::PartRange {
+                start: 0,
+                len: 10,
+                checksum: None
+            }),
+            "part 1 is every byte"
+        );
+        assert_eq!(b.part_of("bkt", "k", 2).await.unwrap().part, None);
+    }
+
+    #[tokio::test]
     async fn failed_writes_leave_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let b = FsBackend::open(dir.path()).unwrap();

@@ -91,7 +91,7 @@ impl Source for Limited {
         self.inner.parts_of(bucket, key).await
     }
 
-    async fn part_of(&self, bucket: &str, key: &str, n: usize) -> Result<Option<PartOf>> {
+    async fn part_of(&self, bucket: &str, key: &str, n: usize) -> Result<PartOf> {
         self.inner.part_of(bucket, key, n).await
     }
 

@@ -152,6 +152,15 @@ pub struct PartRange {
 }
 
 impl ObjectParts {
+    /// An object as one part.
+    pub fn whole(meta: ObjectMeta) -> ObjectParts {
+        ObjectParts {
+            etag: meta.etag,
+            parts: vec![(meta.size, None)],
+            checksum_type: None,
+        }
+    }
+
     /// Where part `n` (from 1) lies.
     pub fn part(&self, n: usize) -> PartOf {
         let part = self
@@ -334,9 +343,14 @@ pub trait Source: Send + Sync + 'static {
         Ok(None)
     }
 
-    /// Where part `n` (from 1) of the object lies; `None` where the source does not know.
-    async fn part_of(&self, bucket: &str, key: &str, n: usize) -> Result<Option<PartOf>> {
-        Ok(self.parts_of(bucket, key).await?.map(|p| p.part(n)))
+    /// Where part `n` (from 1) of the object lies. An object whose parts the source does
+    /// not know is one part, as an object written whole is: part 1 is every byte.
+    async fn part_of(&self, bucket: &str, key: &str, n: usize) -> Result<PartOf> {
+        let parts = match self.parts_of(bucket, key).await? {
+            Some(parts) => parts,
+            None => ObjectParts::whole(self.head_object(bucket, key).await?),
+        };
+        Ok(parts.part(n))
     }
 }
 

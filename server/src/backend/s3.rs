@@ -428,7 +428,7 @@ impl Source for S3Backend {
     /// `Content-Range` (moto) is asked for the lengths of the parts before N. The object's
     /// ETag is read before and after (moto names the part's own ETag on a part's HEAD):
     /// if it changed meanwhile, `503` (retried).
-    async fn part_of(&self, bucket: &str, key: &str, n: usize) -> Result<Option<PartOf>> {
+    async fn part_of(&self, bucket: &str, key: &str, n: usize) -> Result<PartOf> {
         check_key(key)?;
         known_bucket(bucket)?;
         let head = |n: usize| async move {
@@ -456,12 +456,12 @@ impl Source for S3Backend {
             ))
         };
         if n > count {
-            return Ok(Some(PartOf {
+            return Ok(PartOf {
                 etag,
                 count,
                 part: None,
                 checksum_type,
-            }));
+            });
         }
         let out = if n == 1 { first } else { head(n).await? };
         let start = match out.content_range().and_then(range_start) {
@@ -487,7 +487,7 @@ impl Source for S3Backend {
         ]
         .into_iter()
         .find_map(|(name, v)| v.map(|v| (name.to_owned(), v.to_owned())));
-        Ok(Some(PartOf {
+        Ok(PartOf {
             etag,
             count,
             part: Some(PartRange {
@@ -496,7 +496,7 @@ impl Source for S3Backend {
                 checksum,
             }),
             checksum_type,
-        }))
+        })
     }
 
     /// HEAD for the metadata the closure decides on, then a GET of just the bytes it

@@ -168,12 +168,7 @@ async fn part_of(
             "Cannot specify both Range header and partNumber query parameter",
         ));
     }
-    let Some(layout) = state.node.backend.part_of(bucket, key, n).await? else {
-        return Err(S3Error::new(
-            S3Code::NotImplemented,
-            "this backend does not tell where an object's parts begin: read it whole or by range",
-        ));
-    };
+    let layout = state.node.backend.part_of(bucket, key, n).await?;
     let Some(crate::backend::PartRange {
         start,
         len,
