@@ -136,17 +136,7 @@ impl AsyncRead for TlsConn {
 }
 
 /// Encrypted bytes cannot leave by `sendfile`: mapped bodies are read and encrypted.
-impl crate::io::sendfile::FileSink for TlsConn {
-    fn poll_send_file(
-        &mut self,
-        _: &mut Context<'_>,
-        _: std::os::fd::RawFd,
-        _: u64,
-        _: usize,
-    ) -> Option<Poll<io::Result<usize>>> {
-        None
-    }
-}
+impl crate::io::sendfile::FileSink for TlsConn {}
 
 impl AsyncWrite for TlsConn {
     fn poll_write(

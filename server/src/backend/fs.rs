@@ -1234,40 +1234,6 @@ fn check_written(opts: &PutOptions, md5: &[u8; 16], size: u64) -> Result<()> {
     Ok(())
 }
 
-/// Up to `want` bytes of `file` from `offset`, fewer only at its end. Read straight into
-/// a fresh buffer's spare capacity: nothing is zeroed first.
-fn read_at_most(file: &File, offset: u64, want: usize) -> io::Result<Bytes> {
-    use std::os::fd::AsRawFd;
-    let mut buf = BytesMut::with_capacity(want);
-    let mut filled = 0usize;
-    while filled < want {
-        // SAFETY: the kernel writes at most `want - filled` bytes into the buffer's
-        // capacity after the `filled` bytes it already wrote.
-        let n = unsafe {
-            libc::pread(
-                file.as_raw_fd(),
-                buf.as_mut_ptr().add(filled).cast(),
-                want - filled,
-                (offset + filled as u64) as libc::off_t,
-            )
-        };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        if n == 0 {
-            break;
-        }
-        filled += n as usize;
-    }
-    // SAFETY: the first `filled` bytes were written by pread above.
-    unsafe { buf.set_len(filled) };
-    Ok(buf.freeze())
-}
-
 /// Streams `len` bytes of `file` from `start`, reading on the blocking pool.
 fn read_stream(file: File, start: u64, len: u64) -> ByteStream {
     let stream = async_stream::try_stream! {
@@ -1278,7 +1244,7 @@ fn read_stream(file: File, start: u64, len: u64) -> ByteStream {
             let want = (end - pos).min(READ_CHUNK as u64) as usize;
             let f = file.take().expect("file is returned after each read");
             let (f, chunk) = tokio::task::spawn_blocking(move || -> io::Result<(File, Bytes)> {
-                let buf = read_at_most(&f, pos, want)?;
+                let buf = crate::io::read_up_to(&f, pos, want)?;
                 Ok((f, buf))
             })
             .await

@@ -19,7 +19,7 @@ use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{self, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use futures::{FutureExt, StreamExt};
@@ -66,10 +66,23 @@ pub struct FillState {
     pub received: u64,
     /// Bytes on disk.
     pub written: u64,
+    /// The CRC32C of each block on disk: of every whole block written, and of the last
+    /// one too once every byte is. Given with `written`, in one change, so a reader of
+    /// the temp file checks whole blocks against their own checksums.
+    pub sums: Vec<u32>,
     /// The last pieces received, at their offsets: a reader close behind takes them from
     /// memory, as soon as they arrive, instead of waiting for the disk and reading back
     /// what was just written.
     pub recent: Recent,
+}
+
+impl FillState {
+    /// Takes the checksums in `crcs` (every block's from the first) that are new.
+    fn add_sums(&mut self, crcs: &[u32]) {
+        if let Some(new) = crcs.get(self.sums.len()..) {
+            self.sums.extend_from_slice(new);
+        }
+    }
 }
 
 /// One object being filled.
@@ -77,9 +90,6 @@ pub struct Fill {
     pub state: watch::Sender<FillState>,
     /// The temp file, opened for reading before the first byte is written.
     pub file: std::sync::OnceLock<Arc<File>>,
-    /// The CRC32C of each block written whole so far (of every block once the last
-    /// byte is written): what a reader of the temp file checks its bytes against.
-    pub sums: Mutex<Vec<u32>>,
     /// Set when the object was overwritten or deleted while filling: do not commit.
     pub stale: AtomicBool,
     /// Set when the bytes come from a peer rather than the backend.
@@ -120,12 +130,12 @@ impl Fill {
             meta: None,
             received: 0,
             written: 0,
+            sums: Vec::new(),
             recent: Recent::default(),
         });
         Arc::new(Fill {
             state: tx,
             file: std::sync::OnceLock::new(),
-            sums: Mutex::new(Vec::new()),
             stale: AtomicBool::new(false),
             from_peer: AtomicBool::new(false),
             resume: std::sync::OnceLock::new(),
@@ -156,14 +166,9 @@ impl Fill {
             meta: None,
             received: 0,
             written: 0,
+            sums: Vec::new(),
             recent: Recent::default(),
         })
-    }
-
-    /// The checksums of blocks `first..` that are known now.
-    pub fn sums_from(&self, first: usize) -> Vec<u32> {
-        let sums = self.sums.lock().unwrap_or_else(|p| p.into_inner());
-        sums.get(first..).map(<[u32]>::to_vec).unwrap_or_default()
     }
 }
 
@@ -290,9 +295,11 @@ pub async fn write_body(
             for part in piece.parts.iter() {
                 sums.update(part);
             }
-            publish_sums(&writer_fill, sums.done());
             written += piece.len();
-            writer_fill.state.send_modify(|s| s.written = written);
+            writer_fill.state.send_modify(|s| {
+                s.written = written;
+                s.add_sums(sums.done());
+            });
         }
         if written != size {
             return Err(FillError::Source(io::Error::new(
@@ -301,7 +308,7 @@ pub async fn write_body(
             )));
         }
         let crcs = sums.finish();
-        publish_sums(&writer_fill, &crcs);
+        writer_fill.state.send_modify(|s| s.add_sums(&crcs));
         store::write_footer(&mut file, &commit.bucket, &commit.key, &meta, &crcs)
             .and_then(|()| file.sync_all())
             .map_err(FillError::Disk)?;
@@ -372,16 +379,6 @@ pub async fn write_body(
         (_, Err(FillError::Disk(e))) => Err(FillError::Disk(e)),
         (Some(e), _) => Err(FillError::Source(e)),
         (None, result) => result,
-    }
-}
-
-/// Makes the checksums in `crcs` (every block's from the first) known to the fill's
-/// readers.
-fn publish_sums(fill: &Fill, crcs: &[u32]) {
-    let mut sums = fill.sums.lock().unwrap_or_else(|p| p.into_inner());
-    if crcs.len() > sums.len() {
-        let known = sums.len();
-        sums.extend_from_slice(&crcs[known..]);
     }
 }
 

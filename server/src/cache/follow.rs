@@ -117,23 +117,18 @@ async fn read_back(fill: &Fill, pos: u64, to: u64) -> io::Result<Option<Bytes>> 
         .ok_or_else(|| io::Error::other("fill has no file"))?;
     let first = pos / BLOCK;
     let from = first * BLOCK;
-    // The writer publishes a block's checksum before it says the block is written: read
-    // the written length first, then the checksums, and take whole blocks within both
-    // (the last block is whole once every byte is written), never past `to`'s block.
-    let (written, size) = {
+    // The blocks with a checksum are on disk (the writer gives both in one change), up
+    // to `to`'s block and a window.
+    let (stop, sums) = {
         let st = fill.state.borrow();
-        (st.written, st.meta.as_ref().map_or(u64::MAX, |m| m.size))
+        let known = st.sums.get(first as usize..).unwrap_or_default();
+        let stop = (from + known.len() as u64 * BLOCK)
+            .min(st.written)
+            .min(to.div_ceil(BLOCK) * BLOCK)
+            .min(from + WINDOW);
+        let n = stop.saturating_sub(from).div_ceil(BLOCK) as usize;
+        (stop, known[..n.min(known.len())].to_vec())
     };
-    let on_disk = if written >= size {
-        written
-    } else {
-        written / BLOCK * BLOCK
-    };
-    let sums = fill.sums_from(first as usize);
-    let stop = (from + sums.len() as u64 * BLOCK)
-        .min(on_disk)
-        .min(to.div_ceil(BLOCK) * BLOCK)
-        .min(from + WINDOW);
     if stop <= pos {
         return Ok(None);
     }
@@ -259,14 +254,14 @@ mod tests {
         let fill = Fill::new();
         let _ = fill.file.set(Arc::new(File::open(&path).unwrap()));
         let whole = written / BLOCK as usize * BLOCK as usize;
-        *fill.sums.lock().unwrap() = data[..whole]
-            .chunks(BLOCK as usize)
-            .map(crc32c::crc32c)
-            .collect();
         fill.state.send_modify(|s| {
             s.meta = Some(meta(data.len() as u64));
             s.phase = phase;
             s.written = written as u64;
+            s.sums = data[..whole]
+                .chunks(BLOCK as usize)
+                .map(crc32c::crc32c)
+                .collect();
         });
         fill
     }
@@ -347,21 +342,73 @@ mod tests {
         assert!(!fill.stale.load(Ordering::Acquire));
     }
 
-    /// The writer publishes a block's checksum a moment before it says the block is
-    /// written: a reader in that moment reads whole blocks only, never a part of one
-    /// checked against the whole one's checksum (which would look like damage).
+    /// The writer says how far it has written in the same change as it gives the blocks'
+    /// checksums: whatever a reader sees, the checksums are of blocks on disk (whole ones
+    /// until the last byte is written), so no part of a block is checked against a whole
+    /// one's checksum (which would look like damage); readers get every byte.
     #[tokio::test]
-    async fn a_reader_between_a_checksum_and_the_written_length_reads_whole_blocks() {
+    async fn a_fills_checksums_are_of_blocks_on_disk_whenever_a_reader_looks() {
         let dir = tempfile::tempdir().unwrap();
-        let data = data(200_000);
-        let fill = fill_of(dir.path(), &data, 2 << 16, Phase::Filling);
-        // Both checksums known, the written length not yet past the first block's end.
-        fill.state.send_modify(|s| s.written = 100_000);
-        let reader = tokio::spawn(all(follow(fill.clone(), 0, 2 << 16)));
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        fill.state.send_modify(|s| s.written = 2 << 16);
-        let got = reader.await.unwrap().unwrap();
-        assert_eq!(got, data[..2 << 16]);
+        let size = (1 << 20) + 12_345;
+        let data = data(size);
+        let path = dir.path().join("fill");
+        let writer = File::create(&path).unwrap();
+        let fill = Fill::new();
+        let _ = fill.file.set(Arc::new(File::open(&path).unwrap()));
+        fill.state.send_modify(|s| {
+            s.meta = Some(meta(size as u64));
+            s.phase = Phase::Filling;
+        });
+        let blocks = size.div_ceil(BLOCK as usize);
+        let mut rx = fill.state.subscribe();
+        let watcher = tokio::spawn(async move {
+            let mut seen = 0;
+            loop {
+                {
+                    let st = rx.borrow_and_update();
+                    let (n, written) = (st.sums.len() as u64, st.written);
+                    assert!(
+                        n * BLOCK <= written || (written == size as u64 && n == blocks as u64),
+                        "{n} checksums with {written} bytes written"
+                    );
+                    seen += 1;
+                    if n == blocks as u64 {
+                        return seen;
+                    }
+                }
+                rx.changed().await.unwrap();
+            }
+        });
+        // 100,000-byte chunks: every piece ends inside a block.
+        let chunks: Vec<io::Result<Bytes>> = data
+            .chunks(100_000)
+            .map(|c| Ok(Bytes::copy_from_slice(c)))
+            .collect();
+        let body: ByteStream = Box::pin(futures::stream::iter(chunks).then(|c| async {
+            tokio::task::yield_now().await;
+            c
+        }));
+        let reader = tokio::spawn(all(follow(fill.clone(), 0, size as u64)));
+        let commit = Commit {
+            bucket: "b".into(),
+            key: "k".into(),
+        };
+        write_body(
+            fill.clone(),
+            Arc::new(Room::new(dir.path())),
+            writer,
+            meta(size as u64),
+            body,
+            commit,
+            |_| {},
+        )
+        .await
+        .unwrap();
+        fill.set_phase(Phase::Done);
+        assert!(watcher.await.unwrap() > 1, "states seen as the writer went");
+        assert_eq!(reader.await.unwrap().unwrap(), data[..]);
+        let late = all(follow(fill.clone(), 0, size as u64)).await.unwrap();
+        assert_eq!(late, data[..], "from the file, every block checked");
         assert!(
             !fill.stale.load(Ordering::Acquire),
             "no block looked damaged"

@@ -190,14 +190,12 @@ impl Cache {
         entry: Arc<Entry>,
         range: Option<ByteRange>,
     ) -> ByteStream {
-        let size = entry.meta.size;
-        let len = range.map_or(size, |r| r.end - r.start);
-        let verify = self.verify_reads || !entry.verified.load(Ordering::Relaxed);
-        let mapped = crate::io::sendfile::enabled() || !verify;
-        if size <= HOT_MAX_OBJECT || len <= SMALL_READ || !mapped {
-            self.read_stream(ikey, entry, range)
+        let span = Span::of(&entry, range, self.verify_reads);
+        let mapped = crate::io::sendfile::enabled() || !span.verify;
+        if span.size <= HOT_MAX_OBJECT || span.end - span.start <= SMALL_READ || !mapped {
+            self.read_stream(ikey, entry, span)
         } else {
-            self.mapped_stream(ikey, entry, range)
+            self.mapped_stream(ikey, entry, span)
         }
     }
 
@@ -205,12 +203,7 @@ impl Cache {
     /// the page cache before its bytes are touched or handed on (else read in on the
     /// blocking pool), so neither the check nor the socket's copy waits on the disk in
     /// the runtime.
-    fn mapped_stream(
-        self: Arc<Self>,
-        ikey: String,
-        entry: Arc<Entry>,
-        range: Option<ByteRange>,
-    ) -> ByteStream {
+    fn mapped_stream(self: Arc<Self>, ikey: String, entry: Arc<Entry>, span: Span) -> ByteStream {
         let Span {
             size,
             start,
@@ -218,7 +211,7 @@ impl Cache {
             block,
             stop,
             verify,
-        } = Span::of(&entry, range, self.verify_reads);
+        } = span;
         let stream = async_stream::try_stream! {
             if start < end {
                 let file = Arc::new(File::open(&entry.path)?);
@@ -260,12 +253,7 @@ impl Cache {
 
     /// A small hit read through the read engine into memory (kept in the memory tier
     /// when it is the whole object).
-    fn read_stream(
-        self: Arc<Self>,
-        ikey: String,
-        entry: Arc<Entry>,
-        range: Option<ByteRange>,
-    ) -> ByteStream {
+    fn read_stream(self: Arc<Self>, ikey: String, entry: Arc<Entry>, span: Span) -> ByteStream {
         let Span {
             size,
             start,
@@ -273,7 +261,7 @@ impl Cache {
             block,
             stop,
             verify,
-        } = Span::of(&entry, range, self.verify_reads);
+        } = span;
         let stream = async_stream::try_stream! {
             if start < end {
                 let file = Arc::new(File::open(&entry.path)?);

@@ -9,7 +9,7 @@ mod uring;
 
 use std::fs::File;
 use std::io;
-use std::os::unix::fs::FileExt;
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
@@ -45,12 +45,50 @@ impl ReadEngine for StdEngine {
     ) -> BoxFuture<'static, io::Result<Bytes>> {
         // Started now, not when first polled, so a caller can read ahead.
         let read = tokio::task::spawn_blocking(move || {
-            let mut buf = BytesMut::zeroed(len);
-            file.read_exact_at(&mut buf, offset)?;
-            Ok(buf.freeze())
+            let buf = read_up_to(&file, offset, len)?;
+            if buf.len() < len {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "failed to fill whole buffer",
+                ));
+            }
+            Ok(buf)
         });
         Box::pin(async move { read.await.map_err(io::Error::other)? })
     }
+}
+
+/// Up to `want` bytes of `file` from `offset`, fewer only at its end. Read straight into
+/// a fresh buffer's spare capacity: nothing is zeroed first.
+pub fn read_up_to(file: &File, offset: u64, want: usize) -> io::Result<Bytes> {
+    let mut buf = BytesMut::with_capacity(want);
+    let mut filled = 0usize;
+    while filled < want {
+        // SAFETY: the kernel writes at most `want - filled` bytes into the buffer's
+        // capacity after the `filled` bytes it already wrote.
+        let n = unsafe {
+            libc::pread(
+                file.as_raw_fd(),
+                buf.as_mut_ptr().add(filled).cast(),
+                want - filled,
+                (offset + filled as u64) as libc::off_t,
+            )
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            break;
+        }
+        filled += n as usize;
+    }
+    // SAFETY: the first `filled` bytes were written by pread above.
+    unsafe { buf.set_len(filled) };
+    Ok(buf.freeze())
 }
 
 /// Which engine to use.

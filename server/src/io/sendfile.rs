@@ -152,17 +152,19 @@ fn lookup(buf: &[u8]) -> Option<(RawFd, u64)> {
         .then(|| (region.file.as_raw_fd(), region.offset + (at - base) as u64))
 }
 
-/// A connection that can send file ranges itself.
+/// A connection that may send file ranges itself.
 pub trait FileSink: AsyncWrite + Unpin {
     /// Sends up to `len` bytes of `fd` from `offset`; `None` where this connection cannot
-    /// (its bytes are then written from the mapping).
+    /// (its bytes are then written from the mapping), as by default.
     fn poll_send_file(
         &mut self,
-        cx: &mut Context<'_>,
-        fd: RawFd,
-        offset: u64,
-        len: usize,
-    ) -> Option<Poll<io::Result<usize>>>;
+        _cx: &mut Context<'_>,
+        _fd: RawFd,
+        _offset: u64,
+        _len: usize,
+    ) -> Option<Poll<io::Result<usize>>> {
+        None
+    }
 }
 
 /// Writes `bufs` to `io`: the slices before the first sendable one with one `writev`, or
@@ -265,17 +267,7 @@ impl FileSink for tokio::net::TcpStream {
     }
 }
 
-impl FileSink for tokio::io::DuplexStream {
-    fn poll_send_file(
-        &mut self,
-        _: &mut Context<'_>,
-        _: RawFd,
-        _: u64,
-        _: usize,
-    ) -> Option<Poll<io::Result<usize>>> {
-        None
-    }
-}
+impl FileSink for tokio::io::DuplexStream {}
 
 #[cfg(test)]
 mod tests {
