@@ -266,6 +266,49 @@ mod tests {
         fill
     }
 
+    /// A fill of `data` under way: the fill, and its writer (not started until awaited),
+    /// fed by a source that sends `chunk` bytes at a time, a little at a time.
+    fn filling(
+        dir: &std::path::Path,
+        data: &Bytes,
+        chunk: usize,
+    ) -> (
+        Arc<Fill>,
+        impl std::future::Future<Output = Result<Vec<u32>, crate::cache::fill::FillError>>,
+    ) {
+        let size = data.len() as u64;
+        let path = dir.join("fill");
+        let writer = File::create(&path).unwrap();
+        let fill = Fill::new();
+        let _ = fill.file.set(Arc::new(File::open(&path).unwrap()));
+        fill.state.send_modify(|s| {
+            s.meta = Some(meta(size));
+            s.phase = Phase::Filling;
+        });
+        let chunks: Vec<io::Result<Bytes>> = data
+            .chunks(chunk)
+            .map(|c| Ok(Bytes::copy_from_slice(c)))
+            .collect();
+        let body: ByteStream = Box::pin(futures::stream::iter(chunks).then(|c| async {
+            tokio::task::yield_now().await;
+            c
+        }));
+        let commit = Commit {
+            bucket: "b".into(),
+            key: "k".into(),
+        };
+        let write = write_body(
+            fill.clone(),
+            Arc::new(Room::new(dir)),
+            writer,
+            meta(size),
+            body,
+            commit,
+            |_| {},
+        );
+        (fill, write)
+    }
+
     #[tokio::test]
     async fn readers_of_a_fill_whose_disk_failed_go_on_from_the_source_and_get_every_byte() {
         let dir = tempfile::tempdir().unwrap();
@@ -294,39 +337,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let size = (7 << 20) + 12_345;
         let data = data(size);
-        let path = dir.path().join("fill");
-        let writer = File::create(&path).unwrap();
-        let fill = Fill::new();
-        let _ = fill.file.set(Arc::new(File::open(&path).unwrap()));
-        fill.state.send_modify(|s| {
-            s.meta = Some(meta(size as u64));
-            s.phase = Phase::Filling;
-        });
         // The source sends 100 KiB chunks, a little at a time.
-        let chunks: Vec<io::Result<Bytes>> = data
-            .chunks(100 << 10)
-            .map(|c| Ok(Bytes::copy_from_slice(c)))
-            .collect();
-        let body: ByteStream = Box::pin(futures::stream::iter(chunks).then(|c| async {
-            tokio::task::yield_now().await;
-            c
-        }));
+        let (fill, write) = filling(dir.path(), &data, 100 << 10);
         let early = tokio::spawn(all(follow(fill.clone(), 0, size as u64)));
-        let commit = Commit {
-            bucket: "b".into(),
-            key: "k".into(),
-        };
-        let crcs = write_body(
-            fill.clone(),
-            Arc::new(Room::new(dir.path())),
-            writer,
-            meta(size as u64),
-            body,
-            commit,
-            |_| {},
-        )
-        .await
-        .unwrap();
+        let crcs = write.await.unwrap();
         fill.set_phase(Phase::Done);
         assert_eq!(crcs.len(), size.div_ceil(BLOCK as usize));
         assert_eq!(
@@ -351,14 +365,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let size = (1 << 20) + 12_345;
         let data = data(size);
-        let path = dir.path().join("fill");
-        let writer = File::create(&path).unwrap();
-        let fill = Fill::new();
-        let _ = fill.file.set(Arc::new(File::open(&path).unwrap()));
-        fill.state.send_modify(|s| {
-            s.meta = Some(meta(size as u64));
-            s.phase = Phase::Filling;
-        });
+        // 100,000-byte chunks: every piece ends inside a block.
+        let (fill, write) = filling(dir.path(), &data, 100_000);
         let blocks = size.div_ceil(BLOCK as usize);
         let mut rx = fill.state.subscribe();
         let watcher = tokio::spawn(async move {
@@ -379,31 +387,8 @@ mod tests {
                 rx.changed().await.unwrap();
             }
         });
-        // 100,000-byte chunks: every piece ends inside a block.
-        let chunks: Vec<io::Result<Bytes>> = data
-            .chunks(100_000)
-            .map(|c| Ok(Bytes::copy_from_slice(c)))
-            .collect();
-        let body: ByteStream = Box::pin(futures::stream::iter(chunks).then(|c| async {
-            tokio::task::yield_now().await;
-            c
-        }));
         let reader = tokio::spawn(all(follow(fill.clone(), 0, size as u64)));
-        let commit = Commit {
-            bucket: "b".into(),
-            key: "k".into(),
-        };
-        write_body(
-            fill.clone(),
-            Arc::new(Room::new(dir.path())),
-            writer,
-            meta(size as u64),
-            body,
-            commit,
-            |_| {},
-        )
-        .await
-        .unwrap();
+        write.await.unwrap();
         fill.set_phase(Phase::Done);
         assert!(watcher.await.unwrap() > 1, "states seen as the writer went");
         assert_eq!(reader.await.unwrap().unwrap(), data[..]);
