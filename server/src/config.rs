@@ -56,6 +56,8 @@ pub struct Config {
     /// Send large cache hits with `sendfile(2)` from the page cache, instead of the
     /// kernel's copy from a mapping into the socket (cheaper over loopback here).
     pub sendfile: bool,
+    /// Write cold fills around the page cache (`O_DIRECT`), where the filesystem allows.
+    pub direct_fills: bool,
     /// Also serve the same API on this Unix domain socket.
     pub listen_unix: Option<PathBuf>,
     /// TLS certificate chain (PEM) for HTTPS.
@@ -98,6 +100,7 @@ impl Default for Config {
             anonymous_read: false,
             verify_reads: true,
             sendfile: false,
+            direct_fills: true,
             listen_unix: None,
             tls_cert: None,
             tls_key: None,

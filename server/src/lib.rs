@@ -102,7 +102,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         engine,
         stats.clone(),
     )
-    .with_context(|| format!("cannot open the cache at {}", cache_dir.display()))?;
+    .with_context(|| format!("cannot open the cache at {}", cache_dir.display()))?
+    .with_direct_fills(config.direct_fills);
     let cluster = Arc::new(cluster::Cluster::new(
         &config,
         &config.node_id(),

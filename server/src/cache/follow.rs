@@ -221,7 +221,7 @@ pub fn slice(body: ByteStream, start: u64, end: u64) -> ByteStream {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cache::fill::{write_body, Commit};
+    use crate::cache::fill::{write_body, writer as fill_writer, Commit};
     use crate::cache::room::Room;
     use std::fs::File;
     use std::time::SystemTime;
@@ -300,7 +300,7 @@ mod tests {
         let write = write_body(
             fill.clone(),
             Arc::new(Room::new(dir)),
-            writer,
+            fill_writer(writer, size, true),
             meta(size),
             body,
             commit,

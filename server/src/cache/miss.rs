@@ -316,6 +316,7 @@ impl Cache {
         let dest = store::entry_path(&self.objects, bucket, key);
         let (cache, task_fill, task_meta) = (self.clone(), fill.clone(), meta.clone());
         let (stats, counted, room) = (self.stats.clone(), f.counted, self.room.clone());
+        let direct = self.direct_fills;
         tokio::spawn(async move {
             let on_bytes = move |n: u64| match counted {
                 Counted::Backend => {
@@ -329,7 +330,7 @@ impl Cache {
             let written = fill::write_body(
                 task_fill.clone(),
                 room,
-                writer,
+                fill::writer(writer, task_meta.size, direct),
                 task_meta.clone(),
                 f.obj.body,
                 commit,

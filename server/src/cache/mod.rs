@@ -171,6 +171,8 @@ pub struct Cache {
     index: Mutex<Index>,
     flights: Flights,
     verify_reads: bool,
+    /// Whether large fills write around the page cache.
+    direct_fills: bool,
     engine: Arc<dyn ReadEngine>,
     stats: Arc<Stats>,
     policy: CachePolicy,
@@ -272,6 +274,7 @@ impl Cache {
             index: Mutex::new(index),
             flights: Flights::default(),
             verify_reads,
+            direct_fills: true,
             engine,
             stats,
             policy,
@@ -298,6 +301,13 @@ impl Cache {
             trusted: AtomicBool::new(true),
             generation: AtomicU64::new(0),
         })
+    }
+
+    /// Whether large fills write their files around the page cache (`O_DIRECT`, where
+    /// the filesystem allows); on by default.
+    pub fn with_direct_fills(mut self, direct: bool) -> Cache {
+        self.direct_fills = direct;
+        self
     }
 
     /// Lets misses fill from peers that hold the object before the source. In a

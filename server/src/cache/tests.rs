@@ -485,3 +485,42 @@ async fn a_corrupt_block_is_never_served_and_the_entry_is_dropped() {
     assert_eq!(again.origin, Origin::Miss, "the next read refetches");
     assert_eq!(bytes(again).await.unwrap(), obj);
 }
+
+/// A large fill writes its file around the page cache unless told not to; either way
+/// the entry it commits serves the same bytes.
+#[tokio::test]
+async fn fills_written_around_the_page_cache_or_through_it_commit_the_same_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let probe = dir.path().join("probe");
+    let takes_direct =
+        crate::io::direct::DirectWriter::new(std::fs::File::create(&probe).unwrap(), 1 << 20)
+            .is_direct();
+    for direct in [true, false] {
+        let root = dir.path().join(format!("cache-{direct}"));
+        let c = Arc::new(
+            Arc::into_inner(cache(&root, 1 << 30))
+                .unwrap()
+                .with_direct_fills(direct),
+        );
+        let obj = data((3 << 20) + 5, 9);
+        let src = Mem::with(&[("k", obj.clone())]);
+        let cold = read(&c, &src, "k").await.unwrap();
+        assert_eq!(cold.origin, Origin::Miss);
+        assert_eq!(bytes(cold).await.unwrap(), obj, "direct {direct}");
+        settled(&c, "k").await;
+        let path = super::store::entry_path(&c.objects, "b", "k");
+        let file = std::fs::File::open(&path).unwrap();
+        let cached = crate::io::mapped::Mapped::new(&file, 0, 3 << 20)
+            .unwrap()
+            .resident();
+        assert_eq!(
+            cached,
+            !(direct && takes_direct),
+            "direct {direct}: in the page cache"
+        );
+        let hit = read(&c, &src, "k").await.unwrap();
+        assert_eq!(hit.origin, Origin::Hit);
+        assert_eq!(bytes(hit).await.unwrap(), obj, "direct {direct}");
+        assert_eq!(src.gets.load(Ordering::SeqCst), 1);
+    }
+}
