@@ -96,7 +96,7 @@ struct ServeArgs {
     /// sendfile may be [default: false].
     #[arg(long, env = "GRANARY_SENDFILE")]
     sendfile: Option<bool>,
-    /// Write cold fills around the page cache (O_DIRECT, a 1 MiB buffer at a time), where
+    /// Write cold fills around the page cache (O_DIRECT, 512 KiB at a time), where
     /// the filesystem allows: about a third of the CPU of writing through it and fsyncing,
     /// and no dirty pages to push out what hits read; hits after a fill read the disk
     /// once. `false` keeps fills in the page cache, for nodes whose memory holds the

@@ -47,7 +47,7 @@ const PIECES_QUEUED: usize = 2;
 const RECENT_MAX: u64 = 2 << 20;
 /// A fill of at least this many bytes writes its file around the page cache, this many at
 /// a time (`io::direct`).
-const DIRECT_BUFFER: usize = 1 << 20;
+const DIRECT_BUFFER: usize = 512 << 10;
 
 /// Where a fill is.
 #[derive(Debug, Clone, PartialEq, Eq)]
