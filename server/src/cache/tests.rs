@@ -506,7 +506,8 @@ async fn fills_written_around_the_page_cache_or_through_it_commit_the_same_bytes
         let src = Mem::with(&[("k", obj.clone())]);
         let cold = read(&c, &src, "k").await.unwrap();
         assert_eq!(cold.origin, Origin::Miss);
-        assert_eq!(bytes(cold).await.unwrap(), obj, "direct {direct}");
+        // The fill does not wait for its reader; the reader starts once the entry is
+        // committed, so none of its read-backs has brought pages in yet.
         settled(&c, "k").await;
         let path = super::store::entry_path(&c.objects, "b", "k");
         let file = std::fs::File::open(&path).unwrap();
@@ -518,6 +519,7 @@ async fn fills_written_around_the_page_cache_or_through_it_commit_the_same_bytes
             !(direct && takes_direct),
             "direct {direct}: in the page cache"
         );
+        assert_eq!(bytes(cold).await.unwrap(), obj, "direct {direct}, cold");
         let hit = read(&c, &src, "k").await.unwrap();
         assert_eq!(hit.origin, Origin::Hit);
         assert_eq!(bytes(hit).await.unwrap(), obj, "direct {direct}");
