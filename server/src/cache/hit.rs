@@ -204,46 +204,38 @@ impl Cache {
     /// blocking pool), so neither the check nor the socket's copy waits on the disk in
     /// the runtime.
     fn mapped_stream(self: Arc<Self>, ikey: String, entry: Arc<Entry>, span: Span) -> ByteStream {
-        let Span {
-            size,
-            start,
-            end,
-            block,
-            stop,
-            verify,
-        } = span;
         let stream = async_stream::try_stream! {
-            if start < end {
+            if span.start < span.end {
                 let file = Arc::new(File::open(&entry.path)?);
                 // A mapping read past the end of its file faults: the node never shortens
                 // an entry file, only damage does, so check once here.
-                if file.metadata()?.len() < stop {
+                if file.metadata()?.len() < span.stop {
                     self.drop_entry(&ikey, &entry);
                     Err(io::Error::other("cache entry is shorter than its size"))?;
                 }
                 // Blocks are 64 KiB or 1 MiB: the step and the window are multiples.
-                let step = if verify { CHECK_STEP.max(block) } else { WINDOW };
-                let mut pos = start / block * block;
-                while pos < end {
-                    let len = (stop - pos).min(WINDOW.max(block));
+                let step = if span.verify { CHECK_STEP.max(span.block) } else { WINDOW };
+                let mut pos = span.first_block();
+                while pos < span.end {
+                    let len = (span.stop - pos).min(WINDOW.max(span.block));
                     let window = FileBytes::resident(file.clone(), pos, len as usize)
                         .await?
                         .into_bytes();
                     let mut at = pos;
                     let window_end = pos + len;
-                    while at < window_end && at < end {
+                    while at < window_end && at < span.end {
                         let to = (at + step).min(window_end);
                         let part = window.slice((at - pos) as usize..(to - pos) as usize);
-                        if verify {
+                        if span.verify {
                             self.check_crcs(&ikey, &entry, at, &part)?;
                         }
-                        let (lo, hi) = (start.max(at) - at, end.min(to) - at);
+                        let (lo, hi) = (span.start.max(at) - at, span.end.min(to) - at);
                         yield part.slice(lo as usize..hi as usize);
                         at = to;
                     }
                     pos = window_end;
                 }
-                if verify && start == 0 && end == size {
+                if span.verify && span.whole() {
                     entry.verified.store(true, Ordering::Relaxed);
                 }
             }
@@ -254,28 +246,20 @@ impl Cache {
     /// A small hit read through the read engine into memory (kept in the memory tier
     /// when it is the whole object).
     fn read_stream(self: Arc<Self>, ikey: String, entry: Arc<Entry>, span: Span) -> ByteStream {
-        let Span {
-            size,
-            start,
-            end,
-            block,
-            stop,
-            verify,
-        } = span;
         let stream = async_stream::try_stream! {
-            if start < end {
+            if span.start < span.end {
                 let file = Arc::new(File::open(&entry.path)?);
                 // Reads of up to 1 MiB over the span's whole blocks, each checked on
                 // arrival.
                 let read = |pos: u64| {
-                    let len = (stop - pos).min(store::READ) as usize;
+                    let len = (span.stop - pos).min(store::READ) as usize;
                     self.engine.read_at(file.clone(), pos, len)
                 };
-                let mut pos = start / block * block;
+                let mut pos = span.first_block();
                 // One read ahead: the next read runs while this one is checked and
                 // sent, so a single stream keeps the disk and the socket both busy.
                 let mut ahead = Some(read(pos));
-                while pos < end {
+                while pos < span.end {
                     let buf = match ahead.take() {
                         Some(r) => r.await?,
                         None => read(pos).await?,
@@ -285,22 +269,22 @@ impl Cache {
                         Err(io::Error::other("cache entry is shorter than its size"))?;
                     }
                     let next = pos + buf.len() as u64;
-                    if next < end {
+                    if next < span.end {
                         ahead = Some(read(next));
                     }
-                    if verify {
+                    if span.verify {
                         self.check_crcs(&ikey, &entry, pos, &buf)?;
                     }
-                    let lo = (start.max(pos) - pos) as usize;
-                    let hi = (end.min(next) - pos) as usize;
-                    if size <= HOT_MAX_OBJECT && start == 0 && end == size {
+                    let lo = (span.start.max(pos) - pos) as usize;
+                    let hi = (span.end.min(next) - pos) as usize;
+                    if span.size <= HOT_MAX_OBJECT && span.whole() {
                         self.hot.insert(ikey.clone(), (entry.clone(), buf.clone()));
                     }
                     let piece: Bytes = buf.slice(lo..hi);
                     yield piece;
                     pos = next;
                 }
-                if start == 0 && end == size {
+                if span.whole() {
                     entry.verified.store(true, Ordering::Relaxed);
                 }
             }
@@ -312,6 +296,7 @@ impl Cache {
 /// What a hit reads of an entry: bytes `start..end` of an object of `size`, in whole
 /// blocks of `block` bytes, from the block holding `start` to `stop` (the end of the
 /// block holding `end - 1`); each block checked or not.
+#[derive(Clone, Copy)]
 struct Span {
     size: u64,
     start: u64,
@@ -334,5 +319,15 @@ impl Span {
             stop: end.div_ceil(block).saturating_mul(block).min(size),
             verify: verify_reads || !entry.verified.load(Ordering::Relaxed),
         }
+    }
+
+    /// Whether the span is the whole object.
+    fn whole(&self) -> bool {
+        self.start == 0 && self.end == self.size
+    }
+
+    /// Where the block holding `start` begins.
+    fn first_block(&self) -> u64 {
+        self.start / self.block * self.block
     }
 }

@@ -11,6 +11,8 @@ use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
 
+use super::retrying;
+
 /// Offsets, lengths and the buffer's address are multiples of this: a page, which every
 /// block device's logical block divides.
 pub const ALIGN: usize = 4096;
@@ -58,8 +60,8 @@ impl DirectWriter {
     /// Appends `parts`.
     pub fn write(&mut self, parts: &[bytes::Bytes]) -> io::Result<()> {
         if !self.direct {
-            let slices: Vec<&[u8]> = parts.iter().map(|b| &b[..]).collect();
-            self.written += pwrite_all(&self.file, &slices, self.written)?;
+            let mut iov: Vec<io::IoSlice<'_>> = parts.iter().map(|b| io::IoSlice::new(b)).collect();
+            self.written += pwrite_all(&self.file, &mut iov, self.written)?;
             return Ok(());
         }
         for part in parts {
@@ -90,7 +92,8 @@ impl DirectWriter {
             }
             if self.filled > 0 {
                 let rest = &self.buf.as_mut()[..self.filled];
-                self.written += pwrite_all(&self.file, &[rest], self.written)?;
+                self.written +=
+                    pwrite_all(&self.file, &mut [io::IoSlice::new(rest)], self.written)?;
                 self.filled = 0;
             }
         }
@@ -107,31 +110,27 @@ impl DirectWriter {
         while done < n {
             let chunk = &self.buf.as_mut()[done..n];
             // SAFETY: a write from a live buffer of `chunk.len()` bytes.
-            let r = unsafe {
+            let r = retrying(|| unsafe {
                 libc::pwrite(
                     self.file.as_raw_fd(),
                     chunk.as_ptr().cast(),
                     chunk.len(),
                     (self.written as libc::off_t).saturating_add(done as libc::off_t),
                 )
-            };
-            if r < 0 {
-                let e = io::Error::last_os_error();
-                match e.raw_os_error() {
-                    Some(libc::EINTR) => continue,
-                    Some(libc::EINVAL) if self.direct => {
-                        tracing::debug!(error = %e, "direct writes refused; writing through the page cache");
-                        set_direct(&self.file, false)?;
-                        self.direct = false;
-                        continue;
-                    }
-                    _ => return Err(e),
+            });
+            let r = match r {
+                Err(e) if self.direct && e.raw_os_error() == Some(libc::EINVAL) => {
+                    tracing::debug!(error = %e, "direct writes refused; writing through the page cache");
+                    set_direct(&self.file, false)?;
+                    self.direct = false;
+                    continue;
                 }
-            }
+                r => r?,
+            };
             if r == 0 {
                 return Err(io::ErrorKind::WriteZero.into());
             }
-            done += r as usize;
+            done += r;
             if done < n && !done.is_multiple_of(ALIGN) && self.direct {
                 set_direct(&self.file, false)?;
                 self.direct = false;
@@ -144,35 +143,27 @@ impl DirectWriter {
     }
 }
 
-/// Writes every byte of `slices` at `offset`, as few calls as the kernel allows;
-/// returns how many.
-fn pwrite_all(file: &File, slices: &[&[u8]], offset: u64) -> io::Result<u64> {
-    let mut iov: Vec<io::IoSlice<'_>> = slices.iter().map(|s| io::IoSlice::new(s)).collect();
-    let mut rest = &mut iov[..];
+/// Writes every byte of `iov` at `offset`, as few calls as the kernel allows; returns
+/// how many.
+fn pwrite_all(file: &File, iov: &mut [io::IoSlice<'_>], offset: u64) -> io::Result<u64> {
+    let mut rest = iov;
     let mut at = offset;
     while !rest.is_empty() {
         let count = rest.len().min(1024);
         // SAFETY: `count` live IoSlices, laid out as iovecs.
-        let r = unsafe {
+        let r = retrying(|| unsafe {
             libc::pwritev(
                 file.as_raw_fd(),
                 rest.as_ptr().cast(),
                 count as libc::c_int,
                 at as libc::off_t,
             )
-        };
-        if r < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
+        })?;
         if r == 0 {
             return Err(io::ErrorKind::WriteZero.into());
         }
         at += r as u64;
-        io::IoSlice::advance_slices(&mut rest, r as usize);
+        io::IoSlice::advance_slices(&mut rest, r);
     }
     Ok(at - offset)
 }

@@ -59,6 +59,21 @@ impl ReadEngine for StdEngine {
     }
 }
 
+/// The byte count a read or write call returned, called again while a signal interrupts
+/// it; a negative return is the call's error.
+pub fn retrying(mut call: impl FnMut() -> isize) -> io::Result<usize> {
+    loop {
+        let n = call();
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
 /// Up to `want` bytes of `file` from `offset`, fewer only at its end. Read straight into
 /// a fresh buffer's spare capacity: nothing is zeroed first.
 pub fn read_up_to(file: &File, offset: u64, want: usize) -> io::Result<Bytes> {
@@ -67,25 +82,18 @@ pub fn read_up_to(file: &File, offset: u64, want: usize) -> io::Result<Bytes> {
     while filled < want {
         // SAFETY: the kernel writes at most `want - filled` bytes into the buffer's
         // capacity after the `filled` bytes it already wrote.
-        let n = unsafe {
+        let n = retrying(|| unsafe {
             libc::pread(
                 file.as_raw_fd(),
                 buf.as_mut_ptr().add(filled).cast(),
                 want - filled,
                 (offset + filled as u64) as libc::off_t,
             )
-        };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
+        })?;
         if n == 0 {
             break;
         }
-        filled += n as usize;
+        filled += n;
     }
     // SAFETY: the first `filled` bytes were written by pread above.
     unsafe { buf.set_len(filled) };
