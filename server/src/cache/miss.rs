@@ -287,11 +287,13 @@ impl Cache {
         f: Fetched,
         resume: Option<Resume>,
     ) -> io::Result<(Read, Arc<Fill>)> {
-        // Made ahead: the first byte does not wait for a file to be created.
-        let spare = self.spares.take()?;
-        let (temp, writer) = (spare.path, spare.writer);
+        let temp = self
+            .tmp
+            .join(format!("fill-{}", uuid::Uuid::new_v4().simple()));
+        let (writer, reader) =
+            File::create(&temp).and_then(|w| File::open(&temp).map(|r| (w, r)))?;
         let fill = lead.start();
-        let _ = fill.file.set(Arc::new(spare.reader));
+        let _ = fill.file.set(Arc::new(reader));
         if let Some(r) = resume {
             let _ = fill.resume.set(r);
         }
@@ -335,11 +337,7 @@ impl Cache {
                 on_bytes,
             )
             .await;
-            // The commit renames and syncs: not on a thread that serves requests.
-            let _ = tokio::task::spawn_blocking(move || {
-                cache.finish_fill(ikey, task_fill, task_meta, temp, dest, written)
-            })
-            .await;
+            cache.finish_fill(ikey, task_fill, task_meta, temp, dest, written);
         });
         let start = f.client.map_or(0, |r| r.start);
         let end = f.client.map_or(meta.size, |r| r.end);

@@ -22,7 +22,6 @@ mod index;
 mod local;
 mod miss;
 mod room;
-mod spare;
 mod store;
 #[cfg(test)]
 mod tests;
@@ -169,8 +168,6 @@ enum Counted {
 pub struct Cache {
     objects: PathBuf,
     tmp: PathBuf,
-    /// Fills' temp files, made ahead.
-    spares: Arc<spare::Spares>,
     index: Mutex<Index>,
     flights: Flights,
     verify_reads: bool,
@@ -273,7 +270,6 @@ impl Cache {
         );
         Ok(Cache {
             objects,
-            spares: spare::Spares::new(tmp.clone()),
             tmp,
             index: Mutex::new(index),
             flights: Flights::default(),
