@@ -82,20 +82,19 @@ impl DirectWriter {
     /// Writes what is held, and gives the file back positioned at its end, through the
     /// page cache from here on.
     pub fn finish(mut self) -> io::Result<File> {
+        let whole = self.filled / ALIGN * ALIGN;
+        if whole > 0 {
+            self.flush(whole)?;
+        }
+        // `flush` may have turned direct writes off already.
         if self.direct {
-            let whole = self.filled / ALIGN * ALIGN;
-            if whole > 0 {
-                self.flush(whole)?;
-            }
-            if self.direct {
-                set_direct(&self.file, false)?;
-            }
-            if self.filled > 0 {
-                let rest = &self.buf.as_mut()[..self.filled];
-                self.written +=
-                    pwrite_all(&self.file, &mut [io::IoSlice::new(rest)], self.written)?;
-                self.filled = 0;
-            }
+            set_direct(&self.file, false)?;
+        }
+        // Only direct writes hold bytes back.
+        if self.filled > 0 {
+            let rest = &self.buf.as_mut()[..self.filled];
+            self.written += pwrite_all(&self.file, &mut [io::IoSlice::new(rest)], self.written)?;
+            self.filled = 0;
         }
         use std::io::Seek;
         self.file.seek(io::SeekFrom::Start(self.written))?;
