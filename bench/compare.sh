@@ -5,7 +5,9 @@
 #       false) / nginx (page cache), MB/s and server CPU s per GiB (every server: /proc)
 #   P2  warm GET of 100 KiB objects, 32 connections, req/s: Granary / nginx
 #       + the bench's own ceiling: granary-bench / wrk, both against nginx, same URL
-#   P3  cold GET through Granary (S3 backend) / direct GET from the same S3 server (moto)
+#   P3  cold GET through Granary (S3 backend) / direct GET from the same S3 server (moto),
+#       and through nginx in front of the same moto (proxy_cache, and no cache): MB/s,
+#       server CPU s per GiB, first byte
 #   P4  shuffled epochs over D = 2 x C: never-evict against LRU, hit ratio and backend bytes
 #   P5  3 nodes of D/3 each (one cache of D) against 1 node of D/3: backend bytes per epoch
 #   P6  peak RSS of the node while serving 8 x 1 GiB streams (cold, then warm)
@@ -41,7 +43,7 @@ while [ $# -gt 0 ]; do
     --duration) dur=$2; shift ;;
     --out) out=$2; shift ;;
     --only) only=",$2,"; shift ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^set -euo/{/^set -euo/!p}' "$0"; exit 0 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
   shift
@@ -253,6 +255,46 @@ fi
 
 if want p3; then
 # --- P3: cold reads through Granary against the S3 server itself --------------------
+# and through nginx in front of the same moto: as a caching proxy (proxy_cache, to disk)
+# and as a proxy that keeps nothing, what any proxy's hop costs on this machine.
+start_nginx_proxy() { # cache|pass NAME; sets $ng_url, $ng_pids, $ng_dir
+  local mode=$1 port cache=""
+  ng_dir="$work/$2"; mkdir -p "$ng_dir"
+  port=$(free_port)
+  [ "$mode" = cache ] && cache='proxy_cache c; proxy_cache_valid 200 1d; proxy_cache_key $uri;'
+  cat >"$ng_dir/nginx.conf" <<EOF
+worker_processes 2;
+pid $ng_dir/nginx.pid;
+error_log $ng_dir/nginx.err;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  proxy_cache_path $ng_dir/cache keys_zone=c:10m max_size=100g;
+  proxy_temp_path $ng_dir/tmp;
+  server {
+    listen 127.0.0.1:$port;
+    location / {
+      proxy_pass $moto_url;
+      proxy_http_version 1.1;
+      proxy_max_temp_file_size 0;
+      proxy_buffers 16 256k; proxy_buffer_size 64k; proxy_busy_buffers_size 512k;
+      $cache
+    }
+  }
+}
+EOF
+  "$nginx_bin" -c "$ng_dir/nginx.conf"
+  pids+=("$(cat "$ng_dir/nginx.pid")")
+  ng_url="http://127.0.0.1:$port"
+  wait_http "$ng_url/"
+  ng_pids="$(cat "$ng_dir/nginx.pid"),$(pgrep -P "$(cat "$ng_dir/nginx.pid")" | paste -sd,)"
+}
+stop_nginx_proxy() {
+  local master; master=$(cat "$ng_dir/nginx.pid")
+  kill "$master"
+  while kill -0 "$master" 2>/dev/null; do sleep 0.05; done
+  rm -rf "$ng_dir"
+}
 log "P3: moto, $p3_n x $p3_size objects"
 export AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing AWS_REGION=us-east-1 \
   AWS_DEFAULT_REGION=us-east-1 AWS_EC2_METADATA_DISABLED=true
@@ -267,6 +309,13 @@ for r in $(seq "$rounds"); do
     --server-pid "$g_pid" --json "$out/p3-granary-$r.json"
   stop_granary
   rm -rf "$work/g-s3-$r"
+  for mode in cache pass; do
+    start_nginx_proxy "$mode" "ng-$mode-$r"
+    AWS_ACCESS_KEY_ID= AWS_SECRET_ACCESS_KEY= \
+      b run --endpoint "$ng_url" --bucket cold --epochs 1 --workers 4 \
+      --server-pid "$ng_pids" --json "$out/p3-nginx-$mode-$r.json"
+    stop_nginx_proxy
+  done
 done
 unset AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY
 
@@ -443,6 +492,23 @@ if have("p3-granary-1"):
     res["p3_ttfb_ms"] = {"granary": ttfb_g, "reference": ttfb_d, "ratio": med(ttfb_g) / med(ttfb_d)}
     rows.append(("P3 cold GET, first byte p50 (ms)", " / ".join(f"{x:.1f}" for x in ttfb_g) + " ms",
                  " / ".join(f"{x:.1f}" for x in ttfb_d) + " ms", f"{med(ttfb_g) / med(ttfb_d):.2f} (lower is better)"))
+    # nginx in front of the same moto: a caching proxy, and one that keeps nothing.
+    for mode, what in (("cache", "nginx proxy_cache"), ("pass", "nginx proxy, no cache")):
+        if not have(f"p3-nginx-{mode}-1"):
+            continue
+        pair(f"p3_nginx_{mode}_mb", f"P3 {what} / moto directly (MB/s)", f"p3-nginx-{mode}-{{r}}",
+             "p3-direct-{r}", "read_throughput_mb_s", "MB/s")
+        pair(f"p3_nginx_{mode}_cpu", f"P3 {what}, nginx / moto CPU s/GiB", f"p3-nginx-{mode}-{{r}}",
+             "p3-direct-{r}", "server_cpu.cpu_s_per_gib", "s", "{:.3f}")
+        t = [j(f"p3-nginx-{mode}-{r}")["ttfb_us"]["p50"] / 1e3 for r in R]
+        res[f"p3_nginx_{mode}_ttfb_ms"] = {"nginx": t, "reference": ttfb_d, "ratio": med(t) / med(ttfb_d)}
+        rows.append((f"P3 {what}, first byte p50 (ms)", " / ".join(f"{x:.1f}" for x in t) + " ms",
+                     " / ".join(f"{x:.1f}" for x in ttfb_d) + " ms", f"{med(t) / med(ttfb_d):.2f} (lower is better)"))
+    if have("p3-nginx-cache-1"):
+        pair("p3_vs_nginx_cache_mb", "P3 Granary / nginx proxy_cache (MB/s)", "p3-granary-{r}",
+             "p3-nginx-cache-{r}", "read_throughput_mb_s", "MB/s")
+        pair("p3_vs_nginx_cache_cpu", "P3 Granary / nginx proxy_cache, CPU s/GiB", "p3-granary-{r}",
+             "p3-nginx-cache-{r}", "server_cpu.cpu_s_per_gib", "s", "{:.3f}")
 
 def wrk_rps(path):
     m = re.search(r"Requests/sec:\s+([\d.]+)", open(path).read())
