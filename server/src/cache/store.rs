@@ -192,14 +192,20 @@ impl BlockSums {
     }
 }
 
-/// Removes temp files a killed process left behind, and returns every committed entry
-/// file under `objects`.
+/// Removes temp files a killed process left behind, makes the 256 directories entries
+/// go in (so a fill's commit does not make one, an inode and a block allocated, under
+/// the commit lock), and returns every committed entry file under `objects`.
 pub fn scan(objects: &Path, tmp: &Path) -> io::Result<Vec<PathBuf>> {
     if tmp.exists() {
         fs::remove_dir_all(tmp)?;
     }
     fs::create_dir_all(tmp)?;
     fs::create_dir_all(objects)?;
+    // Best effort: a node on a full disk still starts, and a commit makes a directory
+    // that is missing.
+    for i in 0..=255u8 {
+        let _ = fs::create_dir(objects.join(format!("{i:02x}")));
+    }
     let mut out = Vec::new();
     for dir in fs::read_dir(objects)?.flatten() {
         if !dir.file_type().is_ok_and(|t| t.is_dir()) {
@@ -221,6 +227,20 @@ pub fn scan(objects: &Path, tmp: &Path) -> io::Result<Vec<PathBuf>> {
 mod tests {
     use super::*;
     use std::time::SystemTime;
+
+    #[test]
+    fn scan_makes_every_entry_directory_and_keeps_what_is_there() {
+        let dir = tempfile::tempdir().unwrap();
+        let (objects, tmp) = (dir.path().join("objects"), dir.path().join("tmp"));
+        let kept = entry_path(&objects, "b", "k");
+        assert!(scan(&objects, &tmp).unwrap().is_empty());
+        assert_eq!(fs::read_dir(&objects).unwrap().count(), 256);
+        assert!(kept.parent().unwrap().is_dir());
+        fs::write(&kept, b"x").unwrap();
+        fs::write(tmp.join("left-behind"), b"y").unwrap();
+        assert_eq!(scan(&objects, &tmp).unwrap(), vec![kept]);
+        assert_eq!(fs::read_dir(&tmp).unwrap().count(), 0);
+    }
 
     #[test]
     fn footer_round_trips_and_rejects_damage() {
