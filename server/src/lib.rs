@@ -117,6 +117,14 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             "cluster member"
         );
     }
+    // Listening before the first probe: a member that this node's probe announces it to
+    // probes it back before answering, and must reach it (its connection waits in the
+    // backlog until serving starts); refused, it would answer that it lists this node
+    // while not seeing it up, and this node would settle before the member sees it.
+    let listen = config.listen;
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("cannot listen on {listen}"))?;
     cluster::membership::spawn(cluster.clone(), cluster::source::Watch::of(&config)?);
     let transforms = transform::Transforms::new(&config.transforms);
     let node = node::Node::new(
@@ -128,15 +136,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         config.rebalance_rate,
     );
     node.start();
-    let listen = config.listen;
     let unix = config.listen_unix.clone();
     let idle = config.idle_timeout;
     let state = api::AppState::new(&config, node);
     let app = api::router(state.clone());
 
-    let listener = tokio::net::TcpListener::bind(listen)
-        .await
-        .with_context(|| format!("cannot listen on {listen}"))?;
     tracing::info!(
         addr = %listener.local_addr()?,
         node_id = %state.node.id,
