@@ -177,21 +177,27 @@ EOF
 
 machine="$(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), kernel $(uname -r)"
 
-# --- nginx: the page-cache ceiling --------------------------------------------------
-nginx_port=$(free_port)
-cat >"$work/nginx.conf" <<EOF
+# An nginx configuration: 2 workers, pid and errors in DIR, no access log, BODY in http.
+nginx_conf() { # DIR BODY
+  cat <<EOF
 worker_processes 2;
-pid $work/nginx.pid;
-error_log $work/nginx.err;
+pid $1/nginx.pid;
+error_log $1/nginx.err;
 events { worker_connections 4096; }
 http {
   access_log off;
+$2
+}
+EOF
+}
+
+# --- nginx: the page-cache ceiling --------------------------------------------------
+nginx_port=$(free_port)
+nginx_conf "$work" "
   sendfile on;
   tcp_nopush on;
   keepalive_requests 1000000;
-  server { listen 127.0.0.1:$nginx_port; root $work/origin; }
-}
-EOF
+  server { listen 127.0.0.1:$nginx_port; root $work/origin; }" >"$work/nginx.conf"
 "$nginx_bin" -c "$work/nginx.conf"
 nginx_url="http://127.0.0.1:$nginx_port"
 wait_http "$nginx_url/bench/big.bin"
@@ -262,13 +268,7 @@ start_nginx_proxy() { # cache|pass NAME; sets $ng_url, $ng_pids, $ng_dir
   ng_dir="$work/$2"; mkdir -p "$ng_dir"
   port=$(free_port)
   [ "$mode" = cache ] && cache='proxy_cache c; proxy_cache_valid 200 1d; proxy_cache_key $uri;'
-  cat >"$ng_dir/nginx.conf" <<EOF
-worker_processes 2;
-pid $ng_dir/nginx.pid;
-error_log $ng_dir/nginx.err;
-events { worker_connections 4096; }
-http {
-  access_log off;
+  nginx_conf "$ng_dir" "
   proxy_cache_path $ng_dir/cache keys_zone=c:10m max_size=100g;
   proxy_temp_path $ng_dir/tmp;
   server {
@@ -280,9 +280,7 @@ http {
       proxy_buffers 16 256k; proxy_buffer_size 64k; proxy_busy_buffers_size 512k;
       $cache
     }
-  }
-}
-EOF
+  }" >"$ng_dir/nginx.conf"
   "$nginx_bin" -c "$ng_dir/nginx.conf"
   pids+=("$(cat "$ng_dir/nginx.pid")")
   ng_url="http://127.0.0.1:$port"
