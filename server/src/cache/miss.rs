@@ -369,10 +369,7 @@ impl Cache {
             // Every byte arrived, but the object changed meanwhile: readers of the old
             // version may finish; nothing is committed.
             Ok(_) if fill::is_stale(&fill) => Ok(None),
-            Ok(crcs) => dest
-                .parent()
-                .map_or(Ok(()), fs::create_dir_all)
-                .and_then(|()| fs::rename(&temp, &dest))
+            Ok(crcs) => store::publish(&temp, &dest)
                 .map(|()| Some(crcs))
                 .map_err(FillError::Disk),
         };

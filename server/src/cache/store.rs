@@ -192,9 +192,24 @@ impl BlockSums {
     }
 }
 
+/// Moves a written entry file from `temp` to `dest`, its place (the commit, done under
+/// the commit lock): one `rename`, its directory made first only where it is missing
+/// ([`scan`] makes them all when the cache opens).
+pub fn publish(temp: &Path, dest: &Path) -> io::Result<()> {
+    match fs::rename(temp, dest) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            if let Some(dir) = dest.parent() {
+                fs::create_dir_all(dir)?;
+            }
+            fs::rename(temp, dest)
+        }
+        r => r,
+    }
+}
+
 /// Removes temp files a killed process left behind, makes the 256 directories entries
-/// go in (so a fill's commit does not make one, an inode and a block allocated, under
-/// the commit lock), and returns every committed entry file under `objects`.
+/// go in (so a commit does not make one, an inode and a block allocated, under the
+/// commit lock), and returns every committed entry file under `objects`.
 pub fn scan(objects: &Path, tmp: &Path) -> io::Result<Vec<PathBuf>> {
     if tmp.exists() {
         fs::remove_dir_all(tmp)?;
@@ -240,6 +255,17 @@ mod tests {
         fs::write(tmp.join("left-behind"), b"y").unwrap();
         assert_eq!(scan(&objects, &tmp).unwrap(), vec![kept]);
         assert_eq!(fs::read_dir(&tmp).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn publish_makes_a_missing_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let temp = dir.path().join("t");
+        fs::write(&temp, b"x").unwrap();
+        let dest = entry_path(&dir.path().join("objects"), "b", "k");
+        publish(&temp, &dest).unwrap();
+        assert_eq!(fs::read(&dest).unwrap(), b"x");
+        assert!(!temp.exists());
     }
 
     #[test]

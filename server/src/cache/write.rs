@@ -144,10 +144,7 @@ impl Cache {
                     "the write overlapped another change of the key",
                 ));
             }
-            dest.parent()
-                .map_or(Ok(()), fs::create_dir_all)
-                .and_then(|()| fs::rename(&temp, &dest))
-                .map(|()| crcs)
+            store::publish(&temp, &dest).map(|()| crcs)
         });
         match (&result, committed) {
             (Ok(meta), Ok(crcs)) => {
