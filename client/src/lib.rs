@@ -7,8 +7,11 @@
 //!   prefetch jobs, batch reads). With [`Client::with_credentials`] every request is signed
 //!   with AWS Signature Version 4.
 //! - [`Dataset`] reads a prefix of tar shards the WebDataset way: shards shuffled per epoch
-//!   identically on every rank, split across ranks, members grouped into [`Sample`]s, an
-//!   optional sample shuffle buffer, and shards fetched ahead in background threads.
+//!   identically on every rank, their samples split across ranks in equal contiguous
+//!   spans (every sample once per epoch), members grouped into [`Sample`]s, an optional
+//!   sample shuffle buffer, and runs of samples read by range from each shard's owner,
+//!   ahead in background threads. It fronts [`dataset::planned`], the one reading path,
+//!   which the Python `ShardDataset` uses too.
 //! - [`TarReader`] is the streaming tar parser both use (GNU long names, pax paths).
 //!
 //! Bodies stream in both directions: uploads are read from a `Read` as they are sent, and

@@ -9,8 +9,9 @@ use std::time::Duration;
 use granary_client::dataset::catalog::Catalog;
 use granary_client::dataset::plan::{Round, Split};
 use granary_client::dataset::planned::{
-    plan_epoch, read_epoch, Delivered, EpochSpec, PlannedRead, ReadSettings, Router, RunFile,
+    plan_epoch, read_epoch, Delivered, EpochSpec, PlannedRead, ReadSettings, RunFile,
 };
+use granary_client::dataset::route::Router;
 use granary_client::{BatchItem, Credentials, GetOptions, Local, Missing, ObjectReader, TarReader};
 use pyo3::exceptions::{PyException, PyValueError};
 use pyo3::prelude::*;
@@ -65,15 +66,10 @@ fn router_for(
     timeout: f64,
     route: bool,
 ) -> granary_client::Result<Router> {
-    if !route || endpoint.starts_with("unix:") {
+    if !route {
         return Ok(Router::single(endpoint));
     }
-    let mut c = new_client(endpoint, creds.clone(), timeout)?;
-    match c.cluster() {
-        Ok(view) => Ok(Router::from_view(endpoint, &view)),
-        Err(e) if matches!(e.status(), Some(401 | 403)) => Err(e),
-        Err(_) => Ok(Router::single(endpoint)),
-    }
+    Router::discover(&mut new_client(endpoint, creds.clone(), timeout)?)
 }
 
 /// A client of one node (`http://host:port`, or `unix:PATH` on the node's machine).

@@ -1,5 +1,6 @@
-//! What a sharded dataset holds, sample by sample: every shard under a prefix, its
-//! version, and where each of its samples lies in it, so that an epoch can be planned
+//! What a sharded dataset holds, sample by sample: every shard under a prefix (the keys
+//! ending in `.tar`, `.tar.gz` or `.tgz`, in key order), its version, and where each of
+//! its samples lies in it, so that an epoch can be planned
 //! without reading a byte of data, and a run of samples fetched with one range read.
 //!
 //! A `.tar` shard's members come from the node (`GET …?archlist`: names, data offsets,
@@ -13,14 +14,43 @@ use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
 
-use super::is_compressed;
-use super::planned::{on_best, Clients, ReadSettings, Router};
+use super::route::{on_best, Clients, Router};
 use super::samples::split_name;
 use crate::tarstream::TarReader;
 use crate::{Client, Error, Result};
 
 /// Shards listed at once while a catalog is built.
 const LIST_THREADS: usize = 8;
+
+/// The extensions that mark a shard.
+const SHARD_SUFFIXES: [&str; 3] = [".tar", ".tar.gz", ".tgz"];
+
+/// Whether a key names a shard (`.tar`, `.tar.gz`, `.tgz`).
+pub fn is_shard(key: &str) -> bool {
+    SHARD_SUFFIXES.iter().any(|s| key.ends_with(s))
+}
+
+/// Whether a shard is compressed (`.tar.gz`, `.tgz`): read whole, never by range.
+pub fn is_compressed(key: &str) -> bool {
+    key.ends_with(".tar.gz") || key.ends_with(".tgz")
+}
+
+/// The shards under `prefix`, in key order; an error when there are none.
+fn shard_keys(client: &mut Client, bucket: &str, prefix: &str) -> Result<Vec<String>> {
+    let mut keys: Vec<String> = client
+        .list(bucket, prefix)?
+        .into_iter()
+        .map(|o| o.key)
+        .filter(|k| is_shard(k))
+        .collect();
+    keys.sort();
+    if keys.is_empty() {
+        return Err(Error::Invalid(format!(
+            "no .tar, .tar.gz or .tgz objects under {bucket}/{prefix}"
+        )));
+    }
+    Ok(keys)
+}
 
 /// A sample's bytes in its shard: from the first header of its first member to the end
 /// of its last member's padding (an uncompressed tar's offsets; for a compressed shard,
@@ -58,20 +88,18 @@ impl Catalog {
     /// Lists the shards under `prefix` and where their samples lie, asking each shard's
     /// owner as `router` says.
     pub fn build(client: &Client, router: &Router, bucket: &str, prefix: &str) -> Result<Catalog> {
-        let keys = super::shard_keys(&mut client.fresh(), bucket, prefix)?;
+        let keys = shard_keys(&mut client.fresh(), bucket, prefix)?;
         let next = AtomicUsize::new(0);
         let found: Mutex<Vec<Option<Result<ShardInfo>>>> =
             Mutex::new((0..keys.len()).map(|_| None).collect());
         std::thread::scope(|s| {
             for _ in 0..LIST_THREADS.min(keys.len()) {
                 s.spawn(|| {
-                    let mut clients = Clients::new(ReadSettings {
-                        router: router.clone(),
-                        credentials: client.credentials().cloned(),
-                        timeout: client.timeout(),
-                        read_ahead: 0,
-                        local: false,
-                    });
+                    let mut clients = Clients::new(
+                        router.clone(),
+                        client.credentials().cloned(),
+                        client.timeout(),
+                    );
                     loop {
                         let i = next.fetch_add(1, Ordering::Relaxed);
                         let Some(key) = keys.get(i) else { return };
@@ -211,6 +239,17 @@ fn group(members: impl Iterator<Item = (String, u64, u64)>) -> Vec<SampleSpan> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shard_keys_are_recognised() {
+        assert!(is_shard("a/b-0001.tar"));
+        assert!(is_shard("x.tar.gz"));
+        assert!(is_shard("x.tgz"));
+        assert!(!is_shard("x.tar.zst"));
+        assert!(!is_shard("x.json"));
+        assert!(is_compressed("x.tgz") && is_compressed("a/x.tar.gz"));
+        assert!(!is_compressed("x.tar"));
+    }
 
     #[test]
     fn members_group_into_spans_that_tile_the_shard() {

@@ -1,69 +1,49 @@
 //! [`Dataset`]: training samples out of a prefix of tar shards, WebDataset style, for
-//! data-parallel training.
+//! data-parallel training. It is a typed front over the planned reader, the one reading
+//! path of this crate (`granary.ShardDataset` reads by it too): [`catalog`] lists the
+//! shards and where each sample lies in them, [`plan`] says which samples each rank
+//! yields and in what order, [`planned`] reads them, and [`route`] sends each read to
+//! the member that owns the shard.
 //!
-//! Each epoch:
-//! 1. the shards (every key under the prefix ending in `.tar`, `.tar.gz` or `.tgz`, in
-//!    key order) are shuffled with a PRNG seeded by `seed` and the epoch — the same order
-//!    on every rank, since it depends on nothing else;
-//! 2. rank `r` of `world_size` takes the shards at positions `p` with
-//!    `p % world_size == r`. Ranks get `⌊n/w⌋` or `⌈n/w⌉` shards, so when shards are not a
-//!    multiple of the world size some ranks read one more shard (and shards may hold
-//!    different numbers of samples): a training loop that needs equal step counts must
-//!    cap or pad them itself;
-//! 3. each shard's members are grouped into [`Sample`]s (consecutive members sharing a
-//!    key), and with `shuffle_buffer > 0` mixed through a buffer of that many samples,
-//!    seeded by `seed`, the epoch and the rank.
+//! [`DatasetBuilder::build`] lists the shards (every key under the prefix ending in
+//! `.tar`, `.tar.gz` or `.tgz`) and their samples once. Each epoch then:
+//! 1. the shards are shuffled by `(seed, epoch)` — the same order on every rank, since it
+//!    depends on nothing else — and their samples laid end to end, each shard's members
+//!    grouped into [`Sample`]s (consecutive members sharing a key) in archive order;
+//! 2. rank `r` of `world_size` `W` takes the contiguous span `[r·q, (r+1)·q)` of that
+//!    list. With `q = ⌈n/W⌉` (the default) the last rank's span wraps to the start, so a
+//!    few samples are repeated to pad; with `drop_last`, `q = ⌊n/W⌋` and the last
+//!    `n mod W` samples are left out. Either way every rank yields the same count
+//!    ([`Dataset::epoch_len`]), so step counts agree, and every sample comes exactly once
+//!    per epoch across the ranks, up to that padding or remainder;
+//! 3. with `shuffle_buffer > 0`, a rank's span is mixed through a buffer of that many
+//!    samples, seeded by `seed`, the epoch and the rank. The order is known before a byte
+//!    is read ([`Dataset::plan`]): the same seed and epoch give the same order;
+//! 4. the span is read front to back in runs (consecutive samples of one shard, one range
+//!    read of the version listed; a compressed shard whole), each from its shard's owner
+//!    in the cluster, with `read_ahead` runs fetched ahead by as many threads.
 //!
-//! Every sample of the dataset is thus yielded exactly once per epoch across all ranks.
-//! With `read_ahead > 0`, that many shards download in background threads (each over its
-//! own connection) while the current one is read; with `0`, each shard is streamed as it
-//! is consumed and only the sample being built is in memory.
+//! A run that cannot be read (the shard gone, or changed since it was listed) ends the
+//! epoch with that error.
 
 pub mod catalog;
-mod fetch;
 mod order;
 pub mod plan;
 pub mod planned;
+pub mod route;
 mod samples;
 
+use std::sync::Arc;
 use std::time::Duration;
 
+pub use catalog::{is_compressed, is_shard};
 pub use samples::Sample;
 
 use crate::{Client, Credentials, Error, Result};
-use fetch::Fetcher;
-use order::SplitMix64;
-use samples::ShardSamples;
-
-/// The extensions that mark a shard.
-const SHARD_SUFFIXES: [&str; 3] = [".tar", ".tar.gz", ".tgz"];
-
-/// Whether a key names a shard (`.tar`, `.tar.gz`, `.tgz`).
-pub fn is_shard(key: &str) -> bool {
-    SHARD_SUFFIXES.iter().any(|s| key.ends_with(s))
-}
-
-/// The shards under `prefix`, in key order; an error when there are none.
-pub(crate) fn shard_keys(client: &mut Client, bucket: &str, prefix: &str) -> Result<Vec<String>> {
-    let mut keys: Vec<String> = client
-        .list(bucket, prefix)?
-        .into_iter()
-        .map(|o| o.key)
-        .filter(|k| is_shard(k))
-        .collect();
-    keys.sort();
-    if keys.is_empty() {
-        return Err(Error::Invalid(format!(
-            "no .tar, .tar.gz or .tgz objects under {bucket}/{prefix}"
-        )));
-    }
-    Ok(keys)
-}
-
-/// Whether a shard is compressed (`.tar.gz`, `.tgz`): read whole, never by range.
-pub fn is_compressed(key: &str) -> bool {
-    key.ends_with(".tar.gz") || key.ends_with(".tgz")
-}
+use catalog::{Catalog, ShardInfo};
+use plan::{SampleId, Split};
+use planned::{read_epoch, Delivered, EpochSpec, PlannedRead, ReadSettings};
+use route::Router;
 
 /// Settings of a [`Dataset`]; [`DatasetBuilder::build`] lists the shards.
 #[derive(Debug, Clone)]
@@ -74,9 +54,11 @@ pub struct DatasetBuilder {
     seed: u64,
     rank: usize,
     world_size: usize,
+    drop_last: bool,
     shuffle_shards: bool,
     shuffle_buffer: usize,
     read_ahead: usize,
+    route: bool,
     credentials: Option<Credentials>,
     timeout: Duration,
 }
@@ -90,9 +72,11 @@ impl Default for DatasetBuilder {
             seed: 0,
             rank: 0,
             world_size: 1,
+            drop_last: false,
             shuffle_shards: true,
             shuffle_buffer: 0,
             read_ahead: 0,
+            route: true,
             credentials: None,
             timeout: Duration::from_secs(60),
         }
@@ -130,9 +114,17 @@ impl DatasetBuilder {
         self
     }
 
-    /// How many ranks split the shards (default 1).
+    /// How many ranks split the samples (default 1).
     pub fn world_size(mut self, world_size: usize) -> Self {
         self.world_size = world_size;
+        self
+    }
+
+    /// When the samples are not a multiple of the world size: leave the remainder out of
+    /// the epoch (on), or repeat a few samples so every rank has as many (off, the
+    /// default).
+    pub fn drop_last(mut self, on: bool) -> Self {
+        self.drop_last = on;
         self
     }
 
@@ -143,17 +135,24 @@ impl DatasetBuilder {
         self
     }
 
-    /// Samples held to mix across shards (0, the default: no sample shuffle).
+    /// Samples held to mix a rank's span (0, the default: no sample shuffle).
     pub fn shuffle_buffer(mut self, samples: usize) -> Self {
         self.shuffle_buffer = samples;
         self
     }
 
-    /// Shards downloaded ahead by as many background threads, each over its own
-    /// connection (0, the default: stream each shard as it is read). At most this many
-    /// shards are downloading or waiting in memory besides the one being read.
-    pub fn read_ahead(mut self, shards: usize) -> Self {
-        self.read_ahead = shards;
+    /// Runs (consecutive samples of one shard, up to 16 MiB) fetched ahead by as many
+    /// background threads, each over its own connections (0, the default: each run is
+    /// fetched when the epoch reaches it). Runs fetched ahead wait in memory.
+    pub fn read_ahead(mut self, runs: usize) -> Self {
+        self.read_ahead = runs;
+        self
+    }
+
+    /// Whether each shard is read from its owner, as the cluster's ring says (on, the
+    /// default), or everything through the endpoint given.
+    pub fn route(mut self, on: bool) -> Self {
+        self.route = on;
         self
     }
 
@@ -169,7 +168,8 @@ impl DatasetBuilder {
         self
     }
 
-    /// Checks the settings and lists the shards under the prefix.
+    /// Checks the settings, asks the node for the cluster's ring (with `route`), and
+    /// lists the shards under the prefix and their samples.
     pub fn build(self) -> Result<Dataset> {
         if self.bucket.is_empty() {
             return Err(Error::Invalid("a dataset needs a bucket".into()));
@@ -183,11 +183,16 @@ impl DatasetBuilder {
         let client = Client::new(&self.endpoint)?
             .with_credentials_opt(self.credentials.clone())
             .with_timeout(self.timeout);
-        let shards = shard_keys(&mut client.fresh(), &self.bucket, &self.prefix)?;
+        let router = if self.route {
+            Router::discover(&mut client.fresh())?
+        } else {
+            Router::single(client.endpoint())
+        };
+        let catalog = Catalog::build(&client, &router, &self.bucket, &self.prefix)?;
         Ok(Dataset {
             settings: self,
-            client,
-            shards,
+            catalog: Arc::new(catalog),
+            router,
         })
     }
 }
@@ -195,8 +200,8 @@ impl DatasetBuilder {
 /// A sharded dataset as one rank sees it; see the module documentation for the order.
 pub struct Dataset {
     settings: DatasetBuilder,
-    client: Client,
-    shards: Vec<String>,
+    catalog: Arc<Catalog>,
+    router: Router,
 }
 
 impl Dataset {
@@ -205,95 +210,110 @@ impl Dataset {
         DatasetBuilder::default()
     }
 
+    /// The shards and where their samples lie, as listed when the dataset was built.
+    pub fn catalog(&self) -> &Catalog {
+        &self.catalog
+    }
+
     /// Every shard of the dataset, in key order.
-    pub fn shards(&self) -> &[String] {
-        &self.shards
+    pub fn shards(&self) -> &[ShardInfo] {
+        &self.catalog.shards
     }
 
-    /// The shards every rank walks in `epoch`, in order.
-    pub fn epoch_order(&self, epoch: u64) -> Vec<String> {
-        let s = &self.settings;
-        order::epoch_order(&self.shards, s.seed, epoch, s.shuffle_shards)
+    /// Samples in the dataset.
+    pub fn len(&self) -> usize {
+        self.catalog.len()
     }
 
-    /// The shards this rank reads in `epoch`, in order.
-    pub fn epoch_shards(&self, epoch: u64) -> Vec<String> {
-        let s = &self.settings;
-        order::rank_split(&self.epoch_order(epoch), s.rank, s.world_size)
+    pub fn is_empty(&self) -> bool {
+        self.catalog.is_empty()
     }
 
-    /// This rank's samples of `epoch`. A shard that cannot be fetched or read yields one
-    /// error and the epoch goes on with the next shard.
+    /// Samples each rank yields in every epoch, the same on every rank.
+    pub fn epoch_len(&self) -> usize {
+        plan::per_rank(self.catalog.len(), &self.split())
+    }
+
+    /// This rank's samples of `epoch`, in the order [`Dataset::epoch`] yields them: a
+    /// shard's number in [`Dataset::shards`] and the sample's place in it.
+    pub fn plan(&self, epoch: u64) -> Result<Vec<SampleId>> {
+        let entries = planned::plan_epoch(&self.catalog, &self.spec(epoch))?;
+        Ok(entries.into_iter().map(|(id, _)| id).collect())
+    }
+
+    /// This rank's samples of `epoch`. The first error (a run that cannot be read) is
+    /// the epoch's last item.
     pub fn epoch(&self, epoch: u64) -> Epoch {
         let s = &self.settings;
-        Epoch {
-            fetcher: Fetcher::new(
-                self.client.fresh(),
-                &s.bucket,
-                self.epoch_shards(epoch),
-                s.read_ahead,
-            ),
-            current: None,
-            buffer: Vec::with_capacity(s.shuffle_buffer.min(1 << 16)),
-            capacity: s.shuffle_buffer,
-            rng: SplitMix64::new(order::sample_seed(s.seed, epoch, s.rank)),
-            exhausted: false,
+        let settings = ReadSettings {
+            router: self.router.clone(),
+            credentials: s.credentials.clone(),
+            timeout: s.timeout,
+            read_ahead: s.read_ahead,
+            // Local reads hand out ranges of the node's file, not owned bytes.
+            local: false,
+        };
+        match read_epoch(self.catalog.clone(), &self.spec(epoch), settings) {
+            Ok(read) => Epoch {
+                read: Some(read),
+                failed: None,
+            },
+            Err(e) => Epoch {
+                read: None,
+                failed: Some(e),
+            },
+        }
+    }
+
+    fn split(&self) -> Split {
+        let s = &self.settings;
+        Split {
+            world_size: s.world_size,
+            shuffle_buffer: s.shuffle_buffer,
+            drop_last: s.drop_last,
+        }
+    }
+
+    /// The whole of `epoch` for this rank, read by one worker.
+    fn spec(&self, epoch: u64) -> EpochSpec {
+        let s = &self.settings;
+        EpochSpec {
+            seed: s.seed,
+            epoch,
+            shuffle_shards: s.shuffle_shards,
+            rounds: Vec::new(),
+            split: self.split(),
+            rank: s.rank,
+            worker: 0,
+            workers: 1,
+            batch_size: 1,
         }
     }
 }
 
 /// The samples of one rank in one epoch (an iterator; see [`Dataset::epoch`]).
 pub struct Epoch {
-    fetcher: Fetcher,
-    current: Option<ShardSamples>,
-    buffer: Vec<crate::Sample>,
-    capacity: usize,
-    rng: SplitMix64,
-    exhausted: bool,
-}
-
-impl Epoch {
-    /// The next sample in shard order, before any shuffle buffer.
-    fn pull(&mut self) -> Option<Result<Sample>> {
-        loop {
-            if let Some(cur) = &mut self.current {
-                match cur.next() {
-                    Some(Ok(s)) => return Some(Ok(s)),
-                    Some(Err(e)) => {
-                        self.current = None;
-                        return Some(Err(e));
-                    }
-                    None => self.current = None,
-                }
-            }
-            let (key, stream) = self.fetcher.next()?;
-            match stream {
-                Ok(r) => self.current = Some(ShardSamples::new(key, r)),
-                Err(e) => return Some(Err(e)),
-            }
-        }
-    }
+    read: Option<PlannedRead>,
+    /// Why the epoch could not start, yielded once.
+    failed: Option<Error>,
 }
 
 impl Iterator for Epoch {
     type Item = Result<Sample>;
 
     fn next(&mut self) -> Option<Result<Sample>> {
-        if self.capacity == 0 {
-            return self.pull();
+        if let Some(e) = self.failed.take() {
+            return Some(Err(e));
         }
-        while !self.exhausted && self.buffer.len() < self.capacity {
-            match self.pull() {
-                Some(Ok(s)) => self.buffer.push(s),
-                Some(Err(e)) => return Some(Err(e)),
-                None => self.exhausted = true,
-            }
-        }
-        if self.buffer.is_empty() {
-            return None;
-        }
-        let i = self.rng.below(self.buffer.len() as u64) as usize;
-        Some(Ok(self.buffer.swap_remove(i)))
+        Some(match self.read.as_mut()?.next()? {
+            Ok(Delivered::Owned(sample)) => Ok(sample),
+            // Never asked for (`local` is off): a node passes files only when asked.
+            Ok(Delivered::Mapped(m)) => Err(Error::Invalid(format!(
+                "sample {} of {} came as a file, which was not asked for",
+                m.key, m.shard
+            ))),
+            Err(e) => Err(e),
+        })
     }
 }
 
@@ -301,15 +321,7 @@ impl Iterator for Epoch {
 mod tests {
     use super::*;
     use crate::fake::{FakeServer, Reply};
-
-    #[test]
-    fn shard_keys_are_recognised() {
-        assert!(is_shard("a/b-0001.tar"));
-        assert!(is_shard("x.tar.gz"));
-        assert!(is_shard("x.tgz"));
-        assert!(!is_shard("x.tar.zst"));
-        assert!(!is_shard("x.json"));
-    }
+    use std::collections::BTreeMap;
 
     #[test]
     fn bad_settings_are_refused_before_any_request() {
@@ -332,8 +344,54 @@ mod tests {
         b.into_inner().unwrap()
     }
 
-    /// A node that serves a listing of `shards` and each shard's bytes by key, on any
-    /// number of connections, until the test process ends.
+    /// The answer to one request of [`shard_server`]: status, extra headers, body.
+    fn answer(
+        shards: &[(String, Vec<u8>)],
+        target: &str,
+        headers: &BTreeMap<String, String>,
+    ) -> (u16, String, Vec<u8>) {
+        if target.contains("list-type=2") {
+            let mut x = String::from("<ListBucketResult><IsTruncated>false</IsTruncated>");
+            for (k, v) in shards {
+                x.push_str(&format!(
+                    "<Contents><Key>{k}</Key><Size>{}</Size></Contents>",
+                    v.len()
+                ));
+            }
+            x.push_str(
+                "<Contents><Key>d/notes.txt</Key><Size>1</Size></Contents></ListBucketResult>",
+            );
+            return (200, String::new(), x.into_bytes());
+        }
+        // No cluster view (read through this node alone), no member lists (each shard is
+        // read once to list its samples).
+        if target.starts_with("/_granary/") || target.contains("?archlist") {
+            return (501, String::new(), Vec::new());
+        }
+        let key = target.trim_start_matches("/b/");
+        let Some(i) = shards.iter().position(|(k, _)| k == key) else {
+            return (404, String::new(), Vec::new());
+        };
+        let etag = format!("\"v{i}\"");
+        if headers.get("if-match").is_some_and(|m| *m != etag) {
+            return (412, String::new(), Vec::new());
+        }
+        let body = &shards[i].1;
+        let etag_header = format!("etag: {etag}\r\n");
+        match headers.get("range") {
+            Some(r) => {
+                let (a, b) = r.trim_start_matches("bytes=").split_once('-').unwrap();
+                let (a, b): (usize, usize) = (a.parse().unwrap(), b.parse().unwrap());
+                let range = format!("content-range: bytes {a}-{b}/{}\r\n", body.len());
+                (206, etag_header + &range, body[a..=b].to_vec())
+            }
+            None => (200, etag_header, body.clone()),
+        }
+    }
+
+    /// A node that serves a listing of `shards` and each shard's bytes by key, whole or a
+    /// range, checking `If-Match`, on any number of connections, until the test process
+    /// ends.
     fn shard_server(shards: Vec<(String, Vec<u8>)>) -> String {
         use std::io::{BufRead, BufReader, Write};
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -351,35 +409,22 @@ mod tests {
                             return;
                         }
                         let target = line.split_whitespace().nth(1).unwrap().to_owned();
+                        let mut headers = BTreeMap::new();
                         loop {
                             line.clear();
                             if r.read_line(&mut line).unwrap_or(0) == 0 {
                                 return;
                             }
-                            if line.trim().is_empty() {
+                            let Some((k, v)) = line.trim().split_once(':') else {
                                 break;
-                            }
+                            };
+                            headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_owned());
                         }
-                        let body = if target.contains("list-type=2") {
-                            let mut x =
-                                String::from("<ListBucketResult><IsTruncated>false</IsTruncated>");
-                            for (k, v) in shards.iter() {
-                                x.push_str(&format!(
-                                    "<Contents><Key>{k}</Key><Size>{}</Size></Contents>",
-                                    v.len()
-                                ));
-                            }
-                            x.push_str(
-                                "<Contents><Key>d/notes.txt</Key><Size>1</Size></Contents>\
-                                 </ListBucketResult>",
-                            );
-                            x.into_bytes()
-                        } else {
-                            let key = target.trim_start_matches("/b/");
-                            shards.iter().find(|(k, _)| k == key).unwrap().1.clone()
-                        };
-                        let head =
-                            format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n", body.len());
+                        let (status, extra, body) = answer(&shards, &target, &headers);
+                        let head = format!(
+                            "HTTP/1.1 {status} X\r\n{extra}content-length: {}\r\n\r\n",
+                            body.len()
+                        );
                         let s = r.get_mut();
                         if s.write_all(head.as_bytes()).is_err() || s.write_all(&body).is_err() {
                             return;
@@ -391,8 +436,9 @@ mod tests {
         endpoint
     }
 
-    #[test]
-    fn ranks_read_every_sample_once_in_a_per_epoch_order() {
+    /// 7 shards of 3 to 9 samples, 42 in all: `s{s}/{i:03}` with a `cls` of `s-i` and a
+    /// `bin` of `i + 1` bytes `s`.
+    fn seven_shards() -> (Vec<(String, Vec<u8>)>, Vec<String>) {
         let mut shards = Vec::new();
         let mut all = Vec::new();
         for s in 0..7 {
@@ -406,6 +452,12 @@ mod tests {
             shards.push((format!("d/shard-{s}.tar"), tar_of(&members)));
         }
         all.sort();
+        (shards, all)
+    }
+
+    #[test]
+    fn ranks_read_every_sample_once_in_a_per_epoch_order() {
+        let (shards, all) = seven_shards();
         let endpoint = shard_server(shards);
         let mut orders = Vec::new();
         for (read_ahead, buffer) in [(0, 0), (2, 5)] {
@@ -425,6 +477,15 @@ mod tests {
                         .build()
                         .unwrap();
                     assert_eq!(ds.shards().len(), 7);
+                    assert_eq!((ds.len(), ds.epoch_len()), (42, 11));
+                    // What is read is what was planned, in order.
+                    let planned: Vec<String> = ds
+                        .plan(epoch)
+                        .unwrap()
+                        .iter()
+                        .map(|id| format!("s{}/{:03}", id.shard, id.index))
+                        .collect();
+                    let mut mine = Vec::new();
                     for sample in ds.epoch(epoch) {
                         let sample = sample.unwrap();
                         let (s, i): (usize, usize) = {
@@ -432,13 +493,23 @@ mod tests {
                             let (a, b) = text.split_once('-').unwrap();
                             (a.parse().unwrap(), b.parse().unwrap())
                         };
+                        assert_eq!(sample.key, format!("s{s}/{i:03}"));
                         assert_eq!(sample.fields["bin"], vec![s as u8; i + 1]);
                         assert_eq!(sample.shard, format!("d/shard-{s}.tar"));
-                        order.push(sample.key.clone());
-                        seen.push(sample.key);
+                        mine.push(sample.key);
                     }
+                    assert_eq!(mine, planned, "rank {rank}");
+                    order.extend(mine.iter().cloned());
+                    seen.extend(mine);
                 }
+                // 44 places for 42 samples: the last rank's span wraps to repeat 2.
+                assert_eq!(seen.len(), 44);
                 seen.sort();
+                let repeats = seen.len() - {
+                    seen.dedup();
+                    seen.len()
+                };
+                assert_eq!(repeats, 2);
                 assert_eq!(
                     seen, all,
                     "read_ahead {read_ahead} buffer {buffer} epoch {epoch}"
@@ -452,28 +523,63 @@ mod tests {
     }
 
     #[test]
-    fn a_missing_shard_is_one_error_and_the_epoch_goes_on() {
-        let tar = tar_of(&[("a.cls".to_owned(), b"1".to_vec())]);
+    fn with_drop_last_the_remainder_is_left_out_and_nothing_repeats() {
+        let (shards, all) = seven_shards();
+        let endpoint = shard_server(shards);
+        let mut seen = Vec::new();
+        for rank in 0..4 {
+            let ds = Dataset::builder()
+                .endpoint(&endpoint)
+                .bucket("b")
+                .prefix("d/")
+                .seed(3)
+                .rank(rank)
+                .world_size(4)
+                .drop_last(true)
+                .build()
+                .unwrap();
+            assert_eq!(ds.epoch_len(), 10);
+            let got: Vec<String> = ds.epoch(1).map(|s| s.unwrap().key).collect();
+            assert_eq!(got.len(), 10);
+            seen.extend(got);
+        }
+        seen.sort();
+        seen.dedup();
+        assert_eq!(seen.len(), 40);
+        assert!(seen.iter().all(|k| all.contains(k)));
+    }
+
+    #[test]
+    fn a_shard_changed_since_it_was_listed_ends_the_epoch_with_its_error() {
         let list = "<ListBucketResult><IsTruncated>false</IsTruncated>\
-            <Contents><Key>p/0.tar</Key><Size>1</Size></Contents>\
-            <Contents><Key>p/1.tar</Key><Size>1</Size></Contents></ListBucketResult>";
-        let gone = "<Error><Code>NoSuchKey</Code><Message>gone</Message></Error>";
+            <Contents><Key>p/0.tar</Key><Size>2048</Size></Contents></ListBucketResult>";
+        let members = r#"{"etag":"v1","size":2048,"members":[["a.cls",512,1]]}"#;
+        let changed = "<Error><Code>PreconditionFailed</Code><Message>no</Message></Error>";
         let server = FakeServer::start(vec![
+            Reply::status(404, Vec::new()),
             Reply::ok(list.as_bytes().to_vec()),
-            Reply::status(404, gone.as_bytes().to_vec()),
-            Reply::ok(tar),
+            Reply::ok(members.as_bytes().to_vec()).with_header("content-type", "application/json"),
+            Reply::status(412, changed.as_bytes().to_vec()),
         ]);
         let ds = Dataset::builder()
             .endpoint(&server.endpoint())
             .bucket("b")
             .prefix("p/")
-            .shuffle_shards(false)
             .build()
             .unwrap();
+        assert_eq!(ds.catalog().counts(), vec![1]);
+        assert_eq!(ds.shards()[0].etag, "v1");
         let got: Vec<Result<Sample>> = ds.epoch(0).collect();
-        assert_eq!(got.len(), 2);
-        assert_eq!(got[0].as_ref().unwrap_err().code(), Some("NoSuchKey"));
-        assert_eq!(got[1].as_ref().unwrap().key, "a");
-        server.finish();
+        assert_eq!(got.len(), 1);
+        assert_eq!(
+            got[0].as_ref().unwrap_err().code(),
+            Some("PreconditionFailed")
+        );
+        let reqs = server.finish();
+        assert_eq!(reqs[0].target, "/_granary/cluster");
+        assert_eq!(reqs[2].target, "/b/p/0.tar?archlist=");
+        assert_eq!(reqs[3].target, "/b/p/0.tar");
+        assert_eq!(reqs[3].header("range"), Some("bytes=0-1023"));
+        assert_eq!(reqs[3].header("if-match"), Some("\"v1\""));
     }
 }

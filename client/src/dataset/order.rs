@@ -1,6 +1,6 @@
 //! The deterministic order of an epoch: a PRNG whose sequence depends on its seed alone
 //! (on every platform, rank and version of this crate), the Fisher–Yates shuffle of the
-//! shard list, the split of that list across ranks, and the seeds of each stage.
+//! shard list, and the seeds of each stage. [`super::plan`] builds on these.
 
 /// splitmix64 (Steele, Lea, Flood 2014): tiny, fast, and fully determined by its seed.
 #[derive(Debug, Clone)]
@@ -38,7 +38,7 @@ impl SplitMix64 {
 }
 
 /// Shuffles `items` in place (Fisher–Yates).
-pub(crate) fn shuffle<T>(items: &mut [T], rng: &mut SplitMix64) {
+fn shuffle<T>(items: &mut [T], rng: &mut SplitMix64) {
     for i in (1..items.len()).rev() {
         let j = rng.below(i as u64 + 1) as usize;
         items.swap(i, j);
@@ -52,22 +52,12 @@ pub(crate) fn derive_seed(parts: &[u64]) -> u64 {
     })
 }
 
-/// Tells the stages' seeds apart.
+/// Tells the shard shuffle's seeds apart from the other stages'.
 const SHARDS: u64 = 0x5348_4152_4453; // "SHARDS"
-const SAMPLES: u64 = 0x5341_4D50_4C45; // "SAMPLE"
 
-/// The shard order of `epoch`, the same on every rank: `shards` (sorted) shuffled by a PRNG
-/// seeded from `seed` and `epoch`, or as given when `shuffle` is off.
-pub(crate) fn epoch_order(
-    shards: &[String],
-    seed: u64,
-    epoch: u64,
-    shuffle_on: bool,
-) -> Vec<String> {
-    epoch_order_of(shards, seed, epoch, shuffle_on)
-}
-
-/// [`epoch_order`] of any items: the same permutation for the same count, seed and epoch.
+/// The shard order of `epoch`, the same on every rank: `items` (shards in key order, or
+/// their numbers) shuffled by a PRNG seeded from `seed` and `epoch`, or as given when
+/// `shuffle_on` is off. The same count, seed and epoch give the same permutation.
 pub(crate) fn epoch_order_of<T: Clone>(
     items: &[T],
     seed: u64,
@@ -80,22 +70,6 @@ pub(crate) fn epoch_order_of<T: Clone>(
         shuffle(&mut order, &mut rng);
     }
     order
-}
-
-/// The shards of `rank`: those at positions `p` of the epoch's order with
-/// `p % world_size == rank`.
-pub(crate) fn rank_split<T: Clone>(order: &[T], rank: usize, world_size: usize) -> Vec<T> {
-    order
-        .iter()
-        .skip(rank)
-        .step_by(world_size.max(1))
-        .cloned()
-        .collect()
-}
-
-/// The seed of the sample shuffle buffer of one rank in one epoch.
-pub(crate) fn sample_seed(seed: u64, epoch: u64, rank: usize) -> u64 {
-    derive_seed(&[SAMPLES, seed, epoch, rank as u64])
 }
 
 #[cfg(test)]
@@ -128,52 +102,33 @@ mod tests {
     #[test]
     fn shard_order_is_deterministic_and_changes_per_epoch() {
         let shards = names(50);
-        let a = epoch_order(&shards, 42, 0, true);
-        assert_eq!(a, epoch_order(&shards, 42, 0, true));
+        let a = epoch_order_of(&shards, 42, 0, true);
+        assert_eq!(a, epoch_order_of(&shards, 42, 0, true));
         assert_ne!(a, shards);
-        assert_ne!(a, epoch_order(&shards, 42, 1, true));
-        assert_ne!(a, epoch_order(&shards, 43, 0, true));
+        assert_ne!(a, epoch_order_of(&shards, 42, 1, true));
+        assert_ne!(a, epoch_order_of(&shards, 43, 0, true));
         let mut sorted = a.clone();
         sorted.sort();
         assert_eq!(sorted, shards);
-        assert_eq!(epoch_order(&shards, 42, 3, false), shards);
+        assert_eq!(epoch_order_of(&shards, 42, 3, false), shards);
         // Pinned: the order must not change between versions, or resumed runs diverge.
-        let small = epoch_order(&names(5), 1, 0, true);
+        let small = epoch_order_of(&names(5), 1, 0, true);
         let idx: Vec<usize> = small.iter().map(|s| s[6..10].parse().unwrap()).collect();
         assert_eq!(idx, PINNED_ORDER);
     }
 
-    /// `epoch_order(5 shards, seed 1, epoch 0)`.
+    /// `epoch_order_of(5 shards, seed 1, epoch 0)`.
     const PINNED_ORDER: [usize; 5] = [2, 0, 1, 4, 3];
 
     #[test]
-    fn ranks_partition_the_epoch() {
-        let order = epoch_order(&names(13), 9, 2, true);
-        for world in 1..=6 {
-            let mut all: Vec<String> = Vec::new();
-            for rank in 0..world {
-                let mine = rank_split(&order, rank, world);
-                let want = 13 / world + usize::from(rank < 13 % world);
-                assert_eq!(mine.len(), want, "world {world} rank {rank}");
-                all.extend(mine);
-            }
-            all.sort();
-            assert_eq!(all, names(13));
-        }
-        assert_eq!(
-            rank_split(&order, 1, 4),
-            vec![order[1].clone(), order[5].clone(), order[9].clone()]
-        );
-    }
-
-    #[test]
-    fn seeds_differ_per_stage_rank_and_epoch() {
+    fn seeds_differ_per_stage_seed_and_epoch() {
         let s: Vec<u64> = vec![
-            sample_seed(1, 0, 0),
-            sample_seed(1, 0, 1),
-            sample_seed(1, 1, 0),
-            sample_seed(2, 0, 0),
             derive_seed(&[SHARDS, 1, 0]),
+            derive_seed(&[SHARDS, 1, 1]),
+            derive_seed(&[SHARDS, 2, 0]),
+            derive_seed(&[SHARDS, 0, 1]),
+            derive_seed(&[1, 0]),
+            derive_seed(&[0, 1]),
         ];
         let mut d = s.clone();
         d.sort();

@@ -3,8 +3,8 @@
 //! epoch, and the resume history. No bytes are read here.
 //!
 //! 1. **The epoch's list.** Shards (in key order) are shuffled by `(seed, epoch)` as
-//!    [`super::order::epoch_order`] does, and their samples laid end to end, each shard's
-//!    in archive order. The list depends on nothing else: not on the world size, the
+//!    `order::epoch_order_of` does, and their samples laid end to end, each shard's in
+//!    archive order. The list depends on nothing else: not on the world size, the
 //!    workers or the batch size.
 //! 2. **Ranks.** Rank `r` of `W` takes the contiguous span `[r·q, (r+1)·q)` of the list,
 //!    `q = ⌈n/W⌉` (positions past the end wrap to the start: a few samples repeated so
@@ -81,7 +81,7 @@ pub fn epoch_list(counts: &[u32], seed: u64, epoch: u64, shuffle_shards: bool) -
 }
 
 /// Samples per rank in a round of `n` samples.
-fn per_rank(n: usize, split: &Split) -> usize {
+pub(crate) fn per_rank(n: usize, split: &Split) -> usize {
     let w = split.world_size.max(1);
     if split.drop_last {
         n / w

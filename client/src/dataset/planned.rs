@@ -4,9 +4,9 @@
 //! The entries are read in span order (front to back through the rank's shards), in
 //! runs: consecutive samples of one shard, fetched with one range read of the listed
 //! version (`If-Match`), gaps of other workers' samples read through when they are small.
-//! A compressed shard is read whole. Each run goes to its shard's owner, computed here
-//! from the cluster's ring (no proxy hop on the node), and to the next members in the
-//! ring's order when the owner cannot be reached. `read_ahead` runs are fetched ahead by
+//! A compressed shard is read whole. Each run goes to its shard's owner, then to the
+//! next members in the ring's order when the owner cannot be reached, as
+//! [`super::route`] routes it. `read_ahead` runs are fetched ahead by
 //! as many threads, each with its own connections; the shuffle buffer's order is then
 //! served from the runs fetched, which is why the buffer costs memory, not requests.
 
@@ -16,79 +16,16 @@ use std::sync::mpsc::{self, Receiver};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use granary_proto::ring::{key_hash, Ring, RingNode};
-
 use super::catalog::Catalog;
 use super::plan::{epoch_list, rank_plan, Round, SampleId, Split};
+use super::route::{on_best, Clients, Router};
 use super::samples::ShardSamples;
-use crate::{Client, ClusterView, Credentials, Error, GetOptions, MemberState, Result, Sample};
+use crate::{Credentials, Error, GetOptions, Result, Sample};
 
 /// Bytes of other workers' samples a run reads through rather than starting another.
 const GAP: u64 = 512 << 10;
 /// Largest run read with one request.
 const MAX_RUN: u64 = 16 << 20;
-
-/// Where runs are read: each shard from its owner, or everything from one node.
-#[derive(Debug, Clone)]
-pub struct Router {
-    /// Members' URLs, sorted by id (the ring's order), and whether each is up.
-    members: Vec<(String, bool)>,
-    ring: Option<Ring>,
-    /// The node the dataset was given, last resort and sole target without a ring.
-    endpoint: String,
-}
-
-impl Router {
-    /// Every read to `endpoint`.
-    pub fn single(endpoint: &str) -> Router {
-        Router {
-            members: Vec::new(),
-            ring: None,
-            endpoint: endpoint.to_owned(),
-        }
-    }
-
-    /// Reads routed by the cluster's ring as `view` shows it (a view without members'
-    /// URLs routes everything to `endpoint`).
-    pub fn from_view(endpoint: &str, view: &ClusterView) -> Router {
-        let mut members: Vec<_> = view.members.iter().collect();
-        members.sort_by(|a, b| a.id.cmp(&b.id));
-        members.dedup_by(|a, b| a.id == b.id);
-        if members.len() < 2 || members.iter().any(|m| m.url.is_empty()) {
-            return Router::single(endpoint);
-        }
-        let ring = Ring::new(members.iter().map(|m| RingNode {
-            id: m.id.clone(),
-            weight: m.weight,
-        }));
-        Router {
-            members: members
-                .iter()
-                .map(|m| (m.url.clone(), m.state == MemberState::Up))
-                .collect(),
-            ring: Some(ring),
-            endpoint: endpoint.to_owned(),
-        }
-    }
-
-    /// Where to read `key` from, best first: its owner, then the other members up in the
-    /// ring's order, then the given node.
-    pub fn candidates(&self, bucket: &str, key: &str) -> Vec<String> {
-        let Some(ring) = &self.ring else {
-            return vec![self.endpoint.clone()];
-        };
-        let mut out: Vec<String> = ring
-            .ranked(key_hash(bucket, key))
-            .into_iter()
-            .filter(|&i| self.members[i].1)
-            .map(|i| self.members[i].0.clone())
-            .collect();
-        if !out.contains(&self.endpoint) {
-            out.push(self.endpoint.clone());
-        }
-        out
-    }
-}
 
 /// How a planned epoch is read.
 #[derive(Debug, Clone)]
@@ -101,6 +38,13 @@ pub struct ReadSettings {
     /// Ask the node for its cache file (a `unix:` endpoint on its machine) and deliver
     /// samples as ranges of it ([`Delivered::Mapped`]); bytes where it sends bytes.
     pub local: bool,
+}
+
+impl ReadSettings {
+    /// Connections for one fetching thread.
+    fn clients(&self) -> Clients {
+        Clients::new(self.router.clone(), self.credentials.clone(), self.timeout)
+    }
 }
 
 /// One range read: samples `first..=last` of a shard, of which `take` (sample index,
@@ -146,50 +90,6 @@ fn runs_of(catalog: &Catalog, wanted: &[(SampleId, usize)]) -> Vec<Run> {
         }
     }
     runs
-}
-
-/// Clients by endpoint, one connection each, kept by one fetching thread.
-pub(crate) struct Clients {
-    settings: ReadSettings,
-    open: HashMap<String, Client>,
-}
-
-impl Clients {
-    pub(crate) fn new(settings: ReadSettings) -> Clients {
-        Clients {
-            settings,
-            open: HashMap::new(),
-        }
-    }
-
-    fn get(&mut self, endpoint: &str) -> Result<&mut Client> {
-        if !self.open.contains_key(endpoint) {
-            let c = Client::new(endpoint)?
-                .with_credentials_opt(self.settings.credentials.clone())
-                .with_timeout(self.settings.timeout);
-            self.open.insert(endpoint.to_owned(), c);
-        }
-        Ok(self.open.get_mut(endpoint).expect("just inserted"))
-    }
-}
-
-/// Calls `f` with a client of `key`'s best member, then of the next ones while the
-/// failure is one another member may not have.
-pub(crate) fn on_best<T>(
-    clients: &mut Clients,
-    bucket: &str,
-    key: &str,
-    mut f: impl FnMut(&mut Client) -> Result<T>,
-) -> Result<T> {
-    let mut last_err = None;
-    for endpoint in clients.settings.router.candidates(bucket, key) {
-        match clients.get(&endpoint).and_then(&mut f) {
-            // Another member may succeed where this one failed or was busy.
-            Err(e) if e.is_retryable() => last_err = Some(e),
-            other => return other,
-        }
-    }
-    Err(last_err.unwrap_or_else(|| Error::Invalid("no member to read from".into())))
 }
 
 /// A sample as it is delivered: its bytes, or where they lie in the node's cache file
@@ -316,8 +216,9 @@ fn mapped_samples(shard: &str, local: crate::LocalFile) -> Result<Vec<Result<Map
     Ok(out)
 }
 
-/// Fetches one run: the wanted samples with their slots.
-fn fetch(catalog: &Catalog, run: &Run, clients: &mut Clients) -> Result<Fetched> {
+/// Fetches one run: the wanted samples with their slots; with `local`, as ranges of the
+/// node's cache file where it passes one.
+fn fetch(catalog: &Catalog, run: &Run, clients: &mut Clients, local: bool) -> Result<Fetched> {
     let shard = &catalog.shards[run.shard as usize];
     let (first, last) = (
         shard.samples[run.first as usize],
@@ -328,7 +229,7 @@ fn fetch(catalog: &Catalog, run: &Run, clients: &mut Clients) -> Result<Fetched>
         if_match: Some(shard.etag.clone()).filter(|e| !e.is_empty()),
         ..GetOptions::default()
     };
-    let local = clients.settings.local && !shard.compressed();
+    let local = local && !shard.compressed();
     on_best(clients, &catalog.bucket, &shard.key, |c| {
         let owned = |stream: Box<dyn Read + Send>, first: u32| {
             let samples =
@@ -375,8 +276,9 @@ pub struct PlannedRead {
     ready: HashMap<usize, Delivered>,
     results: Receiver<(usize, Result<Fetched>)>,
     shared: Arc<Shared>,
-    /// Without read-ahead: the runs and how they are fetched, here.
-    inline: Option<(Arc<Catalog>, Vec<Run>, Clients)>,
+    /// Without read-ahead: the runs and how they are fetched, here (connections, and
+    /// whether reads are local).
+    inline: Option<(Arc<Catalog>, Vec<Run>, Clients, bool)>,
     failed: bool,
 }
 
@@ -403,7 +305,7 @@ impl PlannedRead {
         let ahead = settings.read_ahead;
         let mut inline = None;
         if ahead == 0 {
-            inline = Some((catalog, runs, Clients::new(settings)));
+            inline = Some((catalog, runs, settings.clients(), settings.local));
         } else {
             let runs = Arc::new(runs);
             for _ in 0..ahead {
@@ -415,7 +317,7 @@ impl PlannedRead {
                     tx.clone(),
                 );
                 std::thread::spawn(move || {
-                    let mut clients = Clients::new(settings);
+                    let mut clients = settings.clients();
                     loop {
                         let i = {
                             let mut p = shared.progress.lock().unwrap_or_else(|p| p.into_inner());
@@ -431,7 +333,7 @@ impl PlannedRead {
                                 p = shared.wake.wait(p).unwrap_or_else(|p| p.into_inner());
                             }
                         };
-                        let got = fetch(&catalog, &runs[i], &mut clients);
+                        let got = fetch(&catalog, &runs[i], &mut clients, settings.local);
                         if tx.send((i, got)).is_err() {
                             return;
                         }
@@ -469,8 +371,8 @@ impl Iterator for PlannedRead {
         let slot = self.next_slot;
         let run = self.run_of_slot[slot] as usize;
         while !self.ready.contains_key(&slot) {
-            let got = if let Some((catalog, runs, clients)) = &mut self.inline {
-                fetch(catalog, &runs[run], clients)
+            let got = if let Some((catalog, runs, clients, local)) = &mut self.inline {
+                fetch(catalog, &runs[run], clients, *local)
             } else {
                 {
                     let mut p = self
@@ -575,55 +477,6 @@ pub fn read_epoch(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Member;
-
-    fn view(states: &[(&str, MemberState)]) -> ClusterView {
-        ClusterView {
-            node_id: "a".into(),
-            members: states
-                .iter()
-                .map(|(id, state)| Member {
-                    id: (*id).into(),
-                    url: format!("http://{id}:7070"),
-                    state: *state,
-                    weight: 100.0,
-                })
-                .collect(),
-            owner: None,
-        }
-    }
-
-    #[test]
-    fn reads_go_to_the_owner_then_the_ring_order_then_the_given_node() {
-        use MemberState::{Down, Up};
-        let all_up = Router::from_view("http://a:7070", &view(&[("a", Up), ("b", Up), ("c", Up)]));
-        let ring = Ring::uniform(["a", "b", "c"]);
-        for i in 0..50 {
-            let key = format!("d/shard-{i}.tar");
-            let want: Vec<String> = ring
-                .ranked(key_hash("bk", &key))
-                .into_iter()
-                .map(|n| format!("http://{}:7070", ring.nodes()[n].id))
-                .collect();
-            assert_eq!(all_up.candidates("bk", &key), want);
-        }
-        // A member seen down is not asked; the given node comes last whatever happens.
-        let b_down =
-            Router::from_view("http://a:7070", &view(&[("a", Up), ("b", Down), ("c", Up)]));
-        for i in 0..50 {
-            let got = b_down.candidates("bk", &format!("k{i}"));
-            assert!(!got.contains(&"http://b:7070".to_owned()));
-            assert_eq!(got.len(), 2);
-        }
-        // Without members' URLs (an unsigned view): everything through the given node.
-        let mut v = view(&[("a", Up), ("b", Up)]);
-        v.members[1].url.clear();
-        let single = Router::from_view("http://a:7070", &v);
-        assert_eq!(
-            single.candidates("bk", "k"),
-            vec!["http://a:7070".to_owned()]
-        );
-    }
 
     #[test]
     fn runs_join_near_samples_of_one_shard_and_split_at_gaps_and_limits() {
