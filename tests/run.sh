@@ -26,11 +26,14 @@ fi
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
-step "layers import downward (nothing below the API or the node service imports them)"
-up=$(grep -rlE 'crate::(api|node)\b' server/src/backend server/src/cache server/src/cluster \
-       server/src/io server/src/transform server/src/jobs.rs || true)
+# The API cannot reach below the node service: `granary-core` is its own crate and the
+# node's fields are private. Inside that crate, the node service sits above the parts it
+# is made of; this keeps them from reaching up to it.
+step "inside granary-core, the node's parts do not import the node service"
+up=$(cd server/core/src && grep -rlE 'crate::node\b' backend cache cluster io transform stats \
+       archive.rs jobs.rs || true)
 if [ -n "$up" ]; then
-  printf 'imports pointing up, in:\n%s\n' "$up"
+  printf 'imports pointing up to the node service, in server/core/src:\n%s\n' "$up"
   exit 1
 fi
 

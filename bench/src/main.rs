@@ -433,7 +433,7 @@ fn main() -> anyhow::Result<()> {
             }
             Command::Transform(a) => {
                 let t = target(&a.common)?;
-                let spec: granary_server::transform::image::ImageSpec =
+                let spec: granary_core::transform::image::ImageSpec =
                     serde_json::from_str(&a.spec).context("--spec")?;
                 let r = granary_bench::transforms::run(
                     &t,

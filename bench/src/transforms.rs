@@ -21,8 +21,8 @@ use serde::Serialize;
 
 use crate::http::Target;
 use crate::listing::Object;
+use granary_core::transform::image::{apply, ImageSpec};
 use granary_proto::encode;
-use granary_server::transform::image::{apply, ImageSpec};
 
 /// One timed pass.
 #[derive(Debug, Serialize)]

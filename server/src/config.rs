@@ -5,6 +5,9 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+use granary_core::cache::CachePolicy;
+use granary_core::cluster::{parse_peer, ClusterConfig, RouteMode};
+use granary_core::node::{BackendSpec, NodeConfig};
 use granary_proto::units::{parse_duration, parse_size};
 use serde::{Deserialize, Deserializer};
 
@@ -65,7 +68,7 @@ pub struct Config {
     /// TLS private key (PEM) for HTTPS.
     pub tls_key: Option<PathBuf>,
     /// How cache entries are read from disk.
-    pub read_engine: crate::io::EngineChoice,
+    pub read_engine: granary_core::io::EngineChoice,
     /// Requests served at once; beyond them `503 SlowDown`. 0: no limit.
     pub max_requests: usize,
     /// Backend reads in flight at once; a read that waits longer than a moment for a
@@ -75,7 +78,7 @@ pub struct Config {
     #[serde(deserialize_with = "de_duration")]
     pub idle_timeout: std::time::Duration,
     /// Named on-node transforms (`[transforms.NAME]` in the TOML file).
-    pub transforms: std::collections::BTreeMap<String, crate::transform::TransformSpec>,
+    pub transforms: std::collections::BTreeMap<String, granary_core::transform::TransformSpec>,
 }
 
 impl Default for Config {
@@ -104,51 +107,13 @@ impl Default for Config {
             listen_unix: None,
             tls_cert: None,
             tls_key: None,
-            read_engine: crate::io::EngineChoice::Auto,
+            read_engine: granary_core::io::EngineChoice::Auto,
             max_requests: 1024,
             max_backend_fetches: 64,
             idle_timeout: std::time::Duration::from_secs(120),
             transforms: Default::default(),
         }
     }
-}
-
-/// Cache admission policy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "kebab-case")]
-pub enum CachePolicy {
-    /// Admit until full, then serve the rest straight through; never remove.
-    NeverEvict,
-    /// Least recently used, for comparison.
-    Lru,
-}
-
-impl CachePolicy {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            CachePolicy::NeverEvict => "never-evict",
-            CachePolicy::Lru => "lru",
-        }
-    }
-}
-
-/// How a request for a key owned by another node is answered.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "kebab-case")]
-pub enum RouteMode {
-    /// Stream the owner's response through.
-    Proxy,
-    /// Answer `307` to the owner.
-    Redirect,
-}
-
-/// Where objects come from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum BackendSpec {
-    /// A local directory, each sub-folder a bucket.
-    Fs(PathBuf),
-    /// S3 through the standard AWS configuration chain.
-    S3,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -170,6 +135,15 @@ pub enum ConfigError {
     },
 }
 
+impl From<granary_core::cluster::ConfigError> for ConfigError {
+    fn from(e: granary_core::cluster::ConfigError) -> ConfigError {
+        ConfigError::Invalid {
+            field: e.field,
+            message: e.message,
+        }
+    }
+}
+
 impl Config {
     /// Reads a TOML config file over the defaults.
     pub fn from_file(path: &std::path::Path) -> Result<Config, ConfigError> {
@@ -187,7 +161,9 @@ impl Config {
     pub fn backend_spec(&self) -> Result<BackendSpec, ConfigError> {
         match self.backend.as_deref() {
             None => Ok(BackendSpec::Fs(self.data_dir.join("origin"))),
-            Some("s3") => Ok(BackendSpec::S3),
+            Some("s3") => Ok(BackendSpec::S3 {
+                endpoint: self.s3_endpoint.clone(),
+            }),
             Some(s) => match s.strip_prefix("fs:") {
                 Some(dir) if !dir.is_empty() => Ok(BackendSpec::Fs(PathBuf::from(dir))),
                 _ => Err(ConfigError::Invalid {
@@ -227,6 +203,34 @@ impl Config {
             .map(|s| s.trim().to_owned())
             .filter(|s| !s.is_empty())
             .unwrap_or_else(|| "granary".to_owned())
+    }
+
+    /// What the node service is opened with.
+    pub fn node_config(&self) -> Result<NodeConfig, ConfigError> {
+        Ok(NodeConfig {
+            node_id: self.node_id(),
+            data_dir: self.data_dir.clone(),
+            backend: self.backend_spec()?,
+            max_backend_fetches: self.max_backend_fetches,
+            cache_capacity: self.cache_capacity,
+            cache_policy: self.cache_policy,
+            verify_reads: self.verify_reads,
+            read_engine: self.read_engine,
+            sendfile: self.sendfile,
+            direct_fills: self.direct_fills,
+            rebalance_rate: self.rebalance_rate,
+            transforms: self.transforms.clone(),
+            cluster: ClusterConfig {
+                listen: self.listen,
+                tls_cert: self.tls_cert.clone(),
+                peer: self.peer.clone(),
+                peers_file: self.peers_file.clone(),
+                peers_dns: self.peers_dns.clone(),
+                peers_dns_server: self.peers_dns_server,
+                route: self.route,
+                secret: self.cluster_secret(),
+            },
+        })
     }
 
     /// Checks cross-field rules.
@@ -279,21 +283,6 @@ impl Config {
             })?;
         }
         Ok(())
-    }
-}
-
-/// Splits `ID=URL`.
-pub fn parse_peer(s: &str) -> Result<(String, String), ConfigError> {
-    match s.split_once('=') {
-        Some((id, url))
-            if !id.is_empty() && (url.starts_with("http://") || url.starts_with("https://")) =>
-        {
-            Ok((id.to_owned(), url.trim_end_matches('/').to_owned()))
-        }
-        _ => Err(ConfigError::Invalid {
-            field: "peer",
-            message: format!("`{s}`: expected ID=http://host:port"),
-        }),
     }
 }
 
@@ -358,7 +347,10 @@ mod tests {
             BackendSpec::Fs(PathBuf::from("/srv/data"))
         );
         c.backend = Some("s3".into());
-        assert_eq!(c.backend_spec().unwrap(), BackendSpec::S3);
+        assert_eq!(
+            c.backend_spec().unwrap(),
+            BackendSpec::S3 { endpoint: None }
+        );
         c.backend = Some("gcs".into());
         assert!(c.backend_spec().is_err());
     }

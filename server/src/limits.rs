@@ -156,7 +156,7 @@ impl<T> IdleIo<T> {
 
 use std::future::Future;
 
-use crate::io::sendfile::{self, FileSink};
+use granary_core::io::sendfile::{self, FileSink};
 
 impl<T: AsyncRead + Unpin> AsyncRead for IdleIo<T> {
     fn poll_read(

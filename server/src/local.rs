@@ -215,7 +215,7 @@ impl AsyncWrite for FdStream {
     }
 }
 
-impl crate::io::sendfile::FileSink for FdStream {
+impl granary_core::io::sendfile::FileSink for FdStream {
     /// Sends a file range with `sendfile(2)`, unless descriptors wait for this write.
     fn poll_send_file(
         &mut self,
@@ -228,7 +228,7 @@ impl crate::io::sendfile::FileSink for FdStream {
             return None;
         }
         let inner = &self.inner;
-        Some(crate::io::sendfile::poll_sendfile_on(
+        Some(granary_core::io::sendfile::poll_sendfile_on(
             cx,
             inner,
             |cx| inner.poll_write_ready(cx),

@@ -4,9 +4,13 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Args, Parser, Subcommand};
+use granary_core::cache::CachePolicy;
+use granary_core::cluster::RouteMode;
+use granary_core::io::EngineChoice;
 use granary_proto::units::{parse_duration, parse_size};
-use granary_server::config::{CachePolicy, Config, RouteMode};
+use granary_server::config::Config;
 
 #[derive(Parser)]
 #[command(
@@ -48,7 +52,7 @@ struct ServeArgs {
     #[arg(long, env = "GRANARY_CACHE_CAPACITY", value_parser = parse_size)]
     cache_capacity: Option<u64>,
     /// Cache admission policy [default: never-evict].
-    #[arg(long, env = "GRANARY_CACHE_POLICY", value_enum)]
+    #[arg(long, env = "GRANARY_CACHE_POLICY", value_parser = named::<CachePolicy>(&CachePolicy::NAMES))]
     cache_policy: Option<CachePolicy>,
     /// This node's name in the cluster [default: the host name].
     #[arg(long, env = "GRANARY_NODE_ID")]
@@ -77,7 +81,7 @@ struct ServeArgs {
     #[arg(long, env = "GRANARY_CLUSTER_SECRET", hide_env_values = true)]
     cluster_secret: Option<String>,
     /// Answer requests for keys owned elsewhere by proxying or with 307 [default: proxy].
-    #[arg(long, env = "GRANARY_ROUTE", value_enum)]
+    #[arg(long, env = "GRANARY_ROUTE", value_parser = named::<RouteMode>(&RouteMode::NAMES))]
     route: Option<RouteMode>,
     /// Access key; with --secret-key, S3 requests must be signed (SigV4 or presigned).
     #[arg(long, env = "GRANARY_ACCESS_KEY")]
@@ -113,8 +117,8 @@ struct ServeArgs {
     #[arg(long, env = "GRANARY_TLS_KEY")]
     tls_key: Option<PathBuf>,
     /// How cache entries are read from disk: auto (io_uring, else std), io-uring, std [default: auto].
-    #[arg(long, env = "GRANARY_READ_ENGINE", value_enum)]
-    read_engine: Option<granary_server::io::EngineChoice>,
+    #[arg(long, env = "GRANARY_READ_ENGINE", value_parser = named::<EngineChoice>(&EngineChoice::NAMES))]
+    read_engine: Option<EngineChoice>,
     /// Requests served at once; beyond them 503 SlowDown (0: no limit) [default: 1024].
     #[arg(long, env = "GRANARY_MAX_REQUESTS")]
     max_requests: Option<usize>,
@@ -219,4 +223,12 @@ fn main() -> anyhow::Result<()> {
             rt.block_on(granary_server::run(config))
         }
     }
+}
+
+/// A flag that takes one of `names`, parsed into what it names.
+fn named<T>(names: &'static [&'static str]) -> impl TypedValueParser<Value = T>
+where
+    T: std::str::FromStr<Err = String> + Clone + Send + Sync + 'static,
+{
+    PossibleValuesParser::new(names).map(|s| s.parse::<T>().expect("every listed name parses"))
 }

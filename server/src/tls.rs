@@ -136,7 +136,7 @@ impl AsyncRead for TlsConn {
 }
 
 /// Encrypted bytes cannot leave by `sendfile`: mapped bodies are read and encrypted.
-impl crate::io::sendfile::FileSink for TlsConn {}
+impl granary_core::io::sendfile::FileSink for TlsConn {}
 
 impl AsyncWrite for TlsConn {
     fn poll_write(

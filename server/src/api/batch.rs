@@ -23,7 +23,8 @@ use http::{header, HeaderValue, Method};
 use super::error::{S3Code, S3Error};
 use super::s3::{auth, Req};
 use super::AppState;
-use crate::node::{Data, Item, Node, Outcome};
+use granary_core::node::{Data, Item, Outcome};
+use granary_core::Node;
 
 /// Items fetched ahead of the one being sent.
 pub const PARALLEL: usize = 16;
@@ -117,7 +118,7 @@ pub async fn handle(state: &Arc<AppState>, req: Request) -> Result<Response, S3E
             it.transform.clone_from(&all);
         }
         if let Some(t) = &it.transform {
-            state.node.transforms.lookup(t)?;
+            state.node.transform(t)?;
         }
     }
     for it in &items {
@@ -166,7 +167,7 @@ async fn stream_items(
         None => None,
         Some(got) => Some(settle(got, mark, &names[0])?),
     };
-    let node = node.id.clone();
+    let node = node.id().to_owned();
     let body = async_stream::stream! {
         // Small members are gathered into one buffer and sent when it is large or when
         // the next item is not ready yet: a write per member would cost a segment each.

@@ -9,11 +9,11 @@ use granary_proto::auth::AuthError;
 use granary_proto::xml::XmlError;
 use http::{HeaderValue, StatusCode};
 
-use crate::backend::{BackendError, Refusal};
-use crate::cache::CacheError;
-use crate::cluster::ClusterError;
-use crate::node::NodeError;
-use crate::transform::TransformError;
+use granary_core::backend::{BackendError, Refusal};
+use granary_core::cache::CacheError;
+use granary_core::cluster::ClusterError;
+use granary_core::node::NodeError;
+use granary_core::transform::TransformError;
 
 pub use granary_proto::S3Code;
 
@@ -208,7 +208,28 @@ impl From<CacheError> for S3Error {
 
 impl From<ClusterError> for S3Error {
     fn from(e: ClusterError) -> S3Error {
-        S3Error::new(S3Code::ServiceUnavailable, format!("{e}; retry"))
+        match e {
+            // The member's own answer, as it gave it.
+            ClusterError::Refused {
+                code: Some(code),
+                message,
+                ..
+            } => S3Error::new(code, message),
+            ClusterError::Refused { status, .. } => {
+                let code = match status {
+                    400 => S3Code::InvalidArgument,
+                    403 => S3Code::AccessDenied,
+                    404 => S3Code::NoSuchKey,
+                    503 => S3Code::ServiceUnavailable,
+                    _ => S3Code::InternalError,
+                };
+                S3Error::new(code, e.to_string())
+            }
+            ClusterError::Garbled { .. } => S3Error::new(S3Code::InternalError, e.to_string()),
+            ClusterError::Unreachable { .. } | ClusterError::Timeout { .. } => {
+                S3Error::new(S3Code::ServiceUnavailable, format!("{e}; retry"))
+            }
+        }
     }
 }
 
@@ -235,12 +256,6 @@ impl From<NodeError> for S3Error {
             NodeError::Changed(_) | NodeError::ShardNotHeld => S3Code::ServiceUnavailable,
             NodeError::Cut(_) => S3Code::InternalError,
             NodeError::Busy(_) => S3Code::SlowDown,
-            NodeError::Peer { status, .. } => match status {
-                400 => S3Code::InvalidArgument,
-                403 => S3Code::AccessDenied,
-                503 => S3Code::ServiceUnavailable,
-                _ => S3Code::InternalError,
-            },
         };
         S3Error::new(code, e.to_string())
     }

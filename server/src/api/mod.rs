@@ -1,11 +1,12 @@
 //! The HTTP surface: one entry point that checks the request's size, opens its tracing
 //! span, and hands it to the native API (`/_granary/…`) or, once routed to the key's
 //! owner, the S3 API (everything else). Handlers parse requests, call the node service
-//! (`crate::node`) and write answers; `error` maps every layer's error to an S3 code.
+//! (`granary_core::node`) and write answers; `error` maps every layer's error to an S3 code.
 
 pub mod batch;
 pub mod error;
 pub mod native;
+pub mod peer;
 pub mod route;
 pub mod s3;
 
@@ -21,9 +22,10 @@ use tracing::{field::Empty, Instrument, Span};
 
 use granary_proto::auth::Credentials;
 
-use crate::config::{Config, RouteMode};
-use crate::node::Node;
+use crate::config::Config;
 use error::{S3Code, S3Error};
+use granary_core::stats::Metric;
+use granary_core::Node;
 use route::Routed;
 
 /// The member a request came from, when it proves membership (see
@@ -62,7 +64,6 @@ pub struct AppState {
     pub node: Arc<Node>,
     pub creds: Option<Credentials>,
     pub anonymous_read: bool,
-    pub route: RouteMode,
     pub max_requests: usize,
     /// Requests in progress, against `--max-requests`.
     pub requests: crate::limits::RequestLimit,
@@ -74,7 +75,6 @@ impl AppState {
             node,
             creds: config.credentials(),
             anonymous_read: config.anonymous_read,
-            route: config.route,
             max_requests: config.max_requests,
             requests: crate::limits::RequestLimit::new(config.max_requests),
         })
@@ -117,7 +117,7 @@ async fn entry(State(state): State<Arc<AppState>>, mut req: Request) -> Response
         match state.requests.admit() {
             Ok(p) => p,
             Err(crate::limits::AtLimit) => {
-                state.node.stats.slowdowns.fetch_add(1, Ordering::Relaxed);
+                state.node.stats().add(Metric::Slowdowns, 1);
                 let resp = S3Error::new(
                     S3Code::SlowDown,
                     format!(
@@ -149,7 +149,7 @@ async fn entry(State(state): State<Arc<AppState>>, mut req: Request) -> Response
         req.extensions_mut().insert(FromMember(Some(node)));
     } else if req.headers().contains_key(granary_proto::headers::HOP) {
         let (parts, body) = req.into_parts();
-        let member = state.node.cluster.member_of(&parts);
+        let member = state.node.member_of(&parts);
         req = Request::from_parts(parts, body);
         req.extensions_mut().insert(FromMember(member));
     }
@@ -195,7 +195,7 @@ const MAX_PEER_BODY: usize = 64 << 20;
 async fn peer_checked(state: &AppState, req: Request) -> Result<Request, S3Error> {
     use granary_proto::peer::{PeerAuthError, Verified, EMPTY_SHA256};
     let (mut parts, body) = req.into_parts();
-    let (node, sha) = match state.node.cluster.peer_of(&parts) {
+    let (node, sha) = match state.node.peer_of(&parts) {
         Ok(Some(signed)) => signed,
         Ok(None) => return Ok(Request::from_parts(parts, body)),
         Err(PeerAuthError::Skewed) => {
@@ -248,11 +248,12 @@ fn finish(
 ) -> Response {
     let status = resp.status();
     span.record("status", status.as_u16());
-    state.node.stats.requests.fetch_add(1, Ordering::Relaxed);
+    let stats = state.node.stats();
+    stats.add(Metric::Requests, 1);
     if (status.is_client_error() || status.is_server_error())
         && resp.extensions().get::<NotAnError>().is_none()
     {
-        state.node.stats.errors.fetch_add(1, Ordering::Relaxed);
+        stats.add(Metric::Errors, 1);
     }
     let (mut parts, body) = resp.into_parts();
     // Keep the length the body knows (the stream below forgets it).
@@ -291,16 +292,9 @@ struct Tally {
 
 impl Drop for Tally {
     fn drop(&mut self) {
-        self.state
-            .node
-            .stats
-            .bytes_served
-            .fetch_add(self.bytes, Ordering::Relaxed);
-        self.state
-            .node
-            .stats
-            .latency
-            .record(self.started.elapsed().as_secs_f64());
+        let stats = self.state.node.stats();
+        stats.add(Metric::BytesServed, self.bytes);
+        stats.record_latency(self.started.elapsed().as_secs_f64());
         self.span.record("bytes", self.bytes);
         let _e = self.span.enter();
         tracing::debug!(

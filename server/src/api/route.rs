@@ -12,12 +12,13 @@ use axum::body::Body;
 use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
 use http::{header, HeaderValue, Method, StatusCode};
+use http_body_util::BodyExt;
 
 use super::error::{S3Code, S3Error};
 use super::AppState;
-use crate::cluster::peer::target_of;
-use crate::cluster::ring::key_hash;
-use crate::config::RouteMode;
+use granary_core::cluster::peer::{target_of, PeerBody};
+use granary_core::cluster::RouteMode;
+use granary_core::stats::Metric;
 
 /// What routing made of a request.
 pub enum Routed {
@@ -27,32 +28,34 @@ pub enum Routed {
     Answered(Response),
 }
 
+/// A client's body as it goes on to a member.
+pub fn peer_body(body: Body) -> PeerBody {
+    body.map_err(|e| Box::new(e) as Box<dyn std::error::Error + Send + Sync>)
+        .boxed_unsync()
+}
+
 pub async fn route(state: &AppState, req: Request) -> Routed {
-    let c = &state.node.cluster;
+    let node = &state.node;
     // A member sent it: serve it here (it routed it already).
-    if c.is_single() || super::FromMember::of(&req).is_some() {
+    if node.is_single() || super::FromMember::of(&req).is_some() {
         return Routed::Local(req);
     }
     let Ok((bucket, Some(key))) = granary_proto::encode::split_path(req.uri().path()) else {
         return Routed::Local(req);
     };
-    let kh = key_hash(&bucket, &key);
     let (parts, body) = req.into_parts();
     let read = parts.method == Method::GET || parts.method == Method::HEAD;
     let target = target_of(&parts.uri);
     let mut body = Some(body);
-    for _ in 0..c.members().len() {
-        let m = c.owner_of_hash(kh);
-        if c.is_me(&m) {
+    for _ in 0..node.member_count() {
+        let Some(m) = node.owner_elsewhere(&bucket, &key) else {
             break;
-        }
-        if read && state.route == RouteMode::Redirect && !granary_proto::auth::client_signed(&parts)
+        };
+        if read
+            && node.route_mode() == RouteMode::Redirect
+            && !granary_proto::auth::client_signed(&parts)
         {
-            state
-                .node
-                .stats
-                .redirects
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            node.stats().add(Metric::Redirects, 1);
             let mut resp = Response::new(Body::empty());
             *resp.status_mut() = StatusCode::TEMPORARY_REDIRECT;
             let h = resp.headers_mut();
@@ -69,13 +72,13 @@ pub async fn route(state: &AppState, req: Request) -> Routed {
         } else {
             body.take().unwrap_or_default()
         };
-        match c
-            .forward(&m, &parts.method, &target, &parts.headers, send)
+        match node
+            .forward(&m, &parts.method, &target, &parts.headers, peer_body(send))
             .await
         {
-            Ok(resp) => return Routed::Answered(resp),
+            Ok(resp) => return Routed::Answered(resp.map(Body::new)),
             Err(why) => {
-                c.mark_down(&m, why);
+                node.mark_down(&m, why);
                 if !read {
                     let id = m.id.clone();
                     return Routed::Answered(

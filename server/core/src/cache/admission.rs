@@ -11,7 +11,40 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 
 use super::Cache;
-use crate::config::CachePolicy;
+
+/// Cache admission policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CachePolicy {
+    /// Admit until full, then serve the rest straight through; never remove.
+    NeverEvict,
+    /// Least recently used, for comparison.
+    Lru,
+}
+
+impl CachePolicy {
+    /// Every policy, as flags and the TOML file name them.
+    pub const NAMES: [&'static str; 2] = ["never-evict", "lru"];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CachePolicy::NeverEvict => "never-evict",
+            CachePolicy::Lru => "lru",
+        }
+    }
+}
+
+impl std::str::FromStr for CachePolicy {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<CachePolicy, String> {
+        match s {
+            "never-evict" => Ok(CachePolicy::NeverEvict),
+            "lru" => Ok(CachePolicy::Lru),
+            _ => Err(format!("`{s}`: expected never-evict or lru")),
+        }
+    }
+}
 
 /// The policy's answer for an object.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,7 +110,7 @@ mod tests {
     use super::super::index::{Entry, Index};
     use super::*;
     use crate::backend::ObjectMeta;
-    use crate::config::CachePolicy;
+    use crate::cache::CachePolicy;
     use std::path::PathBuf;
     use std::sync::atomic::AtomicBool;
     use std::sync::Arc;

@@ -3,7 +3,7 @@
 //! same single flight: one computation however many readers ask at once.
 
 use std::future::Future;
-use std::sync::atomic::Ordering;
+
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -12,6 +12,7 @@ use super::flight::Joined;
 use super::index;
 use super::{Body, Cache, CacheError, Counted, DeriveError, Fetched, Mode, Origin, Read};
 use crate::backend::{ByteStream, GetObject, ObjectMeta, RangeFn};
+use crate::stats::Metric;
 
 impl Cache {
     /// Reads an object computed on demand (a transform's result, keyed by its inputs, so
@@ -64,7 +65,7 @@ impl Cache {
             let cached = self.lock_index().get(ikey);
             if let Some(entry) = cached {
                 let read = self.serve_entry(ikey, entry, range)?;
-                self.stats.hits.fetch_add(1, Ordering::Relaxed);
+                self.stats.add(Metric::Hits, 1);
                 return Ok(read);
             }
             match self.join(ikey) {
@@ -117,7 +118,7 @@ impl Cache {
             Some(r) => bytes.slice(r.start as usize..r.end as usize),
             None => bytes,
         };
-        self.stats.bypasses.fetch_add(1, Ordering::Relaxed);
+        self.stats.add(Metric::Bypasses, 1);
         Ok(Read {
             meta,
             range: client,

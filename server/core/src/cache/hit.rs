@@ -37,6 +37,7 @@ use super::{store, Body, Cache, CacheError, LocalFile, Origin, Read, HOT_MAX_OBJ
 use crate::backend::{ByteRange, ByteStream, RangeFn};
 use crate::io::mapped::Mapped;
 use crate::io::sendfile::FileBytes;
+use crate::stats::Metric;
 
 /// What a mapped hit maps at a time: 4 MiB costs a quarter less CPU per byte than 1 MiB
 /// here (fewer mappings set up and torn down), and larger windows no less. Mapped pages
@@ -111,8 +112,8 @@ impl Cache {
                 .await
                 .map_err(io::Error::other)??;
         }
-        self.stats.hits.fetch_add(1, Ordering::Relaxed);
-        self.stats.local_reads.fetch_add(1, Ordering::Relaxed);
+        self.stats.add(Metric::Hits, 1);
+        self.stats.add(Metric::LocalReads, 1);
         Ok(Some(LocalFile {
             file,
             meta: entry.meta.clone(),

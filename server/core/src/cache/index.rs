@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use super::admission::{Admission, Refused};
 use crate::backend::ObjectMeta;
-use crate::config::CachePolicy;
+use crate::cache::CachePolicy;
 
 /// A committed cache entry.
 #[derive(Debug)]

@@ -20,6 +20,7 @@ use super::{room, store, Body, Cache, CacheError, Counted, Fetched, Origin, Read
 use crate::backend::{
     BackendError, ByteRange, ByteStream, GetObject, ObjectMeta, RangeFn, Refusal, Source,
 };
+use crate::stats::Metric;
 
 impl Cache {
     /// Joins the fill of `ikey` in progress, or leads a new one; a new fill while a
@@ -51,10 +52,10 @@ impl Cache {
             return Ok(None);
         }
         let origin = if fill.from_peer.load(Ordering::Acquire) {
-            self.stats.peer_fills.fetch_add(1, Ordering::Relaxed);
+            self.stats.add(Metric::PeerFills, 1);
             Origin::Peer
         } else {
-            self.stats.misses.fetch_add(1, Ordering::Relaxed);
+            self.stats.add(Metric::Misses, 1);
             Origin::Miss
         };
         let end = resolved.map_or(meta.size, |r| r.end);
@@ -83,7 +84,7 @@ impl Cache {
             if let Some(entry) = cached {
                 if self.still_current(src, bucket, key, ikey, &entry).await? {
                     let read = self.serve_entry(ikey, entry, range)?;
-                    self.stats.hits.fetch_add(1, Ordering::Relaxed);
+                    self.stats.add(Metric::Hits, 1);
                     return Ok(read);
                 }
             }
@@ -128,7 +129,7 @@ impl Cache {
                 }
                 tracing::error!(error = %e, "cannot create a cache temp file; serving through");
                 self.lock_index().release(size);
-                self.stats.bypasses.fetch_add(1, Ordering::Relaxed);
+                self.stats.add(Metric::Bypasses, 1);
                 return self.bypass(src, bucket, key, range).await;
             }
         };
@@ -239,7 +240,7 @@ impl Cache {
         } = f;
         if origin == Origin::Peer {
             // The peer sends the whole object; this reader gets its range of it.
-            self.stats.peer_fills.fetch_add(1, Ordering::Relaxed);
+            self.stats.add(Metric::PeerFills, 1);
             let (start, end) = client.map_or((0, obj.meta.size), |r| (r.start, r.end));
             return Read {
                 body: Body::Stream(self.count(follow::slice(obj.body, start, end), counted)),
@@ -248,7 +249,7 @@ impl Cache {
                 origin,
             };
         }
-        self.stats.bypasses.fetch_add(1, Ordering::Relaxed);
+        self.stats.add(Metric::Bypasses, 1);
         Read {
             meta: obj.meta,
             range: client,
@@ -270,7 +271,7 @@ impl Cache {
             bucket: bucket.to_owned(),
             key: key.to_owned(),
             on_bytes: Arc::new(move |n| {
-                stats.bytes_from_backend.fetch_add(n, Ordering::Relaxed);
+                stats.add(Metric::BytesFromBackend, n);
             }),
         })
     }
@@ -303,10 +304,10 @@ impl Cache {
             s.phase = Phase::Filling;
         });
         if f.origin == Origin::Peer {
-            self.stats.peer_fills.fetch_add(1, Ordering::Relaxed);
+            self.stats.add(Metric::PeerFills, 1);
             fill.from_peer.store(true, Ordering::Release);
         } else {
-            self.stats.misses.fetch_add(1, Ordering::Relaxed);
+            self.stats.add(Metric::Misses, 1);
         }
         let commit = fill::Commit {
             bucket: bucket.to_owned(),
@@ -320,10 +321,10 @@ impl Cache {
         tokio::spawn(async move {
             let on_bytes = move |n: u64| match counted {
                 Counted::Backend => {
-                    stats.bytes_from_backend.fetch_add(n, Ordering::Relaxed);
+                    stats.add(Metric::BytesFromBackend, n);
                 }
                 Counted::Peers => {
-                    stats.bytes_from_peers.fetch_add(n, Ordering::Relaxed);
+                    stats.add(Metric::BytesFromPeers, n);
                 }
                 Counted::Nowhere => {}
             };
@@ -445,7 +446,7 @@ impl Cache {
         range: &RangeFn<'_>,
     ) -> Result<Read, CacheError> {
         let (obj, resolved) = src.get_object(bucket, key, range).await?;
-        self.stats.bypasses.fetch_add(1, Ordering::Relaxed);
+        self.stats.add(Metric::Bypasses, 1);
         Ok(Read {
             meta: obj.meta,
             range: resolved,
@@ -463,11 +464,11 @@ impl Cache {
         Box::pin(body.map(move |item| {
             if let Ok(b) = &item {
                 let counter = if counted == Counted::Peers {
-                    &stats.bytes_from_peers
+                    Metric::BytesFromPeers
                 } else {
-                    &stats.bytes_from_backend
+                    Metric::BytesFromBackend
                 };
-                counter.fetch_add(b.len() as u64, Ordering::Relaxed);
+                stats.add(counter, b.len() as u64);
             }
             item
         }))

@@ -36,13 +36,13 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 
 use crate::backend::{BackendError, ByteRange, ByteStream, GetObject, ObjectMeta, RangeFn, Source};
-use crate::config::CachePolicy;
 use crate::io::ReadEngine;
+use crate::stats::Metric;
 use crate::stats::Stats;
 use flight::Flights;
 use index::{Entry, Index};
 
-pub use admission::{Admission, Refused};
+pub use admission::{Admission, CachePolicy, Refused};
 pub use adopt::Adopted;
 pub use error::{CacheError, DeriveError};
 pub use follow::slice;
@@ -188,8 +188,6 @@ pub struct Cache {
     tar_indexes: moka::sync::Cache<String, (Arc<Entry>, Arc<crate::archive::TarIndex>)>,
     /// A shard's member index is built once however many reads ask for it at once.
     index_builds: crate::keylock::KeyLocks<String>,
-    /// Member indexes built since start.
-    indexes_built: std::sync::atomic::AtomicU64,
     /// Set when never-evict refuses an object for want of room; cleared when an entry
     /// is removed.
     refusing: AtomicBool,
@@ -294,7 +292,6 @@ impl Cache {
                 )
                 .build(),
             index_builds: Default::default(),
-            indexes_built: Default::default(),
             refusing: AtomicBool::new(false),
             room,
             source: std::sync::OnceLock::new(),
@@ -506,16 +503,9 @@ impl Cache {
         .await
         .map_err(io::Error::other)?;
         let idx = Arc::new(built.map_err(|e| CacheError::NotTar(e.to_string()))?);
-        self.indexes_built
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.stats.add(Metric::TarIndexesBuilt, 1);
         self.tar_indexes.insert(ikey, (entry.clone(), idx.clone()));
         Ok(Some((entry.meta.clone(), idx)))
-    }
-
-    /// Shard member indexes built since start (`/_granary/stats` `tar_indexes_built`).
-    pub fn indexes_built(&self) -> u64 {
-        self.indexes_built
-            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Whether an entry may be served: one checked since the cache's generation began

@@ -17,7 +17,7 @@ use crate::backend::{
     Backend, BackendError, BucketInfo, ByteRange, ByteStream, GetObject, ListPage, ListQuery,
     ObjectMeta, PartInfo, PutOptions, RangeFn, Result, Source, UploadInfo,
 };
-use crate::config::CachePolicy;
+use crate::cache::CachePolicy;
 use crate::stats::Stats;
 
 /// Objects in memory; bodies come in 64 KiB pieces, the first at once and the rest once

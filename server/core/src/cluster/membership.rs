@@ -17,8 +17,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use http_body_util::BodyExt;
-
+use super::calls::{Health, Probe};
 use super::source::Watch;
 use super::{Cluster, Member};
 
@@ -28,11 +27,6 @@ pub const PROBE_EVERY: Duration = Duration::from_secs(1);
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 /// Failed probes in a row that mark a member down.
 pub const FAILS_TO_DOWN: u32 = 2;
-/// The header a round's probe announces its sender with, and the answer's header that
-/// says whether the sender is in the answering member's list ([`KNOWN`] or not).
-pub const ANNOUNCE: &str = "x-granary-announce";
-/// The value of [`ANNOUNCE`] in an answer from a member that lists the sender.
-pub const KNOWN: &str = "known";
 /// The longest a node waits for members that answer but do not list it before it
 /// settles anyway (a member whose list does not have this node is misconfigured).
 pub const SETTLE_LIMIT: Duration = Duration::from_secs(30);
@@ -98,10 +92,12 @@ pub async fn probe_member(c: &Cluster, m: &Arc<Member>, announce: bool) -> bool 
                     return false;
                 }
             }
-            if let Some(aware) = h.knows_me {
-                c.set_aware(m, aware);
+            if announce {
+                if let Some(aware) = h.knows_me {
+                    c.set_aware(m, aware);
+                }
             }
-            c.heard(m, h.capacity, h.full, h.free);
+            c.heard(m, h.capacity_bytes, !h.admitting, h.free_bytes);
             c.check_trust();
             true
         }
@@ -131,66 +127,18 @@ pub async fn announced(c: &Cluster, id: &str) -> bool {
     true
 }
 
-/// What a member says of itself.
-struct Heard {
-    capacity: u64,
-    full: bool,
-    free: u64,
-    /// It lists this node (asked by an announcing probe only).
-    knows_me: Option<bool>,
-}
-
-/// One probe: what the member says, or why it failed. A member still settling answers
-/// `503` with the same fields: it is alive and serving.
-async fn probe(c: &Cluster, m: &Member, announce: bool) -> Result<Heard, String> {
-    let method = http::Method::GET;
-    let target = "/_granary/health";
-    let mut req = http::Request::get(format!("{}{target}", m.url)).header(
-        granary_proto::headers::HOP,
-        c.hop_value(&m.id, &method, target),
-    );
-    if announce {
-        req = req.header(ANNOUNCE, "1");
-    }
-    let req = req
-        .body(axum::body::Body::empty())
-        .map_err(|e| e.to_string())?;
-    let answer = async {
-        let resp = c.http.request(req).await.map_err(|e| e.to_string())?;
-        let status = resp.status();
-        if !status.is_success() && status != http::StatusCode::SERVICE_UNAVAILABLE {
-            return Err(format!("health answered {status}"));
-        }
-        // No answer to the announcement: a member from before announcements, which
-        // takes every member's invalidations.
-        let knows_me = announce.then(|| {
-            resp.headers()
-                .get(ANNOUNCE)
-                .and_then(|v| v.to_str().ok())
-                .is_none_or(|v| v == KNOWN)
-        });
-        let body = resp
-            .into_body()
-            .collect()
-            .await
-            .map_err(|e| e.to_string())?
-            .to_bytes();
-        let v = serde_json::from_slice::<serde_json::Value>(&body).map_err(|e| e.to_string())?;
-        Ok::<_, String>((v, knows_me))
-    };
-    let (v, knows_me) = tokio::time::timeout(PROBE_TIMEOUT, answer)
+/// One probe: what the member says, or why it failed. The answer must come from the
+/// member the list names (another id means a wrong URL).
+async fn probe(c: &Cluster, m: &Member, announce: bool) -> Result<Health, String> {
+    let h = c
+        .call(m, &Probe { announce })
         .await
-        .map_err(|_| "health probe timed out".to_owned())??;
-    if v["node_id"] != m.id.as_str() {
+        .map_err(|e| e.to_string())?;
+    if h.node_id != m.id {
         return Err(format!(
             "{} answers as node {}, not {}",
-            m.url, v["node_id"], m.id
+            m.url, h.node_id, m.id
         ));
     }
-    Ok(Heard {
-        capacity: v["capacity_bytes"].as_u64().unwrap_or(0),
-        full: v["admitting"] == false,
-        free: v["free_bytes"].as_u64().unwrap_or(0),
-        knows_me,
-    })
+    Ok(h)
 }

@@ -24,6 +24,8 @@
 //! cluster's secret: `--cluster-secret`, else the secret key), so members' headers mean
 //! nothing from anyone else.
 
+pub mod calls;
+mod config;
 mod error;
 pub mod membership;
 pub mod peer;
@@ -37,10 +39,10 @@ use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::json;
 
-use crate::config::{Config, ConfigError, RouteMode};
 use crate::stats::Stats;
 use ring::{key_hash, Ring, RingNode};
 
+pub use config::{parse_peer, ClusterConfig, ConfigError, RouteMode};
 pub use error::ClusterError;
 
 /// How long writes still tell a member taken out of the list (every member's list has
@@ -201,7 +203,7 @@ impl Cluster {
     /// until `--peers-dns` answers), this node weighing `capacity`. Other members start
     /// down until their first probe answers.
     pub fn new(
-        config: &Config,
+        config: &ClusterConfig,
         node_id: &str,
         capacity: u64,
         stats: Arc<Stats>,
@@ -217,15 +219,11 @@ impl Cluster {
             id: node_id.to_owned(),
             view: RwLock::new(Arc::new(View::new(Vec::new(), 0))),
             route: config.route,
-            secret: config.cluster_secret(),
+            secret: config.secret.clone(),
             nonces: Default::default(),
             own_url,
-            http: peer::http_client(config.tls_cert.as_deref()).map_err(|e| {
-                ConfigError::Invalid {
-                    field: "peer",
-                    message: format!("{e:#}"),
-                }
-            })?,
+            http: peer::http_client(config.tls_cert.as_deref())
+                .map_err(|message| ConfigError::new("peer", message))?,
             stats,
             settled: AtomicBool::new(false),
             dynamic: config.peers_file.is_some() || config.peers_dns.is_some(),
@@ -251,10 +249,7 @@ impl Cluster {
         strict: bool,
         capacity: u64,
     ) -> Result<bool, ConfigError> {
-        let invalid = |message: String| ConfigError::Invalid {
-            field: "peer",
-            message,
-        };
+        let invalid = |message: String| ConfigError::new("peer", message);
         let listed = list.iter().any(|(id, _)| *id == self.id);
         if !listed {
             if strict && !list.is_empty() {
@@ -724,10 +719,7 @@ impl Cluster {
             .collect();
         let mut out = json!({
             "node_id": self.id,
-            "route": match self.route {
-                RouteMode::Proxy => "proxy",
-                RouteMode::Redirect => "redirect",
-            },
+            "route": self.route.as_str(),
             "settled": self.settled(),
             "members": members,
         });
@@ -742,10 +734,10 @@ impl Cluster {
 mod tests {
     use super::*;
 
-    fn config(peers: &[&str]) -> Config {
-        Config {
+    fn config(peers: &[&str]) -> ClusterConfig {
+        ClusterConfig {
             peer: peers.iter().map(|s| s.to_string()).collect(),
-            ..Config::default()
+            ..ClusterConfig::default()
         }
     }
 

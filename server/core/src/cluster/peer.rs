@@ -1,39 +1,50 @@
-//! HTTP between members: forwarding a client's request to the key's owner, asking peers
-//! for a committed copy of an object (a peer fill), and telling peers to drop copies of
-//! an object written or deleted through this node.
+//! The transport between members: one HTTP client, the proof of membership every request
+//! carries, the typed [`Cluster::call`] that every member-to-member call goes through
+//! (`calls` defines them), and [`Cluster::forward`], which streams a client's request to
+//! the key's owner.
 //!
 //! Every request to a member proves membership (so the receiver serves it locally instead
 //! of routing it again) with a MAC under the cluster's secret: forwarded client requests
-//! in `x-granary-hop`; requests a node makes itself in `x-granary-peer-auth`, which also
-//! binds the body and stands in for a client's signature. Forwarded client requests keep the client's
-//! `Host` and signature, which the owner checks as if it had been asked directly.
+//! and probes in `x-granary-hop`; calls a node makes itself in `x-granary-peer-auth`,
+//! which also binds the body and stands in for a client's signature. Forwarded client
+//! requests keep the client's `Host` and signature, which the owner checks as if it had
+//! been asked directly.
 
-use std::time::{Duration, SystemTime};
+use std::sync::Arc;
+use std::time::Duration;
 
-use axum::body::Body;
 use bytes::Bytes;
-use futures::{StreamExt, TryStreamExt};
+use granary_proto::headers::{HOP, PEER_AUTH, PEER_SHA256};
 use http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, Response};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
-use granary_proto::headers::{HOP, PEER_AUTH, PEER_FILL, PEER_SHA256};
-
-use std::sync::Arc;
-
+use super::calls::{self, Call, Proof};
 use super::{Cluster, ClusterError, Member};
 use crate::backend::{ByteStream, ObjectMeta};
+use crate::stats::Metric;
 
-pub type HttpClient = Client<HttpsConnector<HttpConnector>, Body>;
+/// A request body sent to a member: a call's bytes, or a client's body streamed on.
+pub type PeerBody = UnsyncBoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
+
+/// A body of these bytes.
+pub fn full(bytes: Bytes) -> PeerBody {
+    Full::new(bytes)
+        .map_err(|never| match never {})
+        .boxed_unsync()
+}
+
+pub type HttpClient = Client<HttpsConnector<HttpConnector>, PeerBody>;
 
 /// How long a forwarded read waits for the owner's response headers before the owner
 /// counts as gone (a hung process still accepts connections).
 pub const FORWARD_READ_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// How long a peer fill waits for a peer's answer before going to the backend.
-const PEER_FILL_TIMEOUT: Duration = Duration::from_secs(2);
 /// Peers asked for a copy on a miss: the next in the key's ranking, who held the key
 /// before a membership change or while this node was down.
 const PEER_FILL_CANDIDATES: usize = 2;
@@ -41,24 +52,23 @@ const PEER_FILL_CANDIDATES: usize = 2;
 /// The client members speak to each other with: `http://` peers in plain HTTP, `https://`
 /// peers over TLS, trusting the certificates of `trust` (the node's own `--tls-cert`: the
 /// members of a cluster share a certificate or its issuer) and nothing else.
-pub fn http_client(trust: Option<&std::path::Path>) -> anyhow::Result<HttpClient> {
-    use anyhow::Context as _;
+pub fn http_client(trust: Option<&std::path::Path>) -> Result<HttpClient, String> {
     use rustls::pki_types::pem::PemObject;
     let mut roots = rustls::RootCertStore::empty();
     if let Some(path) = trust {
         let certs = rustls::pki_types::CertificateDer::pem_file_iter(path)
-            .with_context(|| format!("cannot read {}", path.display()))?;
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
         for cert in certs {
-            let cert = cert.with_context(|| format!("bad PEM in {}", path.display()))?;
-            roots.add(cert).with_context(|| {
-                format!("a certificate of {} cannot be trusted", path.display())
+            let cert = cert.map_err(|e| format!("bad PEM in {}: {e}", path.display()))?;
+            roots.add(cert).map_err(|e| {
+                format!("a certificate of {} cannot be trusted: {e}", path.display())
             })?;
         }
     }
     let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let tls = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
-        .context("TLS protocol versions")?
+        .map_err(|e| format!("TLS protocol versions: {e}"))?
         .with_root_certificates(roots)
         .with_no_client_auth();
     let mut conn = HttpConnector::new();
@@ -98,7 +108,7 @@ fn hop_by_hop(name: &HeaderName) -> bool {
 }
 
 /// A request to member `m` for `target` (path and query), unmarked.
-fn bare_request(m: &Member, method: &Method, target: &str, body: Body) -> Request<Body> {
+fn bare_request(m: &Member, method: &Method, target: &str, body: PeerBody) -> Request<PeerBody> {
     let mut req = Request::new(body);
     *req.method_mut() = method.clone();
     *req.uri_mut() = format!("{}{}", m.url, target).parse().unwrap_or_default();
@@ -106,12 +116,57 @@ fn bare_request(m: &Member, method: &Method, target: &str, body: Body) -> Reques
 }
 
 impl Cluster {
+    /// Makes call `c` of member `m`: its request, proven as the call says, sent; the
+    /// reply, or why none came within the call's wait.
+    pub async fn call<C: Call>(&self, m: &Member, c: &C) -> Result<C::Reply, ClusterError> {
+        let out = c.request();
+        let mut req = match out.proof {
+            Proof::Signed => self.own_request(m, out.method, &out.target, out.body),
+            Proof::Hop => self.request_to(m, &out.method, &out.target, full(out.body)),
+        };
+        let h = req.headers_mut();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        for (k, v) in out.headers {
+            if let Ok(v) = HeaderValue::from_str(&v) {
+                h.insert(k, v);
+            }
+        }
+        let wait = c.wait();
+        let resp = match tokio::time::timeout(wait, self.http.request(req)).await {
+            Ok(Ok(resp)) => resp,
+            Ok(Err(e)) => return Err(self.unreachable(m, &e)),
+            Err(_) => return Err(self.timeout(m)),
+        };
+        let (parts, body) = resp.into_parts();
+        let answer = calls::Answer {
+            node: &m.id,
+            status: parts.status,
+            headers: parts.headers,
+            body,
+        };
+        // The reply's body (a JSON document) is bounded by the same wait; a stream's
+        // bytes are the caller's to read.
+        match tokio::time::timeout(wait, C::reply(answer)).await {
+            Ok(reply) => reply,
+            Err(_) => Err(self.timeout(m)),
+        }
+    }
+
     /// A request to member `m` made by this node, proving membership with
     /// `x-granary-peer-auth` over the body's hash where the cluster has a secret (which
     /// stands in for `x-granary-hop` too), else with `x-granary-hop`.
-    fn own_request(&self, m: &Member, method: Method, target: &str, body: Bytes) -> Request<Body> {
+    fn own_request(
+        &self,
+        m: &Member,
+        method: Method,
+        target: &str,
+        body: Bytes,
+    ) -> Request<PeerBody> {
         if self.secret.is_none() {
-            return self.request_to(m, &method, target, Body::from(body));
+            return self.request_to(m, &method, target, full(body));
         }
         let sha = if body.is_empty() {
             granary_proto::peer::EMPTY_SHA256.to_owned()
@@ -126,7 +181,7 @@ impl Cluster {
                 body_sha256: &sha,
             },
         );
-        let mut req = bare_request(m, &method, target, Body::from(body));
+        let mut req = bare_request(m, &method, target, full(body));
         if let Ok(v) = HeaderValue::from_str(&value) {
             req.headers_mut().insert(PEER_AUTH, v);
         }
@@ -140,7 +195,13 @@ impl Cluster {
 
     /// A request to member `m` for `target` (path and query), marked as coming from a
     /// member (`x-granary-hop`, with its proof).
-    fn request_to(&self, m: &Member, method: &Method, target: &str, body: Body) -> Request<Body> {
+    fn request_to(
+        &self,
+        m: &Member,
+        method: &Method,
+        target: &str,
+        body: PeerBody,
+    ) -> Request<PeerBody> {
         let mut req = bare_request(m, method, target, body);
         if let Ok(v) = HeaderValue::from_str(&self.hop_value(&m.id, method, target)) {
             req.headers_mut().insert(HOP, v);
@@ -150,7 +211,7 @@ impl Cluster {
 
     /// The `x-granary-hop` value of a request to member `to`: this node's proof of
     /// membership, the body unbound (a forwarded client request is the client's to sign).
-    pub(crate) fn hop_value(&self, to: &str, method: &Method, target: &str) -> String {
+    fn hop_value(&self, to: &str, method: &Method, target: &str) -> String {
         self.sign_for(
             to,
             &super::Outgoing {
@@ -169,8 +230,8 @@ impl Cluster {
         method: &Method,
         target: &str,
         headers: &HeaderMap,
-        body: Body,
-    ) -> Result<Response<Body>, ClusterError> {
+        body: PeerBody,
+    ) -> Result<Response<Incoming>, ClusterError> {
         let mut req = self.request_to(m, method, target, body);
         let h = req.headers_mut();
         for (k, v) in headers {
@@ -188,65 +249,18 @@ impl Cluster {
         } else {
             send.await
         };
-        let resp = answered.map_err(|e| self.unreachable(m, &e))?;
-        self.stats
-            .proxied
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let (mut parts, incoming) = resp.into_parts();
-        let drop: Vec<HeaderName> = parts
-            .headers
+        let mut resp = answered.map_err(|e| self.unreachable(m, &e))?;
+        self.stats.add(Metric::Proxied, 1);
+        let drop: Vec<HeaderName> = resp
+            .headers()
             .keys()
             .filter(|k| hop_by_hop(k))
             .cloned()
             .collect();
         for k in drop {
-            parts.headers.remove(k);
+            resp.headers_mut().remove(k);
         }
-        Ok(Response::from_parts(parts, Body::new(incoming)))
-    }
-
-    /// A request this node makes of member `m` for its own ends (a batch item, a part of
-    /// a prefetch job): the answer, or why none came within `wait`.
-    pub async fn ask(
-        &self,
-        m: &Member,
-        method: Method,
-        target: &str,
-        body: Bytes,
-        wait: Duration,
-    ) -> Result<Response<Body>, ClusterError> {
-        self.ask_with(m, method, target, &[], body, wait).await
-    }
-
-    /// [`Cluster::ask`] with more headers.
-    pub async fn ask_with(
-        &self,
-        m: &Member,
-        method: Method,
-        target: &str,
-        headers: &[(&'static str, String)],
-        body: Bytes,
-        wait: Duration,
-    ) -> Result<Response<Body>, ClusterError> {
-        let mut req = self.own_request(m, method, target, body);
-        let h = req.headers_mut();
-        h.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        for (k, v) in headers {
-            if let Ok(v) = HeaderValue::from_str(v) {
-                h.insert(*k, v);
-            }
-        }
-        match tokio::time::timeout(wait, self.http.request(req)).await {
-            Ok(Ok(resp)) => {
-                let (parts, incoming) = resp.into_parts();
-                Ok(Response::from_parts(parts, Body::new(incoming)))
-            }
-            Ok(Err(e)) => Err(self.unreachable(m, &e)),
-            Err(_) => Err(self.timeout(m)),
-        }
+        Ok(resp)
     }
 
     fn unreachable(&self, m: &Member, e: &dyn std::error::Error) -> ClusterError {
@@ -280,17 +294,14 @@ impl Cluster {
         bucket: &str,
         key: &str,
     ) -> Option<(ObjectMeta, ByteStream)> {
-        let target = granary_proto::encode::object_path(bucket, key);
+        let call = calls::Copy { bucket, key };
         let asks = members
             .iter()
             .map(|m| {
-                let mut req = self.own_request(m, Method::GET, &target, Bytes::new());
-                req.headers_mut()
-                    .insert(PEER_FILL, HeaderValue::from_static("1"));
-                let ask = self.http.request(req);
+                let call = &call;
                 Box::pin(async move {
-                    match tokio::time::timeout(PEER_FILL_TIMEOUT, ask).await {
-                        Ok(Ok(resp)) if resp.status() == http::StatusCode::OK => Ok(resp),
+                    match self.call(m, call).await {
+                        Ok(Some(copy)) => Ok(copy),
                         _ => Err(()),
                     }
                 })
@@ -299,28 +310,15 @@ impl Cluster {
         if asks.is_empty() {
             return None;
         }
-        let (resp, _rest) = futures::future::select_ok(asks).await.ok()?;
-        let meta = meta_of(resp.headers())?;
-        let body = http_body_util::BodyExt::into_data_stream(resp.into_body())
-            .map_err(std::io::Error::other)
-            .boxed();
-        Some((meta, body))
+        let (copy, _rest) = futures::future::select_ok(asks).await.ok()?;
+        Some(copy)
     }
 
     /// Asks member `m`, back after being down (or first heard, or after an invalidation
     /// did not reach it), to check its cached copies against the backend before serving
-    /// them (`POST /_granary/revalidate`).
+    /// them.
     pub async fn tell_revalidate(&self, m: &Member) -> Result<(), ClusterError> {
-        let req = self.own_request(m, Method::POST, "/_granary/revalidate", Bytes::new());
-        match tokio::time::timeout(Duration::from_secs(2), self.http.request(req)).await {
-            Ok(Ok(r)) if r.status().is_success() => Ok(()),
-            Ok(Ok(r)) => Err(ClusterError::Answered {
-                node: m.id.clone(),
-                status: r.status().as_u16(),
-            }),
-            Ok(Err(e)) => Err(self.unreachable(m, &e)),
-            Err(_) => Err(self.timeout(m)),
-        }
+        self.call(m, &calls::Revalidate {}).await.map(|_| ())
     }
 
     /// Tells the other members to drop their copies of these objects (written or
@@ -346,34 +344,26 @@ impl Cluster {
         if targets.is_empty() {
             return;
         }
-        let list: Vec<_> = objects
-            .iter()
-            .map(|(b, k)| serde_json::json!({"bucket": b, "key": k}))
-            .collect();
-        let body = Bytes::from(serde_json::Value::Array(list).to_string());
+        let call = Arc::new(calls::Invalidate {
+            objects: objects
+                .iter()
+                .map(|(bucket, key)| calls::ObjectRef {
+                    bucket: bucket.clone(),
+                    key: key.clone(),
+                })
+                .collect(),
+        });
         let mut waits = Vec::new();
         for m in targets {
             let wait = m.is_up();
             if !wait {
                 self.missed(&m);
             }
-            let mut req = self.own_request(&m, Method::POST, "/_granary/invalidate", body.clone());
-            req.headers_mut().insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/json"),
-            );
-            let send = self.http.request(req);
-            let cluster = self.clone();
+            let (cluster, call) = (self.clone(), call.clone());
             let told = tokio::spawn(async move {
-                let failed = match tokio::time::timeout(INVALIDATE_WAIT, send).await {
-                    Ok(Ok(r)) if r.status().is_success() => None,
-                    Ok(Ok(r)) => Some(format!("it answered {}", r.status())),
-                    Ok(Err(e)) => Some(chain(&e)),
-                    Err(_) => Some("no answer in time".to_owned()),
-                };
-                if let Some(why) = failed {
+                if let Err(e) = cluster.call(&m, &*call).await {
                     if m.is_up() {
-                        cluster.mark_down(&m, format!("it did not take an invalidation: {why}"));
+                        cluster.mark_down(&m, format!("it did not take an invalidation: {e}"));
                     } else {
                         cluster.missed(&m);
                     }
@@ -399,57 +389,4 @@ fn chain(e: &dyn std::error::Error) -> String {
         src = s.source();
     }
     msg
-}
-
-/// An object's metadata from the headers of a `200` answer.
-pub fn meta_of(h: &HeaderMap) -> Option<ObjectMeta> {
-    let text = |n: &str| h.get(n).and_then(|v| v.to_str().ok());
-    let size = text("content-length")?.parse().ok()?;
-    let etag = text("etag")?.trim_matches('"').to_owned();
-    let last_modified = text("last-modified")
-        .and_then(|v| httpdate::parse_http_date(v).ok())
-        .unwrap_or(SystemTime::UNIX_EPOCH);
-    let mut headers: Vec<(String, String)> = h
-        .iter()
-        .filter(|(k, _)| granary_proto::headers::is_stored(k.as_str()))
-        .filter_map(|(k, v)| Some((k.as_str().to_owned(), v.to_str().ok()?.to_owned())))
-        .collect();
-    headers.sort();
-    Some(ObjectMeta {
-        size,
-        etag,
-        last_modified,
-        headers,
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn metadata_comes_from_an_answer() {
-        let mut h = HeaderMap::new();
-        h.insert("content-length", "12".parse().unwrap());
-        h.insert("etag", "\"abc\"".parse().unwrap());
-        h.insert(
-            "last-modified",
-            "Sun, 06 Nov 1994 08:49:37 GMT".parse().unwrap(),
-        );
-        h.insert("content-type", "application/x-tar".parse().unwrap());
-        h.insert("x-amz-meta-shard", "7".parse().unwrap());
-        h.insert("x-granary-cache", "hit".parse().unwrap());
-        let m = meta_of(&h).unwrap();
-        assert_eq!(m.size, 12);
-        assert_eq!(m.etag, "abc");
-        assert_eq!(
-            m.headers,
-            vec![
-                ("content-type".to_owned(), "application/x-tar".to_owned()),
-                ("x-amz-meta-shard".to_owned(), "7".to_owned())
-            ]
-        );
-        h.remove("etag");
-        assert!(meta_of(&h).is_none());
-    }
 }

@@ -18,23 +18,21 @@ use hickory_resolver::proto::rr::{Name, RData, RecordType};
 use hickory_resolver::proto::xfer::{DnsHandle, DnsRequestOptions};
 use hickory_resolver::TokioResolver;
 
+use super::config::{parse_peer, ClusterConfig, ConfigError};
 use super::Cluster;
-use crate::config::{parse_peer, Config, ConfigError};
 
 /// How often a DNS name is resolved again.
 pub const DNS_EVERY: Duration = Duration::from_secs(3);
 
 /// The list at start: `--peer`, or `--peers-file` as it is now (an unreadable file is an
 /// error); empty for `--peers-dns` until it answers.
-pub fn initial(config: &Config) -> Result<Vec<(String, String)>, ConfigError> {
+pub fn initial(config: &ClusterConfig) -> Result<Vec<(String, String)>, ConfigError> {
     if let Some(path) = &config.peers_file {
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Invalid {
-            field: "peers-file",
-            message: format!("cannot read {}: {e}", path.display()),
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            ConfigError::new("peers-file", format!("cannot read {}: {e}", path.display()))
         })?;
-        return parse_file(&text).map_err(|message| ConfigError::Invalid {
-            field: "peers-file",
-            message: format!("{}: {message}", path.display()),
+        return parse_file(&text).map_err(|message| {
+            ConfigError::new("peers-file", format!("{}: {message}", path.display()))
         });
     }
     config.peer.iter().map(|p| parse_peer(p)).collect()
@@ -76,7 +74,7 @@ pub struct Dns {
 
 impl Watch {
     /// The watch `config` asks for.
-    pub fn of(config: &Config) -> Result<Watch, ConfigError> {
+    pub fn of(config: &ClusterConfig) -> Result<Watch, ConfigError> {
         if let Some(path) = &config.peers_file {
             return Ok(Watch::File {
                 path: path.clone(),
@@ -86,10 +84,7 @@ impl Watch {
         let Some(spec) = &config.peers_dns else {
             return Ok(Watch::Fixed);
         };
-        let invalid = |message: String| ConfigError::Invalid {
-            field: "peers-dns",
-            message,
-        };
+        let invalid = |message: String| ConfigError::new("peers-dns", message);
         let (name, port) = spec
             .rsplit_once(':')
             .and_then(|(n, p)| Some((n.to_owned(), p.parse::<u16>().ok()?)))

@@ -101,7 +101,7 @@ pub fn read_up_to(file: &File, offset: u64, want: usize) -> io::Result<Bytes> {
 }
 
 /// Which engine to use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum EngineChoice {
     /// io_uring where the kernel allows it, else std.
@@ -110,6 +110,24 @@ pub enum EngineChoice {
     IoUring,
     /// Positional reads on the blocking pool.
     Std,
+}
+
+impl EngineChoice {
+    /// Every choice, as flags and the TOML file name them.
+    pub const NAMES: [&'static str; 3] = ["auto", "io-uring", "std"];
+}
+
+impl std::str::FromStr for EngineChoice {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<EngineChoice, String> {
+        match s {
+            "auto" => Ok(EngineChoice::Auto),
+            "io-uring" => Ok(EngineChoice::IoUring),
+            "std" => Ok(EngineChoice::Std),
+            _ => Err(format!("`{s}`: expected auto, io-uring or std")),
+        }
+    }
 }
 
 /// Builds the chosen engine.

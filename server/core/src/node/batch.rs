@@ -6,18 +6,14 @@
 use std::sync::Arc;
 use std::time::UNIX_EPOCH;
 
-use axum::body::Body;
 use bytes::{BufMut, Bytes, BytesMut};
-use futures::{StreamExt, TryStreamExt};
-use granary_proto::encode;
-use granary_proto::headers::SPILL;
-use http::{header, Method, StatusCode};
+use futures::StreamExt;
 
 use super::{Node, NodeError, ReadRequest, Reply, Served};
 use crate::backend::ByteStream;
-use crate::cluster::peer::FORWARD_READ_TIMEOUT;
+use crate::cluster::calls::{Found, Read};
 use crate::cluster::ring::key_hash;
-use crate::cluster::Member;
+use crate::cluster::{ClusterError, Member};
 
 /// Items up to this size are read whole while they wait their turn (so at most the
 /// batch's parallelism of them are held); larger ones stream when their turn comes.
@@ -67,20 +63,16 @@ impl Item {
         }
     }
 
-    /// The object read that fetches it from another member.
-    fn target(&self) -> String {
-        let mut t = encode::object_path(&self.bucket, &self.key);
-        let mut sep = '?';
-        for (name, value) in [("archpath", &self.archpath), ("transform", &self.transform)] {
-            if let Some(v) = value {
-                t.push(sep);
-                t.push_str(name);
-                t.push('=');
-                t.push_str(&encode::query_value(v));
-                sep = '&';
-            }
+    /// The read that fetches it from another member; `refused`: the members that
+    /// could not admit it.
+    fn call<'a>(&'a self, refused: &'a [&'a str]) -> Read<'a> {
+        Read {
+            bucket: &self.bucket,
+            key: &self.key,
+            archpath: self.archpath.as_deref(),
+            transform: self.transform.as_deref(),
+            refused,
         }
-        t
     }
 
     fn request(&self) -> ReadRequest<'_> {
@@ -103,18 +95,10 @@ impl Node {
                 if c.is_me(&owner) {
                     break;
                 }
-                let asked = c
-                    .ask(
-                        &owner,
-                        Method::GET,
-                        &it.target(),
-                        bytes::Bytes::new(),
-                        FORWARD_READ_TIMEOUT,
-                    )
-                    .await;
-                match asked {
-                    Ok(resp) => return outcome(resp, &owner.id).await,
-                    Err(e) => c.mark_down(&owner, e),
+                match c.call(&owner, &it.call(&[])).await {
+                    Ok(found) => return outcome(found, &owner.id).await,
+                    Err(e) if gone(&e) => c.mark_down(&owner, e),
+                    Err(e) => return Err(e.into()),
                 }
             }
         }
@@ -129,77 +113,51 @@ impl Node {
         };
         match self.read_or_leave(&req, &[]).await {
             Ok(Served::Here(reply)) => here(reply).await,
-            Ok(Served::Elsewhere(m)) => match self.ask_spilled(&m, &it.target(), &[]).await {
-                Ok(resp) => outcome(resp, &m.id).await,
-                Err(e) => {
+            Ok(Served::Elsewhere(m)) => match self.read_spilled(&m, &it.call(&[])).await {
+                Ok(found) => outcome(found, &m.id).await,
+                Err(e) if gone(&e) => {
                     c.mark_down(&m, &e);
                     here(self.read(&req).await?).await
                 }
+                Err(e) => Err(e.into()),
             },
             Err(e) if e.is_missing() => Ok(Outcome::Missing),
             Err(e) => Err(e),
         }
     }
 
-    /// Asks member `i` to read (and admit) an object this node could not admit;
-    /// `tried`: the members that refused it before.
-    pub(super) async fn ask_spilled(
+    /// Asks member `m` to read (and admit) what this node could not admit: `read`, with
+    /// this node added to the members that refused it.
+    pub(super) async fn read_spilled(
         &self,
         m: &Member,
-        target: &str,
-        tried: &[&str],
-    ) -> Result<http::Response<Body>, NodeError> {
-        let mut refused: Vec<&str> = tried.to_vec();
+        read: &Read<'_>,
+    ) -> Result<Found, ClusterError> {
+        let mut refused: Vec<&str> = read.refused.to_vec();
         refused.push(&self.id);
-        let headers = [(SPILL, refused.join(","))];
-        Ok(self
-            .cluster
-            .ask_with(
-                m,
-                Method::GET,
-                target,
-                &headers,
-                bytes::Bytes::new(),
-                FORWARD_READ_TIMEOUT,
-            )
-            .await?)
+        let read = Read {
+            refused: &refused,
+            ..*read
+        };
+        self.cluster.call(m, &read).await
     }
 }
 
+/// Whether a call failed for want of an answer (the member is likely gone: marked down,
+/// and the read goes elsewhere), not because the member refused it.
+pub(super) fn gone(e: &ClusterError) -> bool {
+    matches!(
+        e,
+        ClusterError::Unreachable { .. } | ClusterError::Timeout { .. }
+    )
+}
+
 /// An item's outcome from another member's answer.
-async fn outcome(resp: http::Response<Body>, node: &str) -> Result<Outcome, NodeError> {
-    let status = resp.status();
-    if status == StatusCode::NOT_FOUND {
-        return Ok(Outcome::Missing);
+async fn outcome(found: Found, node: &str) -> Result<Outcome, NodeError> {
+    match found {
+        Found::Missing => Ok(Outcome::Missing),
+        Found::Bytes { size, mtime, body } => self::found(size, mtime, body, node).await,
     }
-    let (parts, body) = resp.into_parts();
-    if status != StatusCode::OK {
-        let text = axum::body::to_bytes(body, 64 << 10)
-            .await
-            .unwrap_or_default();
-        let message = granary_proto::xml::parse_error(&text).map_or_else(String::new, |(_, m)| m);
-        return Err(NodeError::Peer {
-            node: node.to_owned(),
-            status: status.as_u16(),
-            what: "a batch item",
-            message,
-        });
-    }
-    let size: u64 = parts
-        .headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse().ok())
-        .ok_or_else(|| NodeError::Cut("a batch item came without its length".into()))?;
-    let mtime = parts
-        .headers
-        .get(header::LAST_MODIFIED)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| httpdate::parse_http_date(v).ok())
-        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-        .map_or(0, |d| d.as_secs());
-    let stream: ByteStream = Box::pin(body.into_data_stream().map_err(std::io::Error::other));
-    found(size, mtime, stream, node).await
 }
 
 /// An item found, of `size` bytes: read whole now when small.
@@ -245,21 +203,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn targets_encode_keys_and_members() {
+    fn items_are_named_as_the_answer_names_them() {
         let mut it = Item {
             bucket: "b".into(),
             key: "dir/a b.tar".into(),
             archpath: Some("x&y=1.jpg".into()),
-            transform: None,
+            transform: Some("small".into()),
         };
-        assert_eq!(it.target(), "/b/dir/a%20b.tar?archpath=x%26y%3D1.jpg");
-        it.transform = Some("small".into());
+        assert_eq!(it.name(), "dir/a b.tar/x&y=1.jpg");
+        let call = it.call(&[]);
         assert_eq!(
-            it.target(),
+            call.target(),
             "/b/dir/a%20b.tar?archpath=x%26y%3D1.jpg&transform=small"
         );
-        assert_eq!(it.name(), "dir/a b.tar/x&y=1.jpg");
         it.archpath = None;
-        assert_eq!(it.target(), "/b/dir/a%20b.tar?transform=small");
+        assert_eq!(it.name(), "dir/a b.tar");
     }
 }

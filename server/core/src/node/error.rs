@@ -37,14 +37,6 @@ pub enum NodeError {
     /// A source's bytes stopped short while the node read them for itself.
     #[error("{0}")]
     Cut(String),
-    /// Another member answered a request this node made for its own ends with an error.
-    #[error("node {node} answered {status} for {what}: {message}")]
-    Peer {
-        node: String,
-        status: u16,
-        what: &'static str,
-        message: String,
-    },
 }
 
 impl From<CacheError> for NodeError {
@@ -83,7 +75,6 @@ impl NodeError {
             | NodeError::Cut(_)
             | NodeError::ShardNotHeld
             | NodeError::Busy(_) => true,
-            NodeError::Peer { status, .. } => *status >= 500,
             NodeError::Transform(_)
             | NodeError::Invalid(_)
             | NodeError::NoMember(_)

@@ -9,42 +9,50 @@
 
 mod batch;
 mod error;
+mod objects;
+mod open;
+mod peer;
 mod prefetch;
 mod read;
 mod rebalance;
 mod write;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use crate::backend::{Backend, ByteStream, ObjectMeta};
-use crate::cache::{Cache, Peers};
+use crate::cache::{Cache, CachePolicy, Peers};
+use crate::cluster::source::Watch;
 use crate::cluster::Cluster;
 use crate::jobs::Jobs;
-use crate::stats::Stats;
-use crate::transform::Transforms;
+use crate::stats::{Metric, Snapshot, Stats};
+use crate::transform::{Named, TransformError, Transforms};
 
 pub use batch::{Data, Item, Outcome};
 pub use error::NodeError;
-pub use prefetch::{PrefetchRequest, PREFETCH_PARALLEL};
+pub use open::{BackendSpec, NodeConfig, OpenError};
+pub use prefetch::PREFETCH_PARALLEL;
 pub use read::{etag_matches, Conditions, ReadMode, ReadRequest, Reply, Served};
-pub use rebalance::{Offer, Taken};
 pub use write::WriteConditions;
 
+/// The node service. Its parts are its own: every layer above reaches them through its
+/// methods.
 pub struct Node {
     /// This node's id in the cluster.
-    pub id: String,
-    pub backend: Arc<dyn Backend>,
-    pub cache: Arc<Cache>,
-    pub cluster: Arc<Cluster>,
-    pub stats: Arc<Stats>,
-    pub transforms: Transforms,
-    pub jobs: Jobs,
+    id: String,
+    backend: Arc<dyn Backend>,
+    cache: Arc<Cache>,
+    cluster: Arc<Cluster>,
+    stats: Arc<Stats>,
+    transforms: Transforms,
+    jobs: Jobs,
     /// Bytes per second a rebalance hands over (0: no rebalance).
-    pub rebalance_rate: u64,
+    rebalance_rate: u64,
     rebalancer: rebalance::Rebalancer,
     /// Conditional writes of one key, one after the other (of two `If-None-Match: *`
     /// creations, one wins): on the key's owner, where every write of it goes.
     write_locks: crate::keylock::KeyLocks<(String, String)>,
+    /// The member list's source, followed once the node starts.
+    watch: Mutex<Option<Watch>>,
 }
 
 /// The cluster as the cache sees it: members that may hold a copy.
@@ -85,12 +93,18 @@ impl Node {
             rebalance_rate,
             rebalancer: Default::default(),
             write_locks: Default::default(),
+            watch: Mutex::new(None),
         })
     }
 
-    /// Starts what the node does in the background: the cache's watch on its disk, and a
-    /// rebalance pass after each membership change (and one now). Within the runtime.
+    /// Starts what the node does in the background: probing the members (and following
+    /// the member list's source), the cache's watch on its disk, and a rebalance pass
+    /// after each membership change (and one now). Within the runtime.
     pub fn start(self: &Arc<Self>) {
+        let watch = self.watch.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(watch) = watch {
+            crate::cluster::membership::spawn(self.cluster.clone(), watch);
+        }
         if self.cluster.may_have_members() {
             let cache = self.cache.clone();
             self.cluster.on_trust(move |t| cache.set_trusted(t));
@@ -107,16 +121,65 @@ impl Node {
         self.cluster.invalidate_members(objects).await;
     }
 
-    /// Objects were written or deleted through another node: drop this node's copies.
-    pub fn invalidate(&self, objects: &[(String, String)]) {
-        for (bucket, key) in objects {
-            self.cache.invalidate(bucket, key);
-        }
-    }
-
     /// This node missed invalidations (it was down for another member): check every copy
     /// against the backend before its next hit.
     pub fn revalidate(&self) {
         self.cache.revalidate_all();
+    }
+
+    /// This node's id in the cluster.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The counters, for the layer above to count what only it sees (requests, bytes
+    /// sent, latency).
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// Every counter and gauge now: the counters, the cache's levels, and what is
+    /// sampled from elsewhere (CPU time, sendfile's bytes).
+    pub fn stats_snapshot(&self) -> Snapshot {
+        let mut s = self.stats.snapshot();
+        let u = self.cache.usage();
+        s.set(Metric::UsedBytes, u.used);
+        s.set(Metric::ReservedBytes, u.reserved);
+        s.set(Metric::CapacityBytes, u.capacity);
+        s.set(Metric::Objects, u.objects);
+        s.set(Metric::DiskFreeBytes, self.cache.disk_free());
+        s.set(
+            Metric::TransformCpu,
+            s.get(Metric::TransformCpu) + crate::transform::children_cpu_us(),
+        );
+        s.set(
+            Metric::BytesSentFromFiles,
+            crate::io::sendfile::bytes_sent_from_files(),
+        );
+        s.set(
+            Metric::ProcessCpu,
+            crate::stats::rusage_us(libc::RUSAGE_SELF),
+        );
+        s
+    }
+
+    /// The cache's admission policy.
+    pub fn cache_policy(&self) -> CachePolicy {
+        self.cache.policy()
+    }
+
+    /// Whether the cache admits new objects.
+    pub fn admitting(&self) -> bool {
+        !self.cache.refusing()
+    }
+
+    /// The backend, for logs and operators: `fs:/path`, `s3:endpoint`.
+    pub fn backend_name(&self) -> String {
+        self.backend.describe()
+    }
+
+    /// A configured transform.
+    pub fn transform(&self, name: &str) -> Result<Arc<Named>, TransformError> {
+        self.transforms.lookup(name)
     }
 }

@@ -11,13 +11,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use granary_proto::encode;
-use http::{Method, StatusCode};
-use serde::Deserialize;
-use serde_json::json;
 
+use super::batch::gone;
 use super::{Node, NodeError, ReadRequest, Served};
 use crate::backend::ListQuery;
+use crate::cluster::calls::{Found, JobCancel, JobStatus, PrefetchPart, Read};
 use crate::cluster::Member;
 use crate::jobs::{Counts, Job, Obj};
 
@@ -30,25 +28,11 @@ const BATCH: usize = 10_000;
 /// Batches whose parts may run on the members at once.
 const BATCHES_IN_FLIGHT: usize = 2;
 
-/// What `POST /_granary/prefetch` takes: a bucket and prefix from a user, or (from the
-/// coordinator) the objects of one member's part.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PrefetchRequest {
-    pub bucket: String,
-    #[serde(default)]
-    pub prefix: String,
-    #[serde(default)]
-    pub objects: Option<Vec<Obj>>,
-    #[serde(default)]
-    pub part_of: Option<String>,
-}
-
 impl Node {
     /// Starts a prefetch; answers once the bucket is known to exist.
     pub async fn start_prefetch(
         self: &Arc<Self>,
-        req: PrefetchRequest,
+        req: PrefetchPart,
     ) -> Result<Arc<Job>, NodeError> {
         if req.bucket.is_empty() {
             return Err(NodeError::Invalid("name a bucket".into()));
@@ -164,95 +148,55 @@ impl Node {
         }
     }
 
-    /// Gives member `i` its share and follows it to the end. Returns the share back when
+    /// Gives member `m` its share and follows it to the end. Returns the share back when
     /// the member did not take it or was lost on the way.
     async fn hand_over(&self, job: &Job, m: &Member, share: Vec<Obj>) -> Option<Vec<Obj>> {
         let c = &self.cluster;
-        let body = json!({
-            "bucket": job.bucket,
-            "prefix": job.prefix,
-            "objects": share,
-            "part_of": job.id,
-        })
-        .to_string();
-        let asked = c
-            .ask(
-                m,
-                Method::POST,
-                "/_granary/prefetch",
-                body.into(),
-                Duration::from_secs(10),
-            )
-            .await;
-        let part_id = match asked {
-            Ok(resp) if resp.status() == StatusCode::ACCEPTED => {
-                let v: Option<serde_json::Value> = axum::body::to_bytes(resp.into_body(), 64 << 10)
-                    .await
-                    .ok()
-                    .and_then(|b| serde_json::from_slice(&b).ok());
-                v.and_then(|v| v["id"].as_str().map(str::to_owned))
-            }
-            Ok(resp) => {
-                tracing::warn!(job = %job.id, node = %m.id, status = %resp.status(), "member refused a prefetch part");
-                None
-            }
-            Err(why) => {
-                c.mark_down(m, why);
-                None
-            }
+        let part = PrefetchPart {
+            bucket: job.bucket.clone(),
+            prefix: job.prefix.clone(),
+            objects: Some(share),
+            part_of: Some(job.id.clone()),
         };
-        let Some(part_id) = part_id else {
-            return Some(share);
+        let part_id = match c.call(m, &part).await {
+            Ok(started) => started.id,
+            Err(e) => {
+                if gone(&e) {
+                    c.mark_down(m, &e);
+                } else {
+                    tracing::warn!(job = %job.id, node = %m.id, error = %e, "member refused a prefetch part");
+                }
+                return part.objects;
+            }
         };
         let slot = job.add_part(m.id.clone(), part_id.clone());
-        let path = format!("/_granary/jobs/{part_id}");
         let mut misses = 0;
         loop {
             tokio::time::sleep(POLL_EVERY).await;
             if job.is_cancelled() {
-                let _ = c
-                    .ask(
-                        m,
-                        Method::DELETE,
-                        &path,
-                        bytes::Bytes::new(),
-                        Duration::from_secs(2),
-                    )
-                    .await;
+                let _ = c.call(m, &JobCancel { id: part_id }).await;
                 return None;
             }
-            let heard = match c
-                .ask(
+            let Ok(view) = c
+                .call(
                     m,
-                    Method::GET,
-                    &path,
-                    bytes::Bytes::new(),
-                    Duration::from_secs(2),
+                    &JobStatus {
+                        id: part_id.clone(),
+                    },
                 )
                 .await
-            {
-                Ok(resp) if resp.status() == StatusCode::OK => {
-                    axum::body::to_bytes(resp.into_body(), 64 << 10)
-                        .await
-                        .ok()
-                        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-                }
-                _ => None,
-            };
-            let Some(v) = heard else {
+            else {
                 misses += 1;
                 if misses >= 3 {
                     tracing::warn!(job = %job.id, node = %m.id, "lost a prefetch part; reading it here");
                     job.set_part(slot, Counts::default());
-                    return Some(share);
+                    return part.objects;
                 }
                 continue;
             };
             misses = 0;
-            if let Ok(counts) = serde_json::from_value::<Counts>(v.clone()) {
-                job.set_part(slot, counts);
-            }
-            if v["state"].as_str() != Some("running") {
+            job.set_part(slot, view.counts());
+            if !view.running() {
                 return None;
             }
         }
@@ -291,24 +235,23 @@ impl Node {
         let mut body = match self.read_or_leave(&req, &[]).await? {
             Served::Here(reply) => reply.body.into_stream(),
             Served::Elsewhere(m) => {
-                let target = encode::object_path(bucket, key);
-                match self.ask_spilled(&m, &target, &[]).await {
-                    Ok(resp) if resp.status() == StatusCode::OK => Box::pin(
-                        http_body_util::BodyExt::into_data_stream(resp.into_body())
-                            .map(|c| c.map_err(std::io::Error::other)),
-                    ),
-                    Ok(resp) => {
-                        return Err(NodeError::Peer {
-                            node: m.id.clone(),
-                            status: resp.status().as_u16(),
-                            what: "a prefetched object",
-                            message: String::new(),
-                        })
+                let read = Read {
+                    bucket,
+                    key,
+                    archpath: None,
+                    transform: None,
+                    refused: &[],
+                };
+                match self.read_spilled(&m, &read).await {
+                    Ok(Found::Bytes { body, .. }) => body,
+                    Ok(Found::Missing) => {
+                        return Err(crate::backend::BackendError::NoSuchKey(key.to_owned()).into())
                     }
-                    Err(e) => {
+                    Err(e) if gone(&e) => {
                         self.cluster.mark_down(&m, &e);
                         self.read(&req).await?.body.into_stream()
                     }
+                    Err(e) => return Err(e.into()),
                 }
             }
         };

@@ -7,7 +7,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
 use granary_proto::range::RangeSpec;
-use std::sync::atomic::Ordering;
+
 use std::sync::Arc;
 
 use super::{Node, NodeError};
@@ -15,6 +15,7 @@ use crate::archive::{self, Format};
 use crate::backend::{BackendError, ByteRange, ObjectMeta, Refusal};
 use crate::cache::{self, Body, CacheError, DeriveError, Mode, Origin};
 use crate::cluster::Member;
+use crate::stats::Metric;
 use crate::transform::{self, Derived, Named, TransformError, MAX_INPUT, RESULTS};
 
 /// The conditional headers of a read, parsed.
@@ -200,13 +201,11 @@ impl Node {
         let mut reply = Reply::of(read);
         if mode == Mode::Committed {
             // A peer filling from this node.
-            self.stats.peer_serves.fetch_add(1, Ordering::Relaxed);
+            self.stats.add(Metric::PeerServes, 1);
             let stats = self.stats.clone();
             let body = reply.body.into_stream().map(move |item| {
                 if let Ok(b) = &item {
-                    stats
-                        .bytes_to_peers
-                        .fetch_add(b.len() as u64, Ordering::Relaxed);
+                    stats.add(Metric::BytesToPeers, b.len() as u64);
                 }
                 item
             });
@@ -266,7 +265,7 @@ impl Node {
                         Err(e) => return Err(e.into()),
                     }
                 };
-                self.stats.hits.fetch_add(1, Ordering::Relaxed);
+                self.stats.add(Metric::Hits, 1);
                 return Ok(Reply {
                     meta,
                     size: m.size,
@@ -398,7 +397,7 @@ impl Node {
                 DeriveError::Cache(e) => e.into(),
             })?;
         if read.origin == Origin::Hit {
-            self.stats.transform_hits.fetch_add(1, Ordering::Relaxed);
+            self.stats.add(Metric::TransformHits, 1);
         }
         let mut reply = Reply::of(read);
         if req.mode == ReadMode::Head {
@@ -508,7 +507,7 @@ mod tests {
         let cache = crate::cache::Cache::open(
             &dir.path().join("cache"),
             1 << 20,
-            crate::config::CachePolicy::NeverEvict,
+            crate::cache::CachePolicy::NeverEvict,
             true,
             engine,
             stats.clone(),
@@ -517,7 +516,7 @@ mod tests {
         let backend =
             Arc::new(crate::backend::fs::FsBackend::open(&dir.path().join("origin")).unwrap());
         let cluster = crate::cluster::Cluster::new(
-            &crate::config::Config::default(),
+            &crate::cluster::ClusterConfig::default(),
             "solo",
             1,
             stats.clone(),

@@ -23,13 +23,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use http::{Method, StatusCode};
-use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
 use super::{Node, NodeError};
 use crate::backend::{BackendError, GetObject, ObjectMeta};
 use crate::cache::Adopted;
+use crate::cluster::calls::{Take, Taken};
 use crate::cluster::Member;
 use crate::jobs::Job;
 use crate::transform::{Derived, RESULTS};
@@ -38,41 +37,12 @@ use crate::transform::{Derived, RESULTS};
 pub const DEBOUNCE: Duration = Duration::from_secs(2);
 /// How long after a pass that left objects for a passing reason the next one starts.
 pub const RETRY: Duration = Duration::from_secs(10);
-/// How long an owner is given to take one object.
-const TAKE_WAIT: Duration = Duration::from_secs(60);
 
 /// Wakes the rebalancer.
 #[derive(Default)]
 pub struct Rebalancer {
     wake: Notify,
     pending: AtomicBool,
-}
-
-/// What a node is asked to take (`POST /_granary/take`, from a member).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Offer {
-    pub bucket: String,
-    pub key: String,
-    pub etag: String,
-    pub size: u64,
-    /// The member holding the copy.
-    pub from: String,
-}
-
-/// What became of an offer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Taken {
-    /// The owner holds that version now (it had it, or took it).
-    Held,
-    /// The copy is not the backend's version (or the object is gone): drop it.
-    Stale,
-    /// The owner has no room for it.
-    NotAdmitted,
-    /// The receiver does not own the key (views differ for a moment): try later.
-    NotOwner,
-    /// The receiver keeps nothing new yet (its view is not settled): try later.
-    NotReady,
 }
 
 impl Node {
@@ -196,56 +166,26 @@ impl Node {
         key: &str,
         meta: &ObjectMeta,
     ) -> Result<Taken, NodeError> {
-        let offer = Offer {
+        let offer = Take {
             bucket: bucket.to_owned(),
             key: key.to_owned(),
             etag: meta.etag.clone(),
             size: meta.size,
             from: self.id.clone(),
         };
-        let body = serde_json::to_vec(&offer).map_err(|e| NodeError::Invalid(e.to_string()))?;
-        let asked = self
-            .cluster
-            .ask(
-                owner,
-                Method::POST,
-                "/_granary/take",
-                body.into(),
-                TAKE_WAIT,
-            )
-            .await;
-        let resp = match asked {
-            Ok(resp) => resp,
-            Err(e) => {
+        self.cluster.call(owner, &offer).await.map_err(|e| {
+            if super::batch::gone(&e) {
                 self.cluster.mark_down(owner, &e);
-                return Err(e.into());
             }
-        };
-        let status = resp.status();
-        let text = axum::body::to_bytes(resp.into_body(), 64 << 10)
-            .await
-            .unwrap_or_default();
-        if status != StatusCode::OK {
-            return Err(NodeError::Peer {
-                node: owner.id.clone(),
-                status: status.as_u16(),
-                what: "an offered object",
-                message: String::from_utf8_lossy(&text).into_owned(),
-            });
-        }
-        serde_json::from_slice::<Taken>(&text).map_err(|e| NodeError::Peer {
-            node: owner.id.clone(),
-            status: status.as_u16(),
-            what: "an offered object",
-            message: e.to_string(),
+            e.into()
         })
     }
 
-    /// Takes an object a member offers (`POST /_granary/take`): its copy, checked against
+    /// Takes an object a member offers ([`Take`]): its copy, checked against
     /// the backend, filled into this node's cache when this node owns the key. The check
     /// and the copy run while the cache leads the key's fill, so a write that lands
     /// meanwhile keeps the offered (old) copy out.
-    pub async fn take(self: &Arc<Self>, offer: &Offer) -> Result<Taken, NodeError> {
+    pub async fn take(self: &Arc<Self>, offer: &Take) -> Result<Taken, NodeError> {
         let (bucket, key) = (offer.bucket.as_str(), offer.key.as_str());
         if !self.cluster.is_me(&self.cluster.owner(bucket, key)) {
             return Ok(Taken::NotOwner);

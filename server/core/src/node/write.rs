@@ -2,7 +2,6 @@
 //! cached or invalidated here and told to the other members, so that no node serves an
 //! older version after it.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use md5::{Digest, Md5};
@@ -12,6 +11,7 @@ use crate::backend::{
     check_key, BackendError, ByteRange, ByteStream, ObjectMeta, PartInfo, PutOptions, RangeFn,
     Refusal,
 };
+use crate::stats::Metric;
 
 /// A write's preconditions (`If-Match`, `If-None-Match` on PutObject and
 /// CompleteMultipartUpload), checked against the backend's current version.
@@ -73,9 +73,7 @@ impl Node {
             .cache
             .put_through(&*self.backend, bucket, key, body, opts)
             .await?;
-        self.stats
-            .bytes_received
-            .fetch_add(meta.size, Ordering::Relaxed);
+        self.stats.add(Metric::BytesReceived, meta.size);
         self.changed(&[(bucket.to_owned(), key.to_owned())]).await;
         Ok(meta)
     }
@@ -140,9 +138,7 @@ impl Node {
             .backend
             .upload_part(bucket, key, upload_id, part, body, opts)
             .await?;
-        self.stats
-            .bytes_received
-            .fetch_add(info.size, Ordering::Relaxed);
+        self.stats.add(Metric::BytesReceived, info.size);
         Ok(info)
     }
 

@@ -1,23 +1,141 @@
-//! This node's counters: what `/_granary/stats` (JSON) and `/_granary/metrics`
-//! (Prometheus text) report.
+//! This node's counters and gauges, declared once in the table below: each row is a
+//! [`Metric`] with its name in `/_granary/stats` (JSON), its Prometheus name (every
+//! series labelled with the node's id), its kind and its help. Request paths bump
+//! counters lock-free ([`Stats::add`]); a [`Snapshot`] holds every row's value at one
+//! moment (counters read, gauges sampled by the node), and both views are made from it:
+//! the JSON fields ([`Snapshot::json`]) and the Prometheus exposition
+//! ([`Snapshot::exposition`], written by `prometheus-client`).
+
+mod exposition;
 
 use std::sync::atomic::{AtomicU64, Ordering};
+
+/// What a row counts, and so how each view shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A count that only grows.
+    Counter,
+    /// Microseconds that only grow: seconds in both views.
+    Seconds,
+    /// A level sampled when the snapshot is taken.
+    Gauge,
+}
+
+/// One row of the table.
+#[derive(Debug, Clone, Copy)]
+pub struct Row {
+    pub metric: Metric,
+    pub kind: Kind,
+    /// The field of `/_granary/stats`.
+    pub json: &'static str,
+    /// The Prometheus name, after `granary_` (counters get `_total`).
+    pub name: &'static str,
+    pub help: &'static str,
+}
+
+macro_rules! table {
+    ($( $(#[$doc:meta])* $metric:ident: $kind:ident, $json:literal, $name:literal, $help:literal; )*) => {
+        /// Every value a node reports, in table order.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum Metric { $( $(#[$doc])* $metric, )* }
+
+        /// The table: `ROWS[m as usize]` describes `m`.
+        pub const ROWS: &[Row] = &[ $( Row {
+            metric: Metric::$metric,
+            kind: Kind::$kind,
+            json: $json,
+            name: $name,
+            help: $help,
+        }, )* ];
+    };
+}
+
+table! {
+    Requests: Counter, "requests", "requests", "HTTP requests answered";
+    Errors: Counter, "errors", "errors", "requests answered with 4xx or 5xx";
+    /// Object reads answered from this node's committed cache.
+    Hits: Counter, "hits", "cache_hits", "object reads from this node's cache";
+    /// Object reads filled from the backend into the cache.
+    Misses: Counter, "misses", "cache_misses", "object reads filled from the backend";
+    PeerFills: Counter, "peer_fills", "cache_peer_fills", "object reads filled from a peer";
+    /// Object reads served from the backend without admission.
+    Bypasses: Counter, "bypasses", "cache_bypasses", "object reads served without admission";
+    /// Response body bytes sent, all routes.
+    BytesServed: Counter, "bytes_served", "bytes_served", "response body bytes sent";
+    /// Request body bytes written to the backend.
+    BytesReceived: Counter, "bytes_received", "bytes_received", "request body bytes stored";
+    BytesFromBackend: Counter, "bytes_from_backend", "backend_bytes", "bytes read from the backend";
+    BytesFromPeers: Counter, "bytes_from_peers", "peer_bytes", "bytes read from peers";
+    BytesToPeers: Counter, "bytes_to_peers", "peer_bytes_sent",
+        "bytes of cached objects sent to peers filling from this node";
+    PeerServes: Counter, "peer_serves", "peer_serves",
+        "peer fills answered from this node's cache";
+    /// Client requests forwarded to the key's owner.
+    Proxied: Counter, "proxied", "proxied", "requests forwarded to the key's owner";
+    Redirects: Counter, "redirects", "redirects", "requests answered 307 to the key's owner";
+    /// Transforms computed (cache misses of a transformed read).
+    TransformsRun: Counter, "transforms_run", "transforms", "transforms computed";
+    TransformHits: Counter, "transform_hits", "transform_hits",
+        "transformed reads answered from a cached result";
+    /// Transforms that failed (bad input, a command's failure, time or size limits).
+    TransformErrors: Counter, "transform_errors", "transform_errors", "transforms that failed";
+    /// This process's threads for built-in transforms, and (sampled) the user and system
+    /// time of transform commands.
+    TransformCpu: Seconds, "transform_cpu_seconds", "transform_cpu_seconds",
+        "CPU time spent in transforms";
+    /// Object reads answered with a descriptor of the cache file (over the Unix socket).
+    LocalReads: Counter, "local_reads", "local_reads",
+        "object reads answered with a descriptor of the cache file";
+    /// Sampled from the sendfile path's own count.
+    BytesSentFromFiles: Counter, "bytes_sent_from_files", "bytes_sent_from_files",
+        "bytes of cache hits that left with sendfile, not copied through the node";
+    /// Requests refused with `503 SlowDown` at `--max-requests`.
+    Slowdowns: Counter, "slowdowns", "slowdowns",
+        "requests refused with 503 SlowDown at the request limit";
+    TarIndexesBuilt: Counter, "tar_indexes_built", "tar_indexes_built",
+        "shard member indexes built";
+    /// Sampled.
+    ProcessCpu: Seconds, "process_cpu_seconds", "process_cpu_seconds",
+        "user and system CPU time of the node";
+    UsedBytes: Gauge, "used_bytes", "cache_used_bytes", "bytes of object data in the cache";
+    ReservedBytes: Gauge, "reserved_bytes", "cache_reserved_bytes",
+        "bytes reserved by fills in progress";
+    CapacityBytes: Gauge, "capacity_bytes", "cache_capacity_bytes", "bytes the cache may hold";
+    Objects: Gauge, "objects", "cache_objects", "objects in the cache";
+    DiskFreeBytes: Gauge, "disk_free_bytes", "cache_disk_free_bytes",
+        "bytes free on the cache's filesystem";
+}
+
+/// How many rows the table has.
+pub const METRICS: usize = ROWS.len();
+
+impl Metric {
+    pub fn row(self) -> &'static Row {
+        &ROWS[self as usize]
+    }
+}
 
 /// Upper bounds (seconds) of the request latency histogram's buckets; `+Inf` follows.
 pub const LATENCY_BUCKETS: [f64; 14] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
 
+/// The histogram's name (after `granary_`) and help.
+const LATENCY: (&str, &str) = (
+    "request_duration_seconds",
+    "request time, first byte in to last byte out",
+);
+
 /// Request latency (first byte in to last byte out), as a Prometheus histogram.
 #[derive(Debug, Default)]
-pub struct Latency {
+struct Latency {
     /// Per bucket, not cumulative; the last is `+Inf`.
     counts: [AtomicU64; LATENCY_BUCKETS.len() + 1],
     sum_us: AtomicU64,
 }
 
 impl Latency {
-    pub fn record(&self, secs: f64) {
+    fn record(&self, secs: f64) {
         let i = LATENCY_BUCKETS
             .iter()
             .position(|b| secs <= *b)
@@ -28,7 +146,7 @@ impl Latency {
     }
 
     /// Cumulative counts per bucket (the last is the total), and the sum in seconds.
-    pub fn cumulative(&self) -> (Vec<u64>, f64) {
+    fn cumulative(&self) -> Histogram {
         let mut acc = 0;
         let counts = self
             .counts
@@ -38,105 +156,107 @@ impl Latency {
                 acc
             })
             .collect();
-        (counts, self.sum_us.load(Ordering::Relaxed) as f64 / 1e6)
-    }
-}
-
-/// Monotonic counters, updated lock-free on the request path.
-#[derive(Debug, Default)]
-pub struct Stats {
-    pub latency: Latency,
-    pub requests: AtomicU64,
-    pub errors: AtomicU64,
-    /// Object reads answered from this node's committed cache.
-    pub hits: AtomicU64,
-    /// Object reads filled from the backend into the cache.
-    pub misses: AtomicU64,
-    /// Object reads filled from a peer.
-    pub peer_fills: AtomicU64,
-    /// Object reads served from the backend without admission.
-    pub bypasses: AtomicU64,
-    /// Response body bytes sent, all routes.
-    pub bytes_served: AtomicU64,
-    /// Request body bytes written to the backend.
-    pub bytes_received: AtomicU64,
-    pub bytes_from_backend: AtomicU64,
-    pub bytes_from_peers: AtomicU64,
-    /// Bytes of committed copies sent to peers filling from this node.
-    pub bytes_to_peers: AtomicU64,
-    /// Peer-fill requests answered from this node's cache.
-    pub peer_serves: AtomicU64,
-    /// Client requests forwarded to the key's owner.
-    pub proxied: AtomicU64,
-    /// Client requests answered `307` to the key's owner.
-    pub redirects: AtomicU64,
-    /// Transforms computed (cache misses of a transformed read).
-    pub transforms_run: AtomicU64,
-    /// Transformed reads answered from a cached result.
-    pub transform_hits: AtomicU64,
-    /// Transforms that failed (bad input, a command's failure, time or size limits).
-    pub transform_errors: AtomicU64,
-    /// CPU time spent in transforms, in microseconds (this process's threads for
-    /// built-in transforms, the child's user and system time for commands).
-    pub transform_cpu_us: AtomicU64,
-    /// Object reads answered with a descriptor of the cache file (over the Unix socket).
-    pub local_reads: AtomicU64,
-    /// Requests refused with `503 SlowDown` at `--max-requests`.
-    pub slowdowns: AtomicU64,
-}
-
-/// A point-in-time copy of the counters.
-#[derive(Debug, Clone, Copy, serde::Serialize)]
-pub struct Snapshot {
-    pub requests: u64,
-    pub errors: u64,
-    pub hits: u64,
-    pub misses: u64,
-    pub peer_fills: u64,
-    pub bypasses: u64,
-    pub bytes_served: u64,
-    pub bytes_received: u64,
-    pub bytes_from_backend: u64,
-    pub bytes_from_peers: u64,
-    pub transforms_run: u64,
-    pub transform_hits: u64,
-    pub transform_errors: u64,
-    pub transform_cpu_us: u64,
-    pub local_reads: u64,
-    pub slowdowns: u64,
-    pub bytes_to_peers: u64,
-    pub peer_serves: u64,
-    pub proxied: u64,
-    pub redirects: u64,
-}
-
-impl Stats {
-    pub fn snapshot(&self) -> Snapshot {
-        let r = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        Snapshot {
-            requests: r(&self.requests),
-            errors: r(&self.errors),
-            hits: r(&self.hits),
-            misses: r(&self.misses),
-            peer_fills: r(&self.peer_fills),
-            bypasses: r(&self.bypasses),
-            bytes_served: r(&self.bytes_served),
-            bytes_received: r(&self.bytes_received),
-            bytes_from_backend: r(&self.bytes_from_backend),
-            bytes_from_peers: r(&self.bytes_from_peers),
-            bytes_to_peers: r(&self.bytes_to_peers),
-            peer_serves: r(&self.peer_serves),
-            proxied: r(&self.proxied),
-            redirects: r(&self.redirects),
-            transforms_run: r(&self.transforms_run),
-            transform_hits: r(&self.transform_hits),
-            transform_errors: r(&self.transform_errors),
-            transform_cpu_us: r(&self.transform_cpu_us),
-            local_reads: r(&self.local_reads),
-            slowdowns: r(&self.slowdowns),
+        Histogram {
+            counts,
+            sum: self.sum_us.load(Ordering::Relaxed) as f64 / 1e6,
         }
     }
 }
+
+/// A histogram at one moment: cumulative counts per bucket of [`LATENCY_BUCKETS`] (the
+/// last, `+Inf`, is the total), and the sum of what was observed.
+#[derive(Debug, Clone, Default)]
+pub struct Histogram {
+    pub counts: Vec<u64>,
+    pub sum: f64,
+}
+
+/// The node's counters, updated lock-free on the request path.
+#[derive(Debug)]
+pub struct Stats {
+    values: [AtomicU64; METRICS],
+    latency: Latency,
+}
+
+impl Default for Stats {
+    fn default() -> Stats {
+        Stats {
+            values: std::array::from_fn(|_| AtomicU64::new(0)),
+            latency: Latency::default(),
+        }
+    }
+}
+
+impl Stats {
+    /// Adds `n` to a counter (microseconds, for a row in seconds).
+    pub fn add(&self, m: Metric, n: u64) {
+        debug_assert!(m.row().kind != Kind::Gauge, "{m:?} is sampled, not counted");
+        self.values[m as usize].fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// A counter's value now.
+    pub fn get(&self, m: Metric) -> u64 {
+        self.values[m as usize].load(Ordering::Relaxed)
+    }
+
+    /// Records a request's time.
+    pub fn record_latency(&self, secs: f64) {
+        self.latency.record(secs);
+    }
+
+    /// Every counter now; gauges and sampled rows are the caller's to set.
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            values: std::array::from_fn(|i| self.values[i].load(Ordering::Relaxed)),
+            latency: self.latency.cumulative(),
+        }
+    }
+}
+
+/// Every row's value at one moment, and the latency histogram.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    values: [u64; METRICS],
+    latency: Histogram,
+}
+
+impl Snapshot {
+    pub fn get(&self, m: Metric) -> u64 {
+        self.values[m as usize]
+    }
+
+    pub fn set(&mut self, m: Metric, v: u64) {
+        self.values[m as usize] = v;
+    }
+
+    pub fn latency(&self) -> &Histogram {
+        &self.latency
+    }
+
+    /// Every row as `/_granary/stats` names it: counts and gauges as integers, times
+    /// in seconds.
+    pub fn json(&self) -> serde_json::Map<String, serde_json::Value> {
+        ROWS.iter()
+            .map(|r| {
+                let v = self.get(r.metric);
+                let v = match r.kind {
+                    Kind::Seconds => serde_json::json!(v as f64 / 1e6),
+                    Kind::Counter | Kind::Gauge => serde_json::json!(v),
+                };
+                (r.json.to_owned(), v)
+            })
+            .collect()
+    }
+
+    /// The Prometheus exposition (OpenMetrics text) of every row and the latency
+    /// histogram, each series labelled `node="ID"`.
+    pub fn exposition(&self, node: &str) -> String {
+        exposition::write(self, node)
+    }
+}
+
+/// The Content-Type of [`Snapshot::exposition`].
+pub const EXPOSITION_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// User and system CPU time of this process (`libc::RUSAGE_SELF`) or of its waited-for
 /// children (`libc::RUSAGE_CHILDREN`), in microseconds.
@@ -156,15 +276,64 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_table_is_in_order_and_its_names_are_unique() {
+        for (i, r) in ROWS.iter().enumerate() {
+            assert_eq!(r.metric as usize, i, "{:?}", r.metric);
+            assert!(!r.help.is_empty());
+        }
+        let mut json: Vec<_> = ROWS.iter().map(|r| r.json).collect();
+        let mut names: Vec<_> = ROWS.iter().map(|r| r.name).collect();
+        names.push(LATENCY.0);
+        for list in [&mut json, &mut names] {
+            let n = list.len();
+            list.sort();
+            list.dedup();
+            assert_eq!(list.len(), n, "a name is used twice");
+        }
+    }
+
+    #[test]
     fn latency_buckets_are_cumulative() {
-        let l = Latency::default();
-        l.record(0.0001);
-        l.record(0.003);
-        l.record(20.0);
-        let (c, sum) = l.cumulative();
-        assert_eq!(c[0], 1);
-        assert_eq!(c[3], 2, "0.003 falls in the 0.005 bucket");
-        assert_eq!(*c.last().unwrap(), 3);
-        assert!((sum - 20.0031).abs() < 1e-3);
+        let s = Stats::default();
+        s.record_latency(0.0001);
+        s.record_latency(0.003);
+        s.record_latency(20.0);
+        let h = s.snapshot().latency;
+        assert_eq!(h.counts[0], 1);
+        assert_eq!(h.counts[3], 2, "0.003 falls in the 0.005 bucket");
+        assert_eq!(*h.counts.last().unwrap(), 3);
+        assert!((h.sum - 20.0031).abs() < 1e-3);
+    }
+
+    #[test]
+    fn both_views_come_from_one_snapshot() {
+        let s = Stats::default();
+        s.add(Metric::Hits, 3);
+        s.add(Metric::TransformCpu, 1_500_000);
+        s.record_latency(0.002);
+        let mut snap = s.snapshot();
+        snap.set(Metric::UsedBytes, 4096);
+        let j = snap.json();
+        assert_eq!(j["hits"], 3);
+        assert_eq!(j["transform_cpu_seconds"], 1.5);
+        assert_eq!(j["used_bytes"], 4096);
+        assert_eq!(j["misses"], 0);
+        assert_eq!(j.len(), METRICS);
+        let text = snap.exposition("n1");
+        for line in [
+            "# TYPE granary_cache_hits counter",
+            "granary_cache_hits_total{node=\"n1\"} 3",
+            "granary_transform_cpu_seconds_total{node=\"n1\"} 1.5",
+            "# TYPE granary_cache_used_bytes gauge",
+            "granary_cache_used_bytes{node=\"n1\"} 4096",
+            "granary_cache_misses_total{node=\"n1\"} 0",
+            "# TYPE granary_request_duration_seconds histogram",
+            "granary_request_duration_seconds_bucket{node=\"n1\",le=\"0.0025\"} 1",
+            "granary_request_duration_seconds_bucket{node=\"n1\",le=\"+Inf\"} 1",
+            "granary_request_duration_seconds_count{node=\"n1\"} 1",
+            "# EOF",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no `{line}` in:\n{text}");
+        }
     }
 }

@@ -17,7 +17,7 @@ pub mod exec;
 pub mod image;
 
 use std::collections::BTreeMap;
-use std::sync::atomic::Ordering;
+
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -26,6 +26,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 
 use crate::backend::ObjectMeta;
+use crate::stats::Metric;
 use crate::stats::Stats;
 
 /// Why a transform could not give a result.
@@ -215,14 +216,14 @@ impl Transforms {
                 })
                 .await
                 .map_err(|e| failed(&e))?;
-                stats.transform_cpu_us.fetch_add(cpu_us, Ordering::Relaxed);
+                stats.add(Metric::TransformCpu, cpu_us);
                 out.map_err(|e| failed(&e))
             }
             TransformDef::Exec(spec) => exec::run(spec, input).await.map_err(|e| failed(&e)),
         };
         match &out {
-            Ok(_) => stats.transforms_run.fetch_add(1, Ordering::Relaxed),
-            Err(_) => stats.transform_errors.fetch_add(1, Ordering::Relaxed),
+            Ok(_) => stats.add(Metric::TransformsRun, 1),
+            Err(_) => stats.add(Metric::TransformErrors, 1),
         };
         out.map(Bytes::from)
     }

@@ -24,8 +24,8 @@ pub fn authenticate(
 
 /// Only a member (`x-granary-peer-auth` under the cluster's secret) may make this
 /// request; in an open cluster (no secret), anyone.
-pub fn peer_only(cluster: &crate::cluster::Cluster, parts: &Parts) -> Result<(), S3Error> {
-    if cluster.peer_authenticated(parts) {
+pub fn peer_only(node: &granary_core::Node, parts: &Parts) -> Result<(), S3Error> {
+    if node.peer_authenticated(parts) {
         Ok(())
     } else {
         Err(S3Error::new(

@@ -13,7 +13,7 @@ use sha2::{Digest, Sha256};
 
 use super::auth::Payload;
 use crate::api::error::{S3Code, S3Error};
-use crate::backend::ByteStream;
+use granary_core::backend::ByteStream;
 
 /// Longest chunk header or trailer line accepted.
 const MAX_LINE: usize = 4096;

@@ -10,6 +10,8 @@ use super::OWNER;
 use super::{empty, xml_response, Req};
 use crate::api::error::{S3Code, S3Error};
 use crate::api::AppState;
+use granary_core::backend::BackendError;
+use granary_core::NodeError;
 
 /// ListBuckets; with `max-buckets` a page of them, the next page after
 /// `continuation-token`; with `prefix`, those whose names start with it.
@@ -29,7 +31,7 @@ pub async fn list_buckets(state: &AppState, r: Req) -> Result<Response, S3Error>
     };
     let prefix = r.q("prefix").unwrap_or("");
     let after = r.q("continuation-token").unwrap_or("");
-    let mut buckets = state.node.backend.list_buckets().await?;
+    let mut buckets = state.node.list_buckets().await?;
     buckets.sort_by(|a, b| a.name.cmp(&b.name));
     let mut page: Vec<_> = buckets
         .iter()
@@ -64,8 +66,8 @@ pub async fn list_buckets(state: &AppState, r: Req) -> Result<Response, S3Error>
 pub async fn create(state: &AppState, r: Req) -> Result<Response, S3Error> {
     // The body, if any, is a CreateBucketConfiguration naming a region: one region here,
     // us-east-1, where creating a bucket you own already succeeds.
-    match state.node.backend.create_bucket(&r.bucket).await {
-        Ok(()) | Err(crate::backend::BackendError::BucketExists(_)) => {}
+    match state.node.create_bucket(&r.bucket).await {
+        Ok(()) | Err(NodeError::Backend(BackendError::BucketExists(_))) => {}
         Err(e) => return Err(e.into()),
     }
     let mut resp = empty(StatusCode::OK);
@@ -76,7 +78,7 @@ pub async fn create(state: &AppState, r: Req) -> Result<Response, S3Error> {
 }
 
 pub async fn head(state: &AppState, r: Req) -> Result<Response, S3Error> {
-    state.node.backend.head_bucket(&r.bucket).await?;
+    state.node.head_bucket(&r.bucket).await?;
     let mut resp = empty(StatusCode::OK);
     resp.headers_mut()
         .insert("x-amz-bucket-region", HeaderValue::from_static("us-east-1"));
@@ -84,12 +86,12 @@ pub async fn head(state: &AppState, r: Req) -> Result<Response, S3Error> {
 }
 
 pub async fn delete(state: &AppState, r: Req) -> Result<Response, S3Error> {
-    state.node.backend.delete_bucket(&r.bucket).await?;
+    state.node.delete_bucket(&r.bucket).await?;
     Ok(empty(StatusCode::NO_CONTENT))
 }
 
 pub async fn location(state: &AppState, r: Req) -> Result<Response, S3Error> {
-    state.node.backend.head_bucket(&r.bucket).await?;
+    state.node.head_bucket(&r.bucket).await?;
     // An empty LocationConstraint is us-east-1, as S3 answers.
     Ok(xml_response(
         Doc::new("LocationConstraint").finish("LocationConstraint"),
@@ -97,7 +99,7 @@ pub async fn location(state: &AppState, r: Req) -> Result<Response, S3Error> {
 }
 
 pub async fn versioning(state: &AppState, r: Req) -> Result<Response, S3Error> {
-    state.node.backend.head_bucket(&r.bucket).await?;
+    state.node.head_bucket(&r.bucket).await?;
     Ok(xml_response(
         Doc::new("VersioningConfiguration").finish("VersioningConfiguration"),
     ))
@@ -165,9 +167,9 @@ fn owner_only(body: &[u8]) -> bool {
 /// The bucket, or with a key the object, exists.
 async fn exists(state: &AppState, bucket: &str, key: Option<&str>) -> Result<(), S3Error> {
     match key {
-        None => state.node.backend.head_bucket(bucket).await?,
+        None => state.node.head_bucket(bucket).await?,
         Some(k) => {
-            state.node.backend.head_object(bucket, k).await?;
+            state.node.head_object(bucket, k).await?;
         }
     }
     Ok(())

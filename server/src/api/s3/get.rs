@@ -10,21 +10,19 @@ use std::os::fd::OwnedFd;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
 use axum::response::{IntoResponse, Response};
-use granary_proto::headers::{
-    CACHE, LOCAL, LOCAL_LENGTH, LOCAL_OFFSET, NODE, PEER_FILL, SPILL, TRANSFORM,
-};
+use granary_proto::headers::{CACHE, LOCAL, LOCAL_LENGTH, LOCAL_OFFSET, NODE, TRANSFORM};
 use granary_proto::range::RangeSpec;
 use http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
 
 use super::{http_date, Req};
 use crate::api::error::{S3Code, S3Error};
 use crate::api::AppState;
-use crate::archive::{self, Format};
-use crate::backend::ByteRange;
-use crate::cache::{Body as Bytes, CacheError, LocalFile, Origin};
-use crate::cluster::peer::target_of;
 use crate::local::FdSender;
-use crate::node::{Conditions, Item, NodeError, ReadMode, ReadRequest, Reply, Served};
+use granary_core::archive::{self, Format};
+use granary_core::backend::ByteRange;
+use granary_core::cache::{Body as Bytes, CacheError, LocalFile, Origin};
+use granary_core::cluster::calls;
+use granary_core::node::{Conditions, Item, NodeError, ReadMode, ReadRequest, Reply, Served};
 
 /// What was read: an object (and its headers), a shard member, or a transform's result.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -40,7 +38,7 @@ pub async fn get(state: &AppState, r: Req, head: bool) -> Result<Response, S3Err
     let member = r.q("archpath");
     let transform = r.q("transform");
     if let Some(name) = transform {
-        let t = node.transforms.lookup(name)?;
+        let t = node.transform(name)?;
         if member.is_none() && !t.members.is_empty() {
             let (bucket, key) = (r.bucket.clone(), r.key().to_owned());
             return whole_shard(state, (&bucket, &key), &t, head).await;
@@ -48,7 +46,7 @@ pub async fn get(state: &AppState, r: Req, head: bool) -> Result<Response, S3Err
     }
     // Members' own headers count only from a member.
     let from_member = crate::api::FromMember::of_parts(&r.parts).is_some();
-    let peer_fill = from_member && r.parts.headers.contains_key(PEER_FILL) && !head;
+    let peer_fill = from_member && calls::asks_copy(&r.parts.headers) && !head;
     let fds = if head || peer_fill {
         None
     } else {
@@ -90,18 +88,19 @@ pub async fn get(state: &AppState, r: Req, head: bool) -> Result<Response, S3Err
     let reply = if kind == Kind::Object && mode == ReadMode::Stream {
         // Another node with room takes what this one cannot admit; the request carries
         // the ids of the nodes that refused it, so it never comes back.
-        let tried: Vec<&str> = r
-            .header(SPILL)
-            .filter(|_| from_member)
-            .unwrap_or("")
-            .split(',')
-            .filter(|s| !s.is_empty())
-            .collect();
+        let tried: Vec<&str> = if from_member {
+            calls::spilled_by(&r.parts.headers)
+        } else {
+            Vec::new()
+        };
         match node.read_or_leave(&req, &tried).await? {
             Served::Here(reply) => reply,
-            Served::Elsewhere(m) => match spill_to(state, &r.parts, &m, &tried).await {
-                Some(resp) => return Ok(resp),
-                None => node.read(&req).await?,
+            Served::Elsewhere(m) => match node.forward_spilled(&m, &r.parts, &tried).await {
+                Ok(resp) => return Ok(resp.map(Body::new)),
+                Err(why) => {
+                    node.mark_down(&m, why);
+                    node.read(&req).await?
+                }
             },
         }
     } else {
@@ -168,8 +167,8 @@ async fn part_of(
             "Cannot specify both Range header and partNumber query parameter",
         ));
     }
-    let layout = state.node.backend.part_of(bucket, key, n).await?;
-    let Some(crate::backend::PartRange {
+    let layout = state.node.part_of(bucket, key, n).await?;
+    let Some(granary_core::backend::PartRange {
         start,
         len,
         checksum,
@@ -229,9 +228,9 @@ pub async fn attributes(state: &AppState, r: Req) -> Result<Response, S3Error> {
         )
     };
     let (bucket, key) = (r.bucket.clone(), r.key().to_owned());
-    let meta = state.node.backend.head_object(&bucket, &key).await?;
+    let meta = state.node.head_object(&bucket, &key).await?;
     let layout = if asked.iter().any(|a| a == "ObjectParts") && meta.etag.contains('-') {
-        state.node.backend.parts_of(&bucket, &key).await?
+        state.node.parts_of(&bucket, &key).await?
     } else {
         None
     };
@@ -381,7 +380,7 @@ fn conditions(h: &HeaderMap) -> Conditions {
 /// Where the bytes came from, and the node that holds them.
 fn source_headers(state: &AppState, h: &mut HeaderMap, origin: Origin) {
     h.insert(CACHE, HeaderValue::from_static(origin.as_str()));
-    if let Ok(v) = HeaderValue::from_str(&state.node.id) {
+    if let Ok(v) = HeaderValue::from_str(state.node.id()) {
         h.insert(NODE, v);
     }
 }
@@ -390,7 +389,7 @@ fn source_headers(state: &AppState, h: &mut HeaderMap, origin: Origin) {
 fn object_headers(
     state: &AppState,
     h: &mut HeaderMap,
-    meta: &crate::backend::ObjectMeta,
+    meta: &granary_core::backend::ObjectMeta,
     origin: Origin,
 ) {
     h.insert(header::ETAG, super::quoted(&meta.etag));
@@ -450,32 +449,6 @@ fn set_length(resp: &mut Response, resolved: Option<ByteRange>, size: u64) {
     }
 }
 
-/// Forwards a read this node could not admit to member `i`, which has room; `None` when
-/// it does not answer (it is marked down).
-async fn spill_to(
-    state: &AppState,
-    parts: &http::request::Parts,
-    m: &crate::cluster::Member,
-    tried: &[&str],
-) -> Option<Response> {
-    let c = &state.node.cluster;
-    let mut headers = parts.headers.clone();
-    let mut refused: Vec<&str> = tried.to_vec();
-    refused.push(&state.node.id);
-    headers.insert(SPILL, HeaderValue::from_str(&refused.join(",")).ok()?);
-    let target = target_of(&parts.uri);
-    match c
-        .forward(m, &parts.method, &target, &headers, Body::empty())
-        .await
-    {
-        Ok(resp) => Some(resp),
-        Err(why) => {
-            c.mark_down(m, why);
-            None
-        }
-    }
-}
-
 /// The connection's descriptor channel, when the request asks for a descriptor and came
 /// over the Unix socket.
 fn local_sender(r: &Req) -> Option<FdSender> {
@@ -512,7 +485,7 @@ fn local_answer(mut resp: Response, lf: LocalFile, fds: &FdSender) -> Response {
 async fn whole_shard(
     state: &AppState,
     (bucket, key): (&str, &str),
-    t: &crate::transform::Named,
+    t: &granary_core::transform::Named,
     head: bool,
 ) -> Result<Response, S3Error> {
     if Format::of(key) != Some(Format::Tar) {

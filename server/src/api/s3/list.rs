@@ -9,7 +9,7 @@ use super::xml::Doc;
 use super::{xml_response, Req};
 use crate::api::error::{S3Code, S3Error};
 use crate::api::AppState;
-use crate::backend::ListQuery;
+use granary_core::backend::{ListPage, ListQuery};
 
 const MAX_KEYS: usize = 1000;
 
@@ -17,7 +17,31 @@ fn b64() -> base64::engine::GeneralPurpose {
     base64::engine::general_purpose::URL_SAFE_NO_PAD
 }
 
+/// What a listing request asks: its query, and how to write the answer.
+struct Listing {
+    v2: bool,
+    query: ListQuery,
+    /// Keys and prefixes written URL-encoded (`encoding-type=url`).
+    url: bool,
+    /// The continuation token given (v2).
+    token: Option<String>,
+    start_after: Option<String>,
+    marker: Option<String>,
+    /// Each object's owner is named (v1 always, v2 with `fetch-owner=true`).
+    owner: bool,
+}
+
+/// ListObjectsV2 (`v2`) and ListObjects: the request read, one page from the node,
+/// the page written.
 pub async fn list_objects(state: &AppState, r: Req, v2: bool) -> Result<Response, S3Error> {
+    let listing = parse(&r, v2)?;
+    let mut page = state.node.list_objects(&r.bucket, &listing.query).await?;
+    // A page of no keys, asked for, is all of the answer (as S3 says of `max-keys=0`).
+    page.is_truncated &= listing.query.max_keys > 0;
+    Ok(xml_response(render(&r.bucket, &listing, &page)))
+}
+
+fn parse(r: &Req, v2: bool) -> Result<Listing, S3Error> {
     let prefix = r.q("prefix").unwrap_or("").to_owned();
     let delimiter = r
         .q("delimiter")
@@ -65,18 +89,26 @@ pub async fn list_objects(state: &AppState, r: Req, v2: bool) -> Result<Response
         None => r.q("marker").map(str::to_owned),
     }
     .filter(|a| !a.is_empty());
-    let query = ListQuery {
-        prefix: prefix.clone(),
-        delimiter: delimiter.clone(),
-        after,
-        max_keys,
-    };
-    let mut page = state.node.backend.list_objects(&r.bucket, &query).await?;
-    // A page of no keys, asked for, is all of the answer (as S3 says of `max-keys=0`).
-    page.is_truncated &= max_keys > 0;
+    Ok(Listing {
+        v2,
+        query: ListQuery {
+            prefix,
+            delimiter,
+            after,
+            max_keys,
+        },
+        url,
+        token: token.map(str::to_owned),
+        start_after: r.q("start-after").map(str::to_owned),
+        marker: r.q("marker").map(str::to_owned),
+        owner: !v2 || r.q("fetch-owner") == Some("true"),
+    })
+}
 
+fn render(bucket: &str, l: &Listing, page: &ListPage) -> String {
+    let q = &l.query;
     let enc = |s: &str| -> String {
-        if url {
+        if l.url {
             // `encoding-type=url`: all but unreserved characters and `/`.
             granary_proto::encode::path(s)
         } else {
@@ -85,26 +117,30 @@ pub async fn list_objects(state: &AppState, r: Req, v2: bool) -> Result<Response
     };
     let mut doc = Doc::new("ListBucketResult");
     // v1 sends its prefix back as given (boto3 decodes it in v2 only).
-    let echoed = if v2 { enc(&prefix) } else { prefix.clone() };
-    doc.elem("Name", &r.bucket).elem("Prefix", &echoed);
-    if let Some(d) = &delimiter {
+    let echoed = if l.v2 {
+        enc(&q.prefix)
+    } else {
+        q.prefix.clone()
+    };
+    doc.elem("Name", bucket).elem("Prefix", &echoed);
+    if let Some(d) = &q.delimiter {
         doc.elem("Delimiter", &enc(d));
     }
-    doc.elem("MaxKeys", &max_keys.to_string());
-    if url {
+    doc.elem("MaxKeys", &q.max_keys.to_string());
+    if l.url {
         doc.elem("EncodingType", "url");
     }
     doc.elem(
         "IsTruncated",
         if page.is_truncated { "true" } else { "false" },
     );
-    if v2 {
+    if l.v2 {
         let count = page.objects.len() + page.common_prefixes.len();
         doc.elem("KeyCount", &count.to_string());
-        if let Some(t) = token {
+        if let Some(t) = &l.token {
             doc.elem("ContinuationToken", t);
         }
-        if let Some(sa) = r.q("start-after") {
+        if let Some(sa) = &l.start_after {
             doc.elem("StartAfter", &enc(sa));
         }
         if page.is_truncated {
@@ -113,22 +149,20 @@ pub async fn list_objects(state: &AppState, r: Req, v2: bool) -> Result<Response
             }
         }
     } else {
-        doc.elem("Marker", &enc(r.q("marker").unwrap_or("")));
+        doc.elem("Marker", &enc(l.marker.as_deref().unwrap_or("")));
         if page.is_truncated {
             if let Some(last) = &page.last {
                 doc.elem("NextMarker", &enc(last));
             }
         }
     }
-    // v1 names each object's owner; v2 when asked to.
-    let owner = !v2 || r.q("fetch-owner") == Some("true");
     for o in &page.objects {
         doc.open("Contents")
             .elem("Key", &enc(&o.key))
             .time("LastModified", o.last_modified)
             .elem("ETag", &format!("\"{}\"", o.etag))
             .elem("Size", &o.size.to_string());
-        if owner {
+        if l.owner {
             doc.open("Owner")
                 .elem("ID", super::OWNER)
                 .elem("DisplayName", super::OWNER)
@@ -141,5 +175,5 @@ pub async fn list_objects(state: &AppState, r: Req, v2: bool) -> Result<Response
             .elem("Prefix", &enc(p))
             .close("CommonPrefixes");
     }
-    Ok(xml_response(doc.finish("ListBucketResult")))
+    doc.finish("ListBucketResult")
 }

@@ -21,8 +21,8 @@ use http::{header, HeaderValue, Method, StatusCode};
 
 use super::error::{S3Code, S3Error};
 use super::AppState;
-use crate::backend::ByteStream;
 use auth::Verdict;
+use granary_core::backend::ByteStream;
 
 /// The one owner of everything a node serves, as listings and ACLs name it.
 pub const OWNER: &str = "granary";

@@ -13,7 +13,9 @@ use super::xml::{self, Doc};
 use super::{empty, quoted, xml_response, Req};
 use crate::api::error::{S3Code, S3Error};
 use crate::api::AppState;
-use crate::backend::{check_key, ByteRange, ObjectMeta, PutOptions, Refusal};
+use granary_core::backend::BackendError;
+use granary_core::backend::{check_key, ByteRange, ObjectMeta, PutOptions, Refusal};
+use granary_core::NodeError;
 
 fn upload_id(r: &Req) -> &str {
     r.q("uploadId").unwrap_or("")
@@ -27,7 +29,6 @@ pub async fn create(state: &AppState, r: Req) -> Result<Response, S3Error> {
     };
     let id = state
         .node
-        .backend
         .create_multipart(&r.bucket, r.key(), opts)
         .await?;
     let mut doc = Doc::new("InitiateMultipartUploadResult");
@@ -195,11 +196,11 @@ async fn completion_checksum(
     full_object: bool,
     parts: &[(u32, String)],
 ) -> Result<Vec<(String, String)>, S3Error> {
-    let stored = match state.node.backend.list_parts(bucket, key, id).await {
+    let stored = match state.node.list_parts(bucket, key, id).await {
         Ok(stored) => stored,
         // Completed already (the completion answers again) or never begun: the
         // completion itself says which.
-        Err(crate::backend::BackendError::NoSuchUpload(_)) => return Ok(Vec::new()),
+        Err(NodeError::Backend(BackendError::NoSuchUpload(_))) => return Ok(Vec::new()),
         Err(e) => return Err(e.into()),
     };
     let mut found = Vec::with_capacity(parts.len());
@@ -263,7 +264,6 @@ async fn completion_checksum(
 pub async fn abort(state: &AppState, r: Req) -> Result<Response, S3Error> {
     state
         .node
-        .backend
         .abort_multipart(&r.bucket, r.key(), upload_id(&r))
         .await?;
     Ok(empty(StatusCode::NO_CONTENT))
@@ -271,11 +271,7 @@ pub async fn abort(state: &AppState, r: Req) -> Result<Response, S3Error> {
 
 pub async fn list_parts(state: &AppState, r: Req) -> Result<Response, S3Error> {
     let id = upload_id(&r).to_owned();
-    let parts = state
-        .node
-        .backend
-        .list_parts(&r.bucket, r.key(), &id)
-        .await?;
+    let parts = state.node.list_parts(&r.bucket, r.key(), &id).await?;
     let max: usize = r
         .q("max-parts")
         .and_then(|v| v.parse().ok())
@@ -313,7 +309,7 @@ pub async fn list_parts(state: &AppState, r: Req) -> Result<Response, S3Error> {
 
 pub async fn list_uploads(state: &AppState, r: Req) -> Result<Response, S3Error> {
     let prefix = r.q("prefix").unwrap_or("");
-    let uploads = state.node.backend.list_uploads(&r.bucket, prefix).await?;
+    let uploads = state.node.list_uploads(&r.bucket, prefix).await?;
     let mut doc = Doc::new("ListMultipartUploadsResult");
     doc.elem("Bucket", &r.bucket)
         .elem("KeyMarker", "")

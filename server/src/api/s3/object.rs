@@ -9,8 +9,8 @@ use super::xml::{self, Doc};
 use super::{empty, quoted, xml_response, Req};
 use crate::api::error::{S3Code, S3Error};
 use crate::api::AppState;
-use crate::backend::{check_key, ByteRange, ObjectMeta, PutOptions, Refusal};
-use crate::node::{etag_matches, WriteConditions};
+use granary_core::backend::{check_key, ByteRange, ObjectMeta, PutOptions, Refusal};
+use granary_core::node::{etag_matches, WriteConditions};
 
 /// The headers of a write that are kept with the object.
 pub fn stored_headers(h: &HeaderMap) -> Vec<(String, String)> {
@@ -174,7 +174,7 @@ pub async fn delete(state: &AppState, r: Req) -> Result<Response, S3Error> {
 
 /// DeleteObjects: up to 1,000 keys; each reported deleted or failed.
 pub async fn delete_objects(state: &AppState, mut r: Req) -> Result<Response, S3Error> {
-    state.node.backend.head_bucket(&r.bucket).await?;
+    state.node.head_bucket(&r.bucket).await?;
     let body = r.read_small_body().await?;
     let req = xml::Delete::parse(&body)?;
     if req.objects.is_empty() || req.objects.len() > 1000 {

@@ -1,0 +1,754 @@
+//! Every call a member makes of another, defined once: its request and reply types, and
+//! how each travels over HTTP (method, path, the headers that mark it, a JSON body; the
+//! answer's status and body). The client side is [`Cluster::call`](super::Cluster::call);
+//! the server side is the API's table of peer calls, which reads requests and writes
+//! replies with the same definitions. A member that refuses a call answers an S3 error
+//! document, whose code reaches the caller intact ([`ClusterError::Refused`]).
+//!
+//! | call | wire | reply |
+//! |---|---|---|
+//! | [`Probe`] (health, announcing the sender) | `GET /_granary/health` | [`Health`] |
+//! | [`Revalidate`] | `POST /_granary/revalidate` | `()` |
+//! | [`Invalidate`] | `POST /_granary/invalidate` | objects dropped |
+//! | [`Take`] (a rebalance's offer) | `POST /_granary/take` | [`Taken`] |
+//! | [`PrefetchPart`] | `POST /_granary/prefetch` (`202`) | the part's job id |
+//! | [`JobStatus`], [`JobCancel`] | `GET`, `DELETE /_granary/jobs/{id}` | [`JobView`] |
+//! | [`Copy`] (a peer fill, a hand-over's bytes) | `GET /{bucket}/{key}` + `x-granary-peer-fill` | a committed copy, or none |
+//! | [`Read`] (a batch item, a spilled read) | `GET /{bucket}/{key}?archpath=&transform=` (+ `x-granary-spill`) | the bytes, or missing |
+
+use std::future::Future;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use futures::TryStreamExt;
+use granary_proto::encode;
+use granary_proto::headers::{PEER_FILL, SPILL};
+use granary_proto::S3Code;
+use http::{HeaderMap, Method, StatusCode};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use serde::{Deserialize, Serialize};
+
+use super::ClusterError;
+use crate::backend::{ByteStream, ObjectMeta};
+use crate::jobs::{Counts, Obj};
+
+/// The header a round's probe announces its sender with, and the answer's header that
+/// says whether the sender is in the answering member's list ([`KNOWN`] or not).
+pub const ANNOUNCE: &str = "x-granary-announce";
+/// The value of [`ANNOUNCE`] in an answer from a member that lists the sender.
+pub const KNOWN: &str = "known";
+/// The most of an answer's body read for a JSON reply or an error document.
+const MAX_REPLY: usize = 64 << 10;
+
+/// How a call proves that a member sent it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Proof {
+    /// `x-granary-peer-auth`, binding the body (where the cluster has a secret).
+    Signed,
+    /// `x-granary-hop`, the body unbound: a probe, which anyone may also ask.
+    Hop,
+}
+
+/// A call's request as it leaves.
+pub struct Request {
+    pub method: Method,
+    /// Path and query.
+    pub target: String,
+    /// Headers that mark the call.
+    pub headers: Vec<(&'static str, String)>,
+    /// JSON, or empty.
+    pub body: Bytes,
+    pub proof: Proof,
+}
+
+impl Request {
+    fn new(method: Method, target: impl Into<String>) -> Request {
+        Request {
+            method,
+            target: target.into(),
+            headers: Vec::new(),
+            body: Bytes::new(),
+            proof: Proof::Signed,
+        }
+    }
+
+    fn json(mut self, body: &impl Serialize) -> Request {
+        self.body = Bytes::from(serde_json::to_vec(body).expect("call bodies serialize"));
+        self
+    }
+}
+
+/// A member's answer to a call, as it came.
+pub struct Answer<'a> {
+    /// The member that answered.
+    pub node: &'a str,
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Incoming,
+}
+
+impl Answer<'_> {
+    /// The answer as the refusal it is: the S3 code and message its error document
+    /// carries, as the member said them.
+    pub async fn refused(self, what: &'static str) -> ClusterError {
+        let text = read_up_to(self.body, MAX_REPLY).await.unwrap_or_default();
+        let (code, message) = match granary_proto::xml::parse_error(&text) {
+            Some((code, message)) => (S3Code::parse(&code), message),
+            None => (None, String::from_utf8_lossy(&text).into_owned()),
+        };
+        ClusterError::Refused {
+            node: self.node.to_owned(),
+            what,
+            status: self.status.as_u16(),
+            code,
+            message,
+        }
+    }
+
+    /// The JSON reply of an answer with status `ok`.
+    async fn json<T: serde::de::DeserializeOwned>(
+        self,
+        ok: StatusCode,
+        what: &'static str,
+    ) -> Result<T, ClusterError> {
+        if self.status != ok {
+            return Err(self.refused(what).await);
+        }
+        let node = self.node.to_owned();
+        let garbled = |why: String| ClusterError::Garbled {
+            node: node.clone(),
+            what,
+            why,
+        };
+        let text = read_up_to(self.body, MAX_REPLY)
+            .await
+            .map_err(|e| garbled(e.to_string()))?;
+        serde_json::from_slice(&text).map_err(|e| garbled(e.to_string()))
+    }
+
+    /// The body as a stream of bytes.
+    fn stream(self) -> ByteStream {
+        Box::pin(self.body.into_data_stream().map_err(std::io::Error::other))
+    }
+}
+
+/// At most `limit` bytes of a body; an error beyond.
+async fn read_up_to(body: Incoming, limit: usize) -> std::io::Result<Bytes> {
+    let limited = http_body_util::Limited::new(body, limit);
+    limited
+        .collect()
+        .await
+        .map(|c| c.to_bytes())
+        .map_err(std::io::Error::other)
+}
+
+/// A call one member makes of another.
+pub trait Call: Send + Sync {
+    /// What the caller gets back.
+    type Reply: Send;
+    /// What the call is about, in errors and logs.
+    const WHAT: &'static str;
+    /// The request that carries it.
+    fn request(&self) -> Request;
+    /// How long the caller waits for the answer's head.
+    fn wait(&self) -> Duration;
+    /// The reply an answer carries.
+    fn reply(answer: Answer<'_>) -> impl Future<Output = Result<Self::Reply, ClusterError>> + Send;
+}
+
+/// A call whose request is a JSON body at a fixed route: what the server side reads.
+pub trait JsonCall: Call + serde::de::DeserializeOwned {
+    const METHOD: Method;
+    const PATH: &'static str;
+    /// The status of a successful answer.
+    const OK: StatusCode = StatusCode::OK;
+}
+
+// --- health -----------------------------------------------------------------------
+
+/// A probe of a member's health; `announce`: from the sender's regular round (the
+/// member probes back before answering if it does not see the sender up).
+pub struct Probe {
+    pub announce: bool,
+}
+
+/// What a node says of itself on `/_granary/health`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Health {
+    /// `ok`, or `settling` (answered `503`) until the node's view is settled.
+    pub status: String,
+    pub node_id: String,
+    /// The cache's capacity: the node's weight on the ring.
+    #[serde(default)]
+    pub capacity_bytes: u64,
+    /// Bytes the cache could still admit.
+    #[serde(default)]
+    pub free_bytes: u64,
+    /// Whether the cache admits new objects.
+    #[serde(default = "admitting")]
+    pub admitting: bool,
+    /// Whether the node lists the prober (an announcing probe's answer only; not in the
+    /// body).
+    #[serde(skip)]
+    pub knows_me: Option<bool>,
+}
+
+fn admitting() -> bool {
+    true
+}
+
+impl Health {
+    pub fn settled(&self) -> bool {
+        self.status == "ok"
+    }
+}
+
+impl Call for Probe {
+    type Reply = Health;
+    const WHAT: &'static str = "a health probe";
+
+    fn request(&self) -> Request {
+        let mut r = Request::new(Method::GET, "/_granary/health");
+        r.proof = Proof::Hop;
+        if self.announce {
+            r.headers.push((ANNOUNCE, "1".to_owned()));
+        }
+        r
+    }
+
+    fn wait(&self) -> Duration {
+        super::membership::PROBE_TIMEOUT
+    }
+
+    async fn reply(answer: Answer<'_>) -> Result<Health, ClusterError> {
+        // No answer to the announcement: a member from before announcements, which
+        // takes every member's invalidations.
+        let knows_me = answer
+            .headers
+            .get(ANNOUNCE)
+            .and_then(|v| v.to_str().ok())
+            .is_none_or(|v| v == KNOWN);
+        // A member still settling answers `503` with the same fields: alive, serving.
+        let ok = answer.status;
+        if ok != StatusCode::OK && ok != StatusCode::SERVICE_UNAVAILABLE {
+            return Err(answer.refused(Self::WHAT).await);
+        }
+        let mut health: Health = answer.json(ok, Self::WHAT).await?;
+        health.knows_me = Some(knows_me);
+        Ok(health)
+    }
+}
+
+// --- invalidation and revalidation ------------------------------------------------
+
+/// Check every cached copy against the backend before its next hit (the receiver may
+/// have missed changes made through the sender).
+#[derive(Debug, Default, Deserialize)]
+pub struct Revalidate {}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Revalidated {
+    pub revalidate: bool,
+}
+
+impl Call for Revalidate {
+    type Reply = Revalidated;
+    const WHAT: &'static str = "a revalidation";
+
+    fn request(&self) -> Request {
+        Request::new(Self::METHOD, Self::PATH)
+    }
+
+    fn wait(&self) -> Duration {
+        Duration::from_secs(2)
+    }
+
+    async fn reply(answer: Answer<'_>) -> Result<Revalidated, ClusterError> {
+        answer.json(Self::OK, Self::WHAT).await
+    }
+}
+
+impl JsonCall for Revalidate {
+    const METHOD: Method = Method::POST;
+    const PATH: &'static str = "/_granary/revalidate";
+}
+
+/// An object, by bucket and key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObjectRef {
+    pub bucket: String,
+    pub key: String,
+}
+
+/// Drop the copies of these objects (written or deleted through the sender).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Invalidate {
+    pub objects: Vec<ObjectRef>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Invalidated {
+    pub invalidated: usize,
+}
+
+impl Call for Invalidate {
+    type Reply = Invalidated;
+    const WHAT: &'static str = "an invalidation";
+
+    fn request(&self) -> Request {
+        Request::new(Self::METHOD, Self::PATH).json(self)
+    }
+
+    fn wait(&self) -> Duration {
+        super::peer::INVALIDATE_WAIT
+    }
+
+    async fn reply(answer: Answer<'_>) -> Result<Invalidated, ClusterError> {
+        answer.json(Self::OK, Self::WHAT).await
+    }
+}
+
+impl JsonCall for Invalidate {
+    const METHOD: Method = Method::POST;
+    const PATH: &'static str = "/_granary/invalidate";
+}
+
+// --- rebalance --------------------------------------------------------------------
+
+/// A rebalance's offer: take the sender's copy of an object the receiver owns.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Take {
+    pub bucket: String,
+    pub key: String,
+    pub etag: String,
+    pub size: u64,
+    /// The member holding the copy.
+    pub from: String,
+}
+
+/// What became of an offer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Taken {
+    /// The owner holds that version now (it had it, or took it).
+    Held,
+    /// The copy is not the backend's version (or the object is gone): drop it.
+    Stale,
+    /// The owner has no room for it.
+    NotAdmitted,
+    /// The receiver does not own the key (views differ for a moment): try later.
+    NotOwner,
+    /// The receiver keeps nothing new yet (its view is not settled): try later.
+    NotReady,
+}
+
+impl Call for Take {
+    type Reply = Taken;
+    const WHAT: &'static str = "an offered object";
+
+    fn request(&self) -> Request {
+        Request::new(Self::METHOD, Self::PATH).json(self)
+    }
+
+    /// The owner copies the object before it answers.
+    fn wait(&self) -> Duration {
+        Duration::from_secs(60)
+    }
+
+    async fn reply(answer: Answer<'_>) -> Result<Taken, ClusterError> {
+        answer.json(Self::OK, Self::WHAT).await
+    }
+}
+
+impl JsonCall for Take {
+    const METHOD: Method = Method::POST;
+    const PATH: &'static str = "/_granary/take";
+}
+
+// --- prefetch parts and jobs ------------------------------------------------------
+
+/// `POST /_granary/prefetch`: a bucket and prefix from a user, or (from a prefetch's
+/// coordinator, as a call) the objects of one member's part.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PrefetchPart {
+    pub bucket: String,
+    #[serde(default)]
+    pub prefix: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub objects: Option<Vec<Obj>>,
+    /// The coordinator's job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub part_of: Option<String>,
+}
+
+/// A job as `POST /_granary/prefetch` answers it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JobStarted {
+    pub id: String,
+    pub kind: String,
+    pub state: String,
+}
+
+impl Call for PrefetchPart {
+    type Reply = JobStarted;
+    const WHAT: &'static str = "a prefetch part";
+
+    fn request(&self) -> Request {
+        Request::new(Self::METHOD, Self::PATH).json(self)
+    }
+
+    fn wait(&self) -> Duration {
+        Duration::from_secs(10)
+    }
+
+    async fn reply(answer: Answer<'_>) -> Result<JobStarted, ClusterError> {
+        answer.json(Self::OK, Self::WHAT).await
+    }
+}
+
+impl JsonCall for PrefetchPart {
+    const METHOD: Method = Method::POST;
+    const PATH: &'static str = "/_granary/prefetch";
+    const OK: StatusCode = StatusCode::ACCEPTED;
+}
+
+/// The route of a job.
+pub fn job_path(id: &str) -> String {
+    format!("/_granary/jobs/{}", encode::path(id))
+}
+
+/// A job's progress, as its node reports it.
+#[derive(Debug, Clone)]
+pub struct JobView(pub serde_json::Value);
+
+impl JobView {
+    pub fn counts(&self) -> Counts {
+        serde_json::from_value(self.0.clone()).unwrap_or_default()
+    }
+
+    pub fn running(&self) -> bool {
+        self.0["state"].as_str() == Some("running")
+    }
+}
+
+/// A job's progress (a part a member runs, or a job this node does not know).
+pub struct JobStatus {
+    pub id: String,
+}
+
+/// Cancel a job (and its parts).
+pub struct JobCancel {
+    pub id: String,
+}
+
+impl Call for JobStatus {
+    type Reply = JobView;
+    const WHAT: &'static str = "a job's progress";
+
+    fn request(&self) -> Request {
+        Request::new(Method::GET, job_path(&self.id))
+    }
+
+    fn wait(&self) -> Duration {
+        Duration::from_secs(2)
+    }
+
+    async fn reply(answer: Answer<'_>) -> Result<JobView, ClusterError> {
+        answer.json(StatusCode::OK, Self::WHAT).await.map(JobView)
+    }
+}
+
+impl Call for JobCancel {
+    type Reply = JobView;
+    const WHAT: &'static str = "a job's cancellation";
+
+    fn request(&self) -> Request {
+        Request::new(Method::DELETE, job_path(&self.id))
+    }
+
+    fn wait(&self) -> Duration {
+        Duration::from_secs(2)
+    }
+
+    async fn reply(answer: Answer<'_>) -> Result<JobView, ClusterError> {
+        answer.json(StatusCode::OK, Self::WHAT).await.map(JobView)
+    }
+}
+
+// --- object bytes between members -------------------------------------------------
+
+/// A member's committed copy of an object, never a fill: a peer fill on a miss, and the
+/// bytes a rebalance hands over.
+pub struct Copy<'a> {
+    pub bucket: &'a str,
+    pub key: &'a str,
+}
+
+impl Call for Copy<'_> {
+    /// `None`: the member holds no copy.
+    type Reply = Option<(ObjectMeta, ByteStream)>;
+    const WHAT: &'static str = "a committed copy";
+
+    fn request(&self) -> Request {
+        let mut r = Request::new(Method::GET, encode::object_path(self.bucket, self.key));
+        r.headers.push((PEER_FILL, "1".to_owned()));
+        r
+    }
+
+    fn wait(&self) -> Duration {
+        Duration::from_secs(2)
+    }
+
+    async fn reply(answer: Answer<'_>) -> Result<Self::Reply, ClusterError> {
+        match answer.status {
+            StatusCode::OK => {}
+            StatusCode::NOT_FOUND => return Ok(None),
+            _ => return Err(answer.refused(Self::WHAT).await),
+        }
+        let Some(meta) = meta_of(&answer.headers) else {
+            return Err(ClusterError::Garbled {
+                node: answer.node.to_owned(),
+                what: Self::WHAT,
+                why: "no length or ETag".to_owned(),
+            });
+        };
+        Ok(Some((meta, answer.stream())))
+    }
+}
+
+/// Whether a member's read asks for a committed copy only ([`Copy`]).
+pub fn asks_copy(headers: &HeaderMap) -> bool {
+    headers.contains_key(PEER_FILL)
+}
+
+/// A read of an object, a shard member or a transform's result, from the member that
+/// owns it (a batch item), or from a member with room for what the sender could not
+/// admit (`refused`: the ids of the members that refused it, the sender among them).
+pub struct Read<'a> {
+    pub bucket: &'a str,
+    pub key: &'a str,
+    pub archpath: Option<&'a str>,
+    pub transform: Option<&'a str>,
+    pub refused: &'a [&'a str],
+}
+
+/// What a read found.
+pub enum Found {
+    /// The bytes: `size` of them, last modified at `mtime` (Unix seconds).
+    Bytes {
+        size: u64,
+        mtime: u64,
+        body: ByteStream,
+    },
+    /// No such object or member.
+    Missing,
+}
+
+impl Read<'_> {
+    /// The path and query of the read.
+    pub fn target(&self) -> String {
+        let mut t = encode::object_path(self.bucket, self.key);
+        let mut sep = '?';
+        for (name, value) in [("archpath", self.archpath), ("transform", self.transform)] {
+            if let Some(v) = value {
+                t.push(sep);
+                t.push_str(name);
+                t.push('=');
+                t.push_str(&encode::query_value(v));
+                sep = '&';
+            }
+        }
+        t
+    }
+}
+
+impl Call for Read<'_> {
+    type Reply = Found;
+    const WHAT: &'static str = "a read";
+
+    fn request(&self) -> Request {
+        let mut r = Request::new(Method::GET, self.target());
+        if !self.refused.is_empty() {
+            r.headers.push(spill_header(self.refused));
+        }
+        r
+    }
+
+    fn wait(&self) -> Duration {
+        super::peer::FORWARD_READ_TIMEOUT
+    }
+
+    async fn reply(answer: Answer<'_>) -> Result<Found, ClusterError> {
+        match answer.status {
+            StatusCode::OK => {}
+            StatusCode::NOT_FOUND => return Ok(Found::Missing),
+            _ => return Err(answer.refused(Self::WHAT).await),
+        }
+        let text = |n: http::HeaderName| {
+            answer
+                .headers
+                .get(n)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        let Some(size) = text(http::header::CONTENT_LENGTH).and_then(|v| v.parse().ok()) else {
+            return Err(ClusterError::Garbled {
+                node: answer.node.to_owned(),
+                what: Self::WHAT,
+                why: "no length".to_owned(),
+            });
+        };
+        let mtime = text(http::header::LAST_MODIFIED)
+            .and_then(|v| httpdate::parse_http_date(&v).ok())
+            .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_secs());
+        Ok(Found::Bytes {
+            size,
+            mtime,
+            body: answer.stream(),
+        })
+    }
+}
+
+/// The header that leaves a read to a member with room: the ids of the members that
+/// refused it.
+pub fn spill_header(refused: &[&str]) -> (&'static str, String) {
+    (SPILL, refused.join(","))
+}
+
+/// The members that refused a read left to this node (from a member's request only).
+pub fn spilled_by(headers: &HeaderMap) -> Vec<&str> {
+    headers
+        .get(SPILL)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
+/// An object's metadata from the headers of a `200` answer.
+pub fn meta_of(h: &HeaderMap) -> Option<ObjectMeta> {
+    let text = |n: &str| h.get(n).and_then(|v| v.to_str().ok());
+    let size = text("content-length")?.parse().ok()?;
+    let etag = text("etag")?.trim_matches('"').to_owned();
+    let last_modified = text("last-modified")
+        .and_then(|v| httpdate::parse_http_date(v).ok())
+        .unwrap_or(SystemTime::UNIX_EPOCH);
+    let mut headers: Vec<(String, String)> = h
+        .iter()
+        .filter(|(k, _)| granary_proto::headers::is_stored(k.as_str()))
+        .filter_map(|(k, v)| Some((k.as_str().to_owned(), v.to_str().ok()?.to_owned())))
+        .collect();
+    headers.sort();
+    Some(ObjectMeta {
+        size,
+        etag,
+        last_modified,
+        headers,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metadata_comes_from_an_answer() {
+        let mut h = HeaderMap::new();
+        h.insert("content-length", "12".parse().unwrap());
+        h.insert("etag", "\"abc\"".parse().unwrap());
+        h.insert(
+            "last-modified",
+            "Sun, 06 Nov 1994 08:49:37 GMT".parse().unwrap(),
+        );
+        h.insert("content-type", "application/x-tar".parse().unwrap());
+        h.insert("x-amz-meta-shard", "7".parse().unwrap());
+        h.insert("x-granary-cache", "hit".parse().unwrap());
+        let m = meta_of(&h).unwrap();
+        assert_eq!(m.size, 12);
+        assert_eq!(m.etag, "abc");
+        assert_eq!(
+            m.headers,
+            vec![
+                ("content-type".to_owned(), "application/x-tar".to_owned()),
+                ("x-amz-meta-shard".to_owned(), "7".to_owned())
+            ]
+        );
+        h.remove("etag");
+        assert!(meta_of(&h).is_none());
+    }
+
+    #[test]
+    fn reads_encode_keys_members_and_who_refused_them() {
+        let mut r = Read {
+            bucket: "b",
+            key: "dir/a b.tar",
+            archpath: Some("x&y=1.jpg"),
+            transform: None,
+            refused: &[],
+        };
+        assert_eq!(r.target(), "/b/dir/a%20b.tar?archpath=x%26y%3D1.jpg");
+        assert!(r.request().headers.is_empty());
+        r.transform = Some("small");
+        assert_eq!(
+            r.target(),
+            "/b/dir/a%20b.tar?archpath=x%26y%3D1.jpg&transform=small"
+        );
+        r.archpath = None;
+        r.refused = &["n1", "n2"];
+        assert_eq!(r.target(), "/b/dir/a%20b.tar?transform=small");
+        let req = r.request();
+        assert_eq!(req.headers, vec![(SPILL, "n1,n2".to_owned())]);
+        let mut h = HeaderMap::new();
+        h.insert(SPILL, "n1,n2".parse().unwrap());
+        assert_eq!(spilled_by(&h), ["n1", "n2"]);
+        assert!(spilled_by(&HeaderMap::new()).is_empty());
+    }
+
+    #[test]
+    fn json_calls_keep_their_wire_form() {
+        let inv = Invalidate {
+            objects: vec![ObjectRef {
+                bucket: "b".into(),
+                key: "k".into(),
+            }],
+        };
+        let req = inv.request();
+        assert_eq!(
+            (req.method, req.target.as_str()),
+            (Method::POST, "/_granary/invalidate")
+        );
+        assert_eq!(&req.body[..], br#"[{"bucket":"b","key":"k"}]"#);
+        let part = PrefetchPart {
+            bucket: "b".into(),
+            prefix: "p/".into(),
+            objects: Some(vec![Obj {
+                key: "p/1".into(),
+                size: 3,
+            }]),
+            part_of: Some("j".into()),
+        };
+        let v: serde_json::Value = serde_json::from_slice(&part.request().body).unwrap();
+        assert_eq!(v["objects"][0]["size"], 3);
+        assert_eq!(v["part_of"], "j");
+        // A user's prefetch names a bucket and a prefix only.
+        let user: PrefetchPart = serde_json::from_str(r#"{"bucket":"b","prefix":"p/"}"#).unwrap();
+        assert!(user.objects.is_none() && user.part_of.is_none());
+        assert!(serde_json::from_str::<PrefetchPart>(r#"{"bucket":"b","x":1}"#).is_err());
+        assert_eq!(
+            serde_json::to_string(&Taken::NotAdmitted).unwrap(),
+            "\"not-admitted\""
+        );
+        assert_eq!(
+            JobStatus { id: "a b".into() }.request().target,
+            "/_granary/jobs/a%20b"
+        );
+        let probe = Probe { announce: true }.request();
+        assert_eq!(probe.proof, Proof::Hop);
+        assert_eq!(probe.headers, vec![(ANNOUNCE, "1".to_owned())]);
+    }
+}

@@ -1,0 +1,89 @@
+//! The members' calls this node answers, in one table ([`serve`]). Each entry reads the
+//! call with its definition in `granary_core::cluster::calls`, asks the node, and writes
+//! the reply the same definition reads on the caller's side; a refusal is an S3 error
+//! document, whose code the caller keeps. Three routes are users' as well as members'
+//! (health, prefetch, jobs): their entries name the native handler that serves both.
+//! The calls that move object bytes ([`calls::Copy`], [`calls::Read`]) are object reads
+//! marked as a member's, served by the S3 read path (`s3::get`).
+
+use std::future::Future;
+use std::sync::Arc;
+
+use axum::extract::Request;
+use axum::response::{IntoResponse, Response};
+use http::{header, HeaderValue, Method};
+use serde::Serialize;
+
+use super::error::{S3Code, S3Error};
+use super::{native, s3, AppState};
+use granary_core::cluster::calls::{self, Invalidate, JsonCall, PrefetchPart, Revalidate, Take};
+use granary_core::{Node, NodeError};
+
+/// The most body a member's call carries here (1,000 keys of 1 KiB and their buckets,
+/// with room to spare).
+const MAX_CALL_BODY: usize = 4 << 20;
+
+/// Answers a member's call; the request back when it is none of them.
+pub async fn serve(state: &Arc<AppState>, req: Request) -> Result<Response, Request> {
+    let path = req.uri().path().trim_end_matches('/');
+    let answer = match (req.method().clone(), path) {
+        // [`calls::Probe`]: the public health check, with the announcement's answer.
+        (Method::GET | Method::HEAD, "/_granary/health") => Ok(native::health(state, req).await),
+        (Revalidate::METHOD, Revalidate::PATH) => {
+            json_call(state, req, |node, _: Revalidate| async move {
+                node.revalidate();
+                Ok(calls::Revalidated { revalidate: true })
+            })
+            .await
+        }
+        (Invalidate::METHOD, Invalidate::PATH) => {
+            json_call(state, req, |node, call: Invalidate| async move {
+                Ok(node.take_invalidation(&call))
+            })
+            .await
+        }
+        (Take::METHOD, Take::PATH) => {
+            json_call(state, req, |node, call: Take| async move {
+                node.take(&call).await
+            })
+            .await
+        }
+        // [`calls::PrefetchPart`], and a user's prefetch of a prefix.
+        (PrefetchPart::METHOD, PrefetchPart::PATH) => native::prefetch(state, req).await,
+        // [`calls::JobStatus`], [`calls::JobCancel`], and a user's look at a job.
+        (_, p) if p.starts_with("/_granary/jobs/") => native::job(state, req).await,
+        _ => return Err(req),
+    };
+    Ok(answer.unwrap_or_else(IntoResponse::into_response))
+}
+
+/// A call only a member may make: its JSON request read, the node's reply written with
+/// the call's status.
+async fn json_call<C, R, F, Fut>(
+    state: &AppState,
+    req: Request,
+    answer: F,
+) -> Result<Response, S3Error>
+where
+    C: JsonCall,
+    R: Serialize,
+    F: FnOnce(Arc<Node>, C) -> Fut,
+    Fut: Future<Output = Result<R, NodeError>>,
+{
+    let (parts, body) = req.into_parts();
+    s3::auth::peer_only(&state.node, &parts)?;
+    let body = axum::body::to_bytes(body, MAX_CALL_BODY)
+        .await
+        .map_err(|_| S3Error::new(S3Code::EntityTooLarge, "the call's body is too large"))?;
+    // A call with nothing to say sends no body.
+    let text: &[u8] = if body.is_empty() { b"{}" } else { &body };
+    let call: C = serde_json::from_slice(text)
+        .map_err(|e| S3Error::new(S3Code::InvalidArgument, format!("bad {}: {e}", C::WHAT)))?;
+    let reply = answer(state.node.clone(), call).await?;
+    let mut resp = (C::OK, serde_json::to_string(&reply).unwrap_or_default()).into_response();
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    Ok(resp)
+}
