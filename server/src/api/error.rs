@@ -275,3 +275,31 @@ impl From<XmlError> for S3Error {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_members_code_reaches_the_client() {
+        let refused = |status, code| ClusterError::Refused {
+            node: "b".into(),
+            what: "a batch item",
+            status,
+            code,
+            message: "from b".into(),
+        };
+        let e = S3Error::from(NodeError::from(refused(503, Some(S3Code::SlowDown))));
+        assert_eq!((e.code, e.message.as_str()), (S3Code::SlowDown, "from b"));
+        let e = S3Error::from(refused(400, Some(S3Code::InvalidRange)));
+        assert_eq!(e.code, S3Code::InvalidRange);
+        // No document: the status says what it can.
+        assert_eq!(S3Error::from(refused(403, None)).code, S3Code::AccessDenied);
+        assert_eq!(
+            S3Error::from(refused(502, None)).code,
+            S3Code::InternalError
+        );
+        let gone = ClusterError::Timeout { node: "b".into() };
+        assert_eq!(S3Error::from(gone).code, S3Code::ServiceUnavailable);
+    }
+}

@@ -5,6 +5,8 @@
 pub mod fs;
 pub mod keypath;
 pub mod limit;
+#[cfg(test)]
+pub mod mem;
 pub mod s3;
 
 use std::io;

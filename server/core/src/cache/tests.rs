@@ -2,189 +2,17 @@
 //! or made to fail: one fetch for many readers, a failed leader, a write or an
 //! invalidation overlapping a fill, admission when full.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::SystemTime;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
-use async_trait::async_trait;
 use bytes::Bytes;
 use futures::StreamExt;
-use tokio::sync::Semaphore;
 
 use super::{Body, Cache, CacheError, Mode, Origin, Read};
-use crate::backend::{
-    Backend, BackendError, BucketInfo, ByteRange, ByteStream, GetObject, ListPage, ListQuery,
-    ObjectMeta, PartInfo, PutOptions, RangeFn, Result, Source, UploadInfo,
-};
+use crate::backend::mem::Mem;
+use crate::backend::{ByteRange, ByteStream, ObjectMeta, PutOptions};
 use crate::cache::CachePolicy;
 use crate::stats::Stats;
-
-/// Objects in memory; bodies come in 64 KiB pieces, the first at once and the rest once
-/// `gate` gives a permit (when set), and fail after the first piece while `fail` is set.
-#[derive(Default)]
-struct Mem {
-    objects: Mutex<HashMap<String, Bytes>>,
-    gets: AtomicUsize,
-    gate: Mutex<Option<Arc<Semaphore>>>,
-    fail: AtomicBool,
-}
-
-const PIECE: usize = 64 << 10;
-
-impl Mem {
-    fn with(objects: &[(&str, Bytes)]) -> Arc<Mem> {
-        let m = Mem::default();
-        for (k, v) in objects {
-            m.objects.lock().unwrap().insert((*k).to_owned(), v.clone());
-        }
-        Arc::new(m)
-    }
-
-    fn hold_bodies(&self) -> Arc<Semaphore> {
-        let s = Arc::new(Semaphore::new(0));
-        *self.gate.lock().unwrap() = Some(s.clone());
-        s
-    }
-
-    fn meta(data: &Bytes) -> ObjectMeta {
-        ObjectMeta {
-            size: data.len() as u64,
-            etag: format!("{:x}", xxhash_rust::xxh3::xxh3_64(data)),
-            last_modified: SystemTime::UNIX_EPOCH,
-            headers: Vec::new(),
-        }
-    }
-
-    fn body(&self, data: Bytes) -> ByteStream {
-        let gate = self.gate.lock().unwrap().clone();
-        let fail = self.fail.load(Ordering::SeqCst);
-        Box::pin(async_stream::try_stream! {
-            let mut at = 0;
-            while at < data.len() {
-                if at > 0 {
-                    if let Some(g) = &gate {
-                        g.acquire().await.expect("open").forget();
-                    }
-                    if fail {
-                        Err(std::io::Error::other("the source broke off"))?;
-                    }
-                }
-                let end = (at + PIECE).min(data.len());
-                yield data.slice(at..end);
-                at = end;
-            }
-        })
-    }
-}
-
-#[async_trait]
-impl Source for Mem {
-    fn describe(&self) -> String {
-        "mem".into()
-    }
-
-    async fn head_object(&self, _: &str, key: &str) -> Result<ObjectMeta> {
-        let data = self.objects.lock().unwrap().get(key).cloned();
-        data.map(|d| Mem::meta(&d))
-            .ok_or_else(|| BackendError::NoSuchKey(key.into()))
-    }
-
-    async fn get_object(
-        &self,
-        _: &str,
-        key: &str,
-        range: &RangeFn<'_>,
-    ) -> Result<(GetObject, Option<ByteRange>)> {
-        self.gets.fetch_add(1, Ordering::SeqCst);
-        let data = self.objects.lock().unwrap().get(key).cloned();
-        let data = data.ok_or_else(|| BackendError::NoSuchKey(key.into()))?;
-        let meta = Mem::meta(&data);
-        let r = range(&meta).map_err(BackendError::Refused)?;
-        let part = r.map_or(data.clone(), |r| {
-            data.slice(r.start as usize..r.end as usize)
-        });
-        Ok((
-            GetObject {
-                meta,
-                body: self.body(part),
-            },
-            r,
-        ))
-    }
-}
-
-#[async_trait]
-impl Backend for Mem {
-    async fn list_buckets(&self) -> Result<Vec<BucketInfo>> {
-        Ok(Vec::new())
-    }
-    async fn create_bucket(&self, _: &str) -> Result<()> {
-        Ok(())
-    }
-    async fn head_bucket(&self, _: &str) -> Result<()> {
-        Ok(())
-    }
-    async fn delete_bucket(&self, _: &str) -> Result<()> {
-        Ok(())
-    }
-    async fn put_object(
-        &self,
-        _: &str,
-        key: &str,
-        mut body: ByteStream,
-        _: PutOptions,
-    ) -> Result<ObjectMeta> {
-        let mut data = Vec::new();
-        while let Some(chunk) = body.next().await {
-            data.extend_from_slice(&chunk.map_err(BackendError::Body)?);
-        }
-        let data = Bytes::from(data);
-        let meta = Mem::meta(&data);
-        self.objects.lock().unwrap().insert(key.to_owned(), data);
-        Ok(meta)
-    }
-    async fn delete_object(&self, _: &str, key: &str) -> Result<()> {
-        self.objects.lock().unwrap().remove(key);
-        Ok(())
-    }
-    async fn list_objects(&self, _: &str, _: &ListQuery) -> Result<ListPage> {
-        Ok(ListPage::default())
-    }
-    async fn create_multipart(&self, _: &str, _: &str, _: PutOptions) -> Result<String> {
-        Err(BackendError::Unavailable("not in this test".into()))
-    }
-    async fn upload_part(
-        &self,
-        _: &str,
-        _: &str,
-        _: &str,
-        _: u32,
-        _: ByteStream,
-        _: PutOptions,
-    ) -> Result<PartInfo> {
-        Err(BackendError::Unavailable("not in this test".into()))
-    }
-    async fn list_parts(&self, _: &str, _: &str, _: &str) -> Result<Vec<PartInfo>> {
-        Ok(Vec::new())
-    }
-    async fn complete_multipart(
-        &self,
-        _: &str,
-        _: &str,
-        _: &str,
-        _: &[(u32, String)],
-        _: &[(String, String)],
-    ) -> Result<ObjectMeta> {
-        Err(BackendError::Unavailable("not in this test".into()))
-    }
-    async fn abort_multipart(&self, _: &str, _: &str, _: &str) -> Result<()> {
-        Ok(())
-    }
-    async fn list_uploads(&self, _: &str, _: &str) -> Result<Vec<UploadInfo>> {
-        Ok(Vec::new())
-    }
-}
 
 fn cache(dir: &std::path::Path, capacity: u64) -> Arc<Cache> {
     let engine = crate::io::engine(crate::io::EngineChoice::Std).unwrap();
@@ -525,4 +353,63 @@ async fn fills_written_around_the_page_cache_or_through_it_commit_the_same_bytes
         assert_eq!(bytes(hit).await.unwrap(), obj, "direct {direct}");
         assert_eq!(src.gets.load(Ordering::SeqCst), 1);
     }
+}
+
+/// One object through the cache: a miss reads the source once while it fills; once the
+/// fill commits, reads are hits (whole or a range, checked) that read no source; a peer
+/// asking for a committed copy gets one; the counters say each.
+#[tokio::test]
+async fn a_miss_fills_and_later_reads_are_hits() {
+    use crate::stats::Metric;
+    let dir = tempfile::tempdir().unwrap();
+    let c = cache(dir.path(), 1 << 30);
+    let obj = data(3 << 20, 7);
+    let src = Mem::with(&[("k", obj.clone())]);
+    // Before any read: no copy, and a peer's question finds none.
+    assert_eq!(c.holds("b", "k"), None);
+    let peer = c
+        .read(&*src, "b", "k", &|_| Ok(None), Mode::Committed)
+        .await;
+    assert!(matches!(peer, Err(CacheError::NotHeld)));
+
+    let miss = read(&c, &src, "k").await.unwrap();
+    assert_eq!(miss.origin, Origin::Miss);
+    assert_eq!(miss.meta.size, obj.len() as u64);
+    assert_eq!(bytes(miss).await.unwrap(), obj);
+    settled(&c, "k").await;
+    assert_eq!(c.holds("b", "k"), Some(obj.len() as u64));
+    let u = c.usage();
+    assert_eq!((u.objects, u.used, u.reserved), (1, obj.len() as u64, 0));
+
+    let hit = read(&c, &src, "k").await.unwrap();
+    assert_eq!(hit.origin, Origin::Hit);
+    assert_eq!(bytes(hit).await.unwrap(), obj);
+    let part = ByteRange {
+        start: 1_000_000,
+        end: 1_000_100,
+    };
+    let ranged = c
+        .read(&*src, "b", "k", &|_| Ok(Some(part)), Mode::Stream)
+        .await
+        .unwrap();
+    assert_eq!((ranged.origin, ranged.range), (Origin::Hit, Some(part)));
+    assert_eq!(
+        bytes(ranged).await.unwrap(),
+        obj.slice(1_000_000..1_000_100)
+    );
+    let head = c
+        .read(&*src, "b", "k", &|_| Ok(None), Mode::Head)
+        .await
+        .unwrap();
+    assert_eq!(head.meta.etag, Mem::meta(&obj).etag);
+    let copy = c
+        .read(&*src, "b", "k", &|_| Ok(None), Mode::Committed)
+        .await
+        .unwrap();
+    assert_eq!(bytes(copy).await.unwrap(), obj);
+    assert_eq!(src.gets.load(Ordering::SeqCst), 1, "one fetch in all");
+    let s = c.stats.snapshot();
+    assert_eq!(s.get(Metric::Misses), 1);
+    assert_eq!(s.get(Metric::Hits), 2, "the whole read and the range");
+    assert_eq!(s.get(Metric::BytesFromBackend), obj.len() as u64);
 }

@@ -26,9 +26,9 @@ use granary_proto::headers::{PEER_FILL, SPILL};
 use granary_proto::S3Code;
 use http::{HeaderMap, Method, StatusCode};
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 use serde::{Deserialize, Serialize};
 
+use super::transport::ReplyBody;
 use super::ClusterError;
 use crate::backend::{ByteStream, ObjectMeta};
 use crate::jobs::{Counts, Obj};
@@ -85,7 +85,7 @@ pub struct Answer<'a> {
     pub node: &'a str,
     pub status: StatusCode,
     pub headers: HeaderMap,
-    pub body: Incoming,
+    pub body: ReplyBody,
 }
 
 impl Answer<'_> {
@@ -129,18 +129,30 @@ impl Answer<'_> {
 
     /// The body as a stream of bytes.
     fn stream(self) -> ByteStream {
-        Box::pin(self.body.into_data_stream().map_err(std::io::Error::other))
+        Box::pin(self.body.into_data_stream().map_err(io_error))
     }
 }
 
 /// At most `limit` bytes of a body; an error beyond.
-async fn read_up_to(body: Incoming, limit: usize) -> std::io::Result<Bytes> {
-    let limited = http_body_util::Limited::new(body, limit);
-    limited
-        .collect()
-        .await
-        .map(|c| c.to_bytes())
-        .map_err(std::io::Error::other)
+async fn read_up_to(mut body: ReplyBody, limit: usize) -> std::io::Result<Bytes> {
+    let mut out = bytes::BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame.map_err(io_error)?.into_data() else {
+            continue;
+        };
+        if out.len() + data.len() > limit {
+            return Err(std::io::Error::other(format!(
+                "an answer longer than {limit} bytes"
+            )));
+        }
+        out.extend_from_slice(&data);
+    }
+    Ok(out.freeze())
+}
+
+/// A transport's error as an I/O error (a stream's item).
+fn io_error(e: super::transport::BoxError) -> std::io::Error {
+    std::io::Error::other(e)
 }
 
 /// A call one member makes of another.
@@ -750,5 +762,53 @@ mod tests {
         let probe = Probe { announce: true }.request();
         assert_eq!(probe.proof, Proof::Hop);
         assert_eq!(probe.headers, vec![(ANNOUNCE, "1".to_owned())]);
+    }
+
+    #[tokio::test]
+    async fn a_refusal_keeps_the_members_code_and_message() {
+        let doc = granary_proto::xml::error_doc("SlowDown", "too busy", None, &[], "r1");
+        let answer = Answer {
+            node: "b",
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            headers: HeaderMap::new(),
+            body: crate::cluster::testnet::body(doc),
+        };
+        match answer.refused("a read").await {
+            ClusterError::Refused {
+                node,
+                status,
+                code,
+                message,
+                ..
+            } => {
+                assert_eq!((node.as_str(), status), ("b", 503));
+                assert_eq!(code, Some(S3Code::SlowDown));
+                assert_eq!(message, "too busy");
+            }
+            other => panic!("{other:?}"),
+        }
+        // An answer with no error document (a proxy in between): the status alone.
+        let bare = Answer {
+            node: "b",
+            status: StatusCode::BAD_GATEWAY,
+            headers: HeaderMap::new(),
+            body: crate::cluster::testnet::body("upstream gone"),
+        };
+        let ClusterError::Refused { code, message, .. } = bare.refused("a read").await else {
+            panic!("a refusal");
+        };
+        assert_eq!((code, message.as_str()), (None, "upstream gone"));
+        // A reply that is not the call's: garbled, not refused.
+        let garbled = Answer {
+            node: "b",
+            status: StatusCode::OK,
+            headers: HeaderMap::new(),
+            body: crate::cluster::testnet::body("not json"),
+        };
+        let e = garbled
+            .json::<Taken>(StatusCode::OK, "an offer")
+            .await
+            .unwrap_err();
+        assert!(matches!(e, ClusterError::Garbled { .. }), "{e:?}");
     }
 }

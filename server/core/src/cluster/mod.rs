@@ -32,6 +32,9 @@ pub mod peer;
 mod replay;
 pub mod ring;
 pub mod source;
+#[cfg(test)]
+pub(crate) mod testnet;
+pub mod transport;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};
@@ -170,7 +173,8 @@ pub struct Cluster {
     nonces: replay::Nonces,
     /// How this node's own URL is written when it must add itself to a list.
     own_url: String,
-    pub(crate) http: peer::HttpClient,
+    /// How requests reach members.
+    transport: Box<dyn transport::Transport>,
     pub(crate) stats: Arc<Stats>,
     /// Set once every member has been probed once and every member that answered lists
     /// this node (see `membership`).
@@ -208,6 +212,19 @@ impl Cluster {
         capacity: u64,
         stats: Arc<Stats>,
     ) -> Result<Cluster, ConfigError> {
+        let http = transport::Http::new(config.tls_cert.as_deref())
+            .map_err(|message| ConfigError::new("peer", message))?;
+        Cluster::with_transport(config, node_id, capacity, stats, Box::new(http))
+    }
+
+    /// [`Cluster::new`], its requests to members sent by `transport`.
+    pub fn with_transport(
+        config: &ClusterConfig,
+        node_id: &str,
+        capacity: u64,
+        stats: Arc<Stats>,
+        transport: Box<dyn transport::Transport>,
+    ) -> Result<Cluster, ConfigError> {
         let scheme = if config.tls_cert.is_some() {
             "https"
         } else {
@@ -222,8 +239,7 @@ impl Cluster {
             secret: config.secret.clone(),
             nonces: Default::default(),
             own_url,
-            http: peer::http_client(config.tls_cert.as_deref())
-                .map_err(|message| ConfigError::new("peer", message))?,
+            transport,
             stats,
             settled: AtomicBool::new(false),
             dynamic: config.peers_file.is_some() || config.peers_dns.is_some(),

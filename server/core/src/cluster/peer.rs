@@ -18,13 +18,9 @@ use granary_proto::headers::{HOP, PEER_AUTH, PEER_SHA256};
 use http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, Response};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
-use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 
 use super::calls::{self, Call, Proof};
+use super::transport::ReplyBody;
 use super::{Cluster, ClusterError, Member};
 use crate::backend::{ByteStream, ObjectMeta};
 use crate::stats::Metric;
@@ -39,8 +35,6 @@ pub fn full(bytes: Bytes) -> PeerBody {
         .boxed_unsync()
 }
 
-pub type HttpClient = Client<HttpsConnector<HttpConnector>, PeerBody>;
-
 /// How long a forwarded read waits for the owner's response headers before the owner
 /// counts as gone (a hung process still accepts connections).
 pub const FORWARD_READ_TIMEOUT: Duration = Duration::from_secs(5);
@@ -48,42 +42,6 @@ pub const FORWARD_READ_TIMEOUT: Duration = Duration::from_secs(5);
 /// Peers asked for a copy on a miss: the next in the key's ranking, who held the key
 /// before a membership change or while this node was down.
 const PEER_FILL_CANDIDATES: usize = 2;
-
-/// The client members speak to each other with: `http://` peers in plain HTTP, `https://`
-/// peers over TLS, trusting the certificates of `trust` (the node's own `--tls-cert`: the
-/// members of a cluster share a certificate or its issuer) and nothing else.
-pub fn http_client(trust: Option<&std::path::Path>) -> Result<HttpClient, String> {
-    use rustls::pki_types::pem::PemObject;
-    let mut roots = rustls::RootCertStore::empty();
-    if let Some(path) = trust {
-        let certs = rustls::pki_types::CertificateDer::pem_file_iter(path)
-            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        for cert in certs {
-            let cert = cert.map_err(|e| format!("bad PEM in {}: {e}", path.display()))?;
-            roots.add(cert).map_err(|e| {
-                format!("a certificate of {} cannot be trusted: {e}", path.display())
-            })?;
-        }
-    }
-    let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-    let tls = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| format!("TLS protocol versions: {e}"))?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let mut conn = HttpConnector::new();
-    conn.set_connect_timeout(Some(Duration::from_secs(1)));
-    conn.set_nodelay(true);
-    conn.enforce_http(false);
-    let https = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(tls)
-        .https_or_http()
-        .enable_http1()
-        .wrap_connector(conn);
-    Ok(Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(30))
-        .build(https))
-}
 
 /// A request's path and query, as forwarded.
 pub fn target_of(uri: &http::Uri) -> String {
@@ -135,9 +93,9 @@ impl Cluster {
             }
         }
         let wait = c.wait();
-        let resp = match tokio::time::timeout(wait, self.http.request(req)).await {
+        let resp = match tokio::time::timeout(wait, self.transport.send(req)).await {
             Ok(Ok(resp)) => resp,
-            Ok(Err(e)) => return Err(self.unreachable(m, &e)),
+            Ok(Err(e)) => return Err(self.unreachable(m, &*e)),
             Err(_) => return Err(self.timeout(m)),
         };
         let (parts, body) = resp.into_parts();
@@ -231,7 +189,7 @@ impl Cluster {
         target: &str,
         headers: &HeaderMap,
         body: PeerBody,
-    ) -> Result<Response<Incoming>, ClusterError> {
+    ) -> Result<Response<ReplyBody>, ClusterError> {
         let mut req = self.request_to(m, method, target, body);
         let h = req.headers_mut();
         for (k, v) in headers {
@@ -240,7 +198,7 @@ impl Cluster {
             }
         }
         let read = method == Method::GET || method == Method::HEAD;
-        let send = self.http.request(req);
+        let send = self.transport.send(req);
         // A write's answer comes after its whole body: only reads are timed.
         let answered = if read {
             tokio::time::timeout(FORWARD_READ_TIMEOUT, send)
@@ -249,7 +207,7 @@ impl Cluster {
         } else {
             send.await
         };
-        let mut resp = answered.map_err(|e| self.unreachable(m, &e))?;
+        let mut resp = answered.map_err(|e| self.unreachable(m, &*e))?;
         self.stats.add(Metric::Proxied, 1);
         let drop: Vec<HeaderName> = resp
             .headers()

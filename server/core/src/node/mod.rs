@@ -15,6 +15,8 @@ mod peer;
 mod prefetch;
 mod read;
 mod rebalance;
+#[cfg(test)]
+mod tests;
 mod write;
 
 use std::sync::{Arc, Mutex};

@@ -8,12 +8,12 @@ use std::sync::Arc;
 use granary_proto::peer::PeerAuthError;
 use http::request::Parts;
 use http::{HeaderMap, Method, Response};
-use hyper::body::Incoming;
 
 use super::Node;
 use crate::cluster::calls::{self, Health, Invalidate, Invalidated, JobCancel, JobStatus};
 use crate::cluster::peer::PeerBody;
 use crate::cluster::ring::key_hash;
+use crate::cluster::transport::ReplyBody;
 use crate::cluster::{ClusterError, Member, RouteMode};
 
 impl Node {
@@ -142,7 +142,7 @@ impl Node {
         target: &str,
         headers: &HeaderMap,
         body: PeerBody,
-    ) -> Result<Response<Incoming>, ClusterError> {
+    ) -> Result<Response<ReplyBody>, ClusterError> {
         self.cluster.forward(m, method, target, headers, body).await
     }
 
@@ -154,7 +154,7 @@ impl Node {
         m: &Member,
         parts: &Parts,
         tried: &[&str],
-    ) -> Result<Response<Incoming>, ClusterError> {
+    ) -> Result<Response<ReplyBody>, ClusterError> {
         let mut refused = tried.to_vec();
         refused.push(&self.id);
         let (name, value) = calls::spill_header(&refused);

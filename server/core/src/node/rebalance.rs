@@ -84,7 +84,7 @@ impl Node {
 
     /// One pass: every object this node holds and another member owns is offered to
     /// its owner, paced to the rebalance rate.
-    async fn rebalance(self: &Arc<Self>) {
+    pub(super) async fn rebalance(self: &Arc<Self>) {
         if self.cluster.is_single() {
             return;
         }
