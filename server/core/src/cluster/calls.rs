@@ -169,12 +169,34 @@ pub trait Call: Send + Sync {
     fn reply(answer: Answer<'_>) -> impl Future<Output = Result<Self::Reply, ClusterError>> + Send;
 }
 
-/// A call whose request is a JSON body at a fixed route: what the server side reads.
-pub trait JsonCall: Call + serde::de::DeserializeOwned {
+/// A call whose request is a JSON body at a fixed route, and whose reply a JSON
+/// document: the server side reads and writes both with these.
+pub trait JsonCall: Serialize + serde::de::DeserializeOwned + Send + Sync {
+    type Reply: Serialize + serde::de::DeserializeOwned + Send;
+    const WHAT: &'static str;
     const METHOD: Method;
     const PATH: &'static str;
     /// The status of a successful answer.
     const OK: StatusCode = StatusCode::OK;
+    /// How long the caller waits for the answer.
+    const WAIT: Duration;
+}
+
+impl<C: JsonCall> Call for C {
+    type Reply = <C as JsonCall>::Reply;
+    const WHAT: &'static str = <C as JsonCall>::WHAT;
+
+    fn request(&self) -> Request {
+        Request::new(C::METHOD, C::PATH).json(self)
+    }
+
+    fn wait(&self) -> Duration {
+        C::WAIT
+    }
+
+    async fn reply(answer: Answer<'_>) -> Result<Self::Reply, ClusterError> {
+        answer.json(C::OK, <C as JsonCall>::WHAT).await
+    }
 }
 
 // --- health -----------------------------------------------------------------------
@@ -256,7 +278,7 @@ impl Call for Probe {
 
 /// Check every cached copy against the backend before its next hit (the receiver may
 /// have missed changes made through the sender).
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Serialize, Deserialize)]
 pub struct Revalidate {}
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -264,24 +286,10 @@ pub struct Revalidated {
     pub revalidate: bool,
 }
 
-impl Call for Revalidate {
+impl JsonCall for Revalidate {
     type Reply = Revalidated;
     const WHAT: &'static str = "a revalidation";
-
-    fn request(&self) -> Request {
-        Request::new(Self::METHOD, Self::PATH)
-    }
-
-    fn wait(&self) -> Duration {
-        Duration::from_secs(2)
-    }
-
-    async fn reply(answer: Answer<'_>) -> Result<Revalidated, ClusterError> {
-        answer.json(Self::OK, Self::WHAT).await
-    }
-}
-
-impl JsonCall for Revalidate {
+    const WAIT: Duration = Duration::from_secs(2);
     const METHOD: Method = Method::POST;
     const PATH: &'static str = "/_granary/revalidate";
 }
@@ -305,24 +313,10 @@ pub struct Invalidated {
     pub invalidated: usize,
 }
 
-impl Call for Invalidate {
+impl JsonCall for Invalidate {
     type Reply = Invalidated;
     const WHAT: &'static str = "an invalidation";
-
-    fn request(&self) -> Request {
-        Request::new(Self::METHOD, Self::PATH).json(self)
-    }
-
-    fn wait(&self) -> Duration {
-        super::peer::INVALIDATE_WAIT
-    }
-
-    async fn reply(answer: Answer<'_>) -> Result<Invalidated, ClusterError> {
-        answer.json(Self::OK, Self::WHAT).await
-    }
-}
-
-impl JsonCall for Invalidate {
+    const WAIT: Duration = super::peer::INVALIDATE_WAIT;
     const METHOD: Method = Method::POST;
     const PATH: &'static str = "/_granary/invalidate";
 }
@@ -356,25 +350,11 @@ pub enum Taken {
     NotReady,
 }
 
-impl Call for Take {
+impl JsonCall for Take {
     type Reply = Taken;
     const WHAT: &'static str = "an offered object";
-
-    fn request(&self) -> Request {
-        Request::new(Self::METHOD, Self::PATH).json(self)
-    }
-
     /// The owner copies the object before it answers.
-    fn wait(&self) -> Duration {
-        Duration::from_secs(60)
-    }
-
-    async fn reply(answer: Answer<'_>) -> Result<Taken, ClusterError> {
-        answer.json(Self::OK, Self::WHAT).await
-    }
-}
-
-impl JsonCall for Take {
+    const WAIT: Duration = Duration::from_secs(60);
     const METHOD: Method = Method::POST;
     const PATH: &'static str = "/_granary/take";
 }
@@ -404,24 +384,10 @@ pub struct JobStarted {
     pub state: String,
 }
 
-impl Call for PrefetchPart {
+impl JsonCall for PrefetchPart {
     type Reply = JobStarted;
     const WHAT: &'static str = "a prefetch part";
-
-    fn request(&self) -> Request {
-        Request::new(Self::METHOD, Self::PATH).json(self)
-    }
-
-    fn wait(&self) -> Duration {
-        Duration::from_secs(10)
-    }
-
-    async fn reply(answer: Answer<'_>) -> Result<JobStarted, ClusterError> {
-        answer.json(Self::OK, Self::WHAT).await
-    }
-}
-
-impl JsonCall for PrefetchPart {
+    const WAIT: Duration = Duration::from_secs(10);
     const METHOD: Method = Method::POST;
     const PATH: &'static str = "/_granary/prefetch";
     const OK: StatusCode = StatusCode::ACCEPTED;

@@ -200,20 +200,41 @@ async fn part_of(
 /// `ETag`, `Checksum` (kept from the write), `ObjectParts` (of an object completed from
 /// parts, where the backend tells), `StorageClass`, `ObjectSize`.
 pub async fn attributes(state: &AppState, r: Req) -> Result<Response, S3Error> {
-    let asked: Vec<String> = r
-        .header("x-amz-object-attributes")
-        .unwrap_or("")
-        .split(',')
-        .map(|a| a.trim().to_owned())
-        .filter(|a| !a.is_empty())
-        .collect();
-    if asked.is_empty() {
-        return Err(S3Error::new(
-            S3Code::InvalidArgument,
-            "x-amz-object-attributes names no attribute",
-        ));
-    }
-    let (max, marker) = {
+    let asked = AttributesAsked::parse(&r)?;
+    let meta = state.node.head_object(&r.bucket, r.key()).await?;
+    let layout = if asked.names.iter().any(|a| a == "ObjectParts") && meta.etag.contains('-') {
+        state.node.parts_of(&r.bucket, r.key()).await?
+    } else {
+        None
+    };
+    let mut resp = super::xml_response(asked.render(&meta, layout.as_ref()));
+    resp.headers_mut()
+        .insert(header::LAST_MODIFIED, http_date(meta.last_modified));
+    Ok(resp)
+}
+
+/// What a GetObjectAttributes request asks: the attributes, and a page of parts.
+struct AttributesAsked {
+    names: Vec<String>,
+    max_parts: usize,
+    marker: usize,
+}
+
+impl AttributesAsked {
+    fn parse(r: &Req) -> Result<AttributesAsked, S3Error> {
+        let names: Vec<String> = r
+            .header("x-amz-object-attributes")
+            .unwrap_or("")
+            .split(',')
+            .map(|a| a.trim().to_owned())
+            .filter(|a| !a.is_empty())
+            .collect();
+        if names.is_empty() {
+            return Err(S3Error::new(
+                S3Code::InvalidArgument,
+                "x-amz-object-attributes names no attribute",
+            ));
+        }
         let number = |name: &str, default: usize| -> Result<usize, S3Error> {
             match r.header(name) {
                 None => Ok(default),
@@ -222,81 +243,81 @@ pub async fn attributes(state: &AppState, r: Req) -> Result<Response, S3Error> {
                 }),
             }
         };
-        (
-            number("x-amz-max-parts", 1000)?.min(1000),
-            number("x-amz-part-number-marker", 0)?,
-        )
-    };
-    let (bucket, key) = (r.bucket.clone(), r.key().to_owned());
-    let meta = state.node.head_object(&bucket, &key).await?;
-    let layout = if asked.iter().any(|a| a == "ObjectParts") && meta.etag.contains('-') {
-        state.node.parts_of(&bucket, &key).await?
-    } else {
-        None
-    };
-    let checksums: Vec<(String, &str)> = meta
-        .headers
-        .iter()
-        .filter_map(|(k, v)| {
-            let alg = k.strip_prefix("x-amz-checksum-")?;
-            let tag = match alg {
-                "type" => "ChecksumType".to_owned(),
-                alg => format!("Checksum{}", alg.to_ascii_uppercase()),
-            };
-            Some((tag, v.as_str()))
+        Ok(AttributesAsked {
+            names,
+            max_parts: number("x-amz-max-parts", 1000)?.min(1000),
+            marker: number("x-amz-part-number-marker", 0)?,
         })
-        .collect();
-    let mut doc = super::xml::Doc::new("GetObjectAttributesResponse");
-    for a in &asked {
-        match a.as_str() {
-            "ETag" => {
-                doc.elem("ETag", &meta.etag);
-            }
-            "Checksum" if !checksums.is_empty() => {
-                doc.open("Checksum");
-                for (tag, v) in &checksums {
-                    doc.elem(tag, v);
-                }
-                doc.close("Checksum");
-            }
-            "ObjectParts" => {
-                if let Some(l) = &layout {
-                    let total = l.parts.len();
-                    let page: Vec<_> = l.parts.iter().enumerate().skip(marker).take(max).collect();
-                    let last = page.last().map_or(marker, |(i, _)| i + 1);
-                    doc.open("ObjectParts")
-                        .elem("TotalPartsCount", &total.to_string())
-                        .elem("PartsCount", &total.to_string())
-                        .elem("PartNumberMarker", &marker.to_string())
-                        .elem("NextPartNumberMarker", &last.to_string())
-                        .elem("MaxParts", &max.to_string())
-                        .elem("IsTruncated", if last < total { "true" } else { "false" });
-                    for (i, (size, checksum)) in page {
-                        doc.open("Part")
-                            .elem("PartNumber", &(i + 1).to_string())
-                            .elem("Size", &size.to_string());
-                        if let Some((name, v)) = checksum {
-                            let alg = name.trim_start_matches("x-amz-checksum-");
-                            doc.elem(&format!("Checksum{}", alg.to_ascii_uppercase()), v);
-                        }
-                        doc.close("Part");
-                    }
-                    doc.close("ObjectParts");
-                }
-            }
-            "StorageClass" => {
-                doc.elem("StorageClass", "STANDARD");
-            }
-            "ObjectSize" => {
-                doc.elem("ObjectSize", &meta.size.to_string());
-            }
-            _ => {}
-        }
     }
-    let mut resp = super::xml_response(doc.finish("GetObjectAttributesResponse"));
-    resp.headers_mut()
-        .insert(header::LAST_MODIFIED, http_date(meta.last_modified));
-    Ok(resp)
+
+    fn render(
+        &self,
+        meta: &granary_core::backend::ObjectMeta,
+        layout: Option<&granary_core::backend::ObjectParts>,
+    ) -> String {
+        let (max, marker) = (self.max_parts, self.marker);
+        let checksums: Vec<(String, &str)> = meta
+            .headers
+            .iter()
+            .filter_map(|(k, v)| {
+                let alg = k.strip_prefix("x-amz-checksum-")?;
+                let tag = match alg {
+                    "type" => "ChecksumType".to_owned(),
+                    alg => format!("Checksum{}", alg.to_ascii_uppercase()),
+                };
+                Some((tag, v.as_str()))
+            })
+            .collect();
+        let mut doc = super::xml::Doc::new("GetObjectAttributesResponse");
+        for a in &self.names {
+            match a.as_str() {
+                "ETag" => {
+                    doc.elem("ETag", &meta.etag);
+                }
+                "Checksum" if !checksums.is_empty() => {
+                    doc.open("Checksum");
+                    for (tag, v) in &checksums {
+                        doc.elem(tag, v);
+                    }
+                    doc.close("Checksum");
+                }
+                "ObjectParts" => {
+                    if let Some(l) = layout {
+                        let total = l.parts.len();
+                        let page: Vec<_> =
+                            l.parts.iter().enumerate().skip(marker).take(max).collect();
+                        let last = page.last().map_or(marker, |(i, _)| i + 1);
+                        doc.open("ObjectParts")
+                            .elem("TotalPartsCount", &total.to_string())
+                            .elem("PartsCount", &total.to_string())
+                            .elem("PartNumberMarker", &marker.to_string())
+                            .elem("NextPartNumberMarker", &last.to_string())
+                            .elem("MaxParts", &max.to_string())
+                            .elem("IsTruncated", if last < total { "true" } else { "false" });
+                        for (i, (size, checksum)) in page {
+                            doc.open("Part")
+                                .elem("PartNumber", &(i + 1).to_string())
+                                .elem("Size", &size.to_string());
+                            if let Some((name, v)) = checksum {
+                                let alg = name.trim_start_matches("x-amz-checksum-");
+                                doc.elem(&format!("Checksum{}", alg.to_ascii_uppercase()), v);
+                            }
+                            doc.close("Part");
+                        }
+                        doc.close("ObjectParts");
+                    }
+                }
+                "StorageClass" => {
+                    doc.elem("StorageClass", "STANDARD");
+                }
+                "ObjectSize" => {
+                    doc.elem("ObjectSize", &meta.size.to_string());
+                }
+                _ => {}
+            }
+        }
+        doc.finish("GetObjectAttributesResponse")
+    }
 }
 
 /// The answer to a read: headers for `kind`, then the bytes, or the descriptor.
