@@ -10,12 +10,16 @@
 //!   [`headers`]: header names; [`units`]: sizes and durations for people.
 //! - [`ring`]: which member owns a key (weighted rendezvous hashing), for the node's
 //!   routing and for clients that read each key from its owner.
+//! - [`plan`]: the order an epoch's samples are read in, per rank and worker: a pure
+//!   function of the shards' sample counts, the seed and the epoch, so that the node
+//!   can know what every rank reads next.
 
 pub mod auth;
 pub mod code;
 pub mod encode;
 pub mod headers;
 pub mod peer;
+pub mod plan;
 pub mod range;
 pub mod ring;
 pub mod sigv2;

@@ -27,8 +27,7 @@
 //! epoch with that error.
 
 pub mod catalog;
-mod order;
-pub mod plan;
+pub use granary_proto::plan;
 pub mod planned;
 pub mod route;
 mod samples;

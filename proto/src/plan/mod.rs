@@ -1,5 +1,6 @@
 //! Which samples each rank and each DataLoader worker reads in an epoch, and in what
-//! order, at sample level: a pure function of the per-shard sample counts, the seed, the
+//! order, at sample level (the client's datasets read by it; the node plans fetches by
+//! it): a pure function of the per-shard sample counts, the seed, the
 //! epoch, and the resume history. No bytes are read here.
 //!
 //! 1. **The epoch's list.** Shards (in key order) are shuffled by `(seed, epoch)` as
@@ -25,7 +26,9 @@
 //!    next round's list, which any world size splits again as in 2. Rounds chain, so an
 //!    epoch may be resumed any number of times, on any world sizes.
 
-use super::order::{derive_seed, epoch_order_of, SplitMix64};
+mod order;
+
+use order::{derive_seed, epoch_order_of, SplitMix64};
 
 /// A sample: its shard's number (in the dataset's key order) and its place in the shard.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -81,7 +84,7 @@ pub fn epoch_list(counts: &[u32], seed: u64, epoch: u64, shuffle_shards: bool) -
 }
 
 /// Samples per rank in a round of `n` samples.
-pub(crate) fn per_rank(n: usize, split: &Split) -> usize {
+pub fn per_rank(n: usize, split: &Split) -> usize {
     let w = split.world_size.max(1);
     if split.drop_last {
         n / w

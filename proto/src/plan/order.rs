@@ -4,7 +4,7 @@
 
 /// splitmix64 (Steele, Lea, Flood 2014): tiny, fast, and fully determined by its seed.
 #[derive(Debug, Clone)]
-pub(crate) struct SplitMix64(u64);
+pub(super) struct SplitMix64(u64);
 
 const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
 
@@ -15,17 +15,17 @@ fn finalize(mut z: u64) -> u64 {
 }
 
 impl SplitMix64 {
-    pub(crate) fn new(seed: u64) -> SplitMix64 {
+    pub(super) fn new(seed: u64) -> SplitMix64 {
         SplitMix64(seed)
     }
 
-    pub(crate) fn next_u64(&mut self) -> u64 {
+    pub(super) fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(GOLDEN);
         finalize(self.0)
     }
 
     /// Uniform in `0..n` (`n > 0`), without modulo bias (Lemire's multiply-and-reject).
-    pub(crate) fn below(&mut self, n: u64) -> u64 {
+    pub(super) fn below(&mut self, n: u64) -> u64 {
         assert!(n > 0, "below(0)");
         let threshold = n.wrapping_neg() % n;
         loop {
@@ -46,7 +46,7 @@ fn shuffle<T>(items: &mut [T], rng: &mut SplitMix64) {
 }
 
 /// One seed out of several numbers; distinct tuples give unrelated seeds.
-pub(crate) fn derive_seed(parts: &[u64]) -> u64 {
+pub(super) fn derive_seed(parts: &[u64]) -> u64 {
     parts.iter().fold(GOLDEN, |h, &p| {
         finalize(h.wrapping_add(GOLDEN) ^ finalize(p))
     })
@@ -58,7 +58,7 @@ const SHARDS: u64 = 0x5348_4152_4453; // "SHARDS"
 /// The shard order of `epoch`, the same on every rank: `items` (shards in key order, or
 /// their numbers) shuffled by a PRNG seeded from `seed` and `epoch`, or as given when
 /// `shuffle_on` is off. The same count, seed and epoch give the same permutation.
-pub(crate) fn epoch_order_of<T: Clone>(
+pub(super) fn epoch_order_of<T: Clone>(
     items: &[T],
     seed: u64,
     epoch: u64,
