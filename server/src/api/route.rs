@@ -59,10 +59,10 @@ pub async fn route(state: &AppState, req: Request) -> Routed {
             let mut resp = Response::new(Body::empty());
             *resp.status_mut() = StatusCode::TEMPORARY_REDIRECT;
             let h = resp.headers_mut();
-            if let Ok(v) = HeaderValue::from_str(&format!("{}{}", m.url, target)) {
+            if let Ok(v) = HeaderValue::from_str(&format!("{}{}", m.url(), target)) {
                 h.insert(header::LOCATION, v);
             }
-            if let Ok(v) = HeaderValue::from_str(&m.id) {
+            if let Ok(v) = HeaderValue::from_str(m.id()) {
                 h.insert("x-granary-node", v);
             }
             return Routed::Answered(resp);
@@ -80,7 +80,7 @@ pub async fn route(state: &AppState, req: Request) -> Routed {
             Err(why) => {
                 node.mark_down(&m, why);
                 if !read {
-                    let id = m.id.clone();
+                    let id = m.id().to_owned();
                     return Routed::Answered(
                         S3Error::new(
                             S3Code::ServiceUnavailable,

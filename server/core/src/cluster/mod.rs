@@ -80,9 +80,9 @@ fn list_was_empty(v: &View) -> bool {
 /// One member of the cluster, this node included.
 #[derive(Debug)]
 pub struct Member {
-    pub id: String,
+    pub(crate) id: String,
     /// Base URL, without a trailing `/`.
-    pub url: String,
+    pub(crate) url: String,
     up: AtomicBool,
     /// Probes failed in a row.
     fails: AtomicU32,
@@ -114,6 +114,16 @@ impl Member {
             missed: AtomicBool::new(true),
             aware: AtomicBool::new(false),
         }
+    }
+
+    /// The member's id in the cluster.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Where it listens: a base URL, without a trailing `/`.
+    pub fn url(&self) -> &str {
+        &self.url
     }
 
     pub fn is_up(&self) -> bool {
@@ -165,7 +175,7 @@ pub struct Cluster {
     /// This node's id.
     id: String,
     view: RwLock<Arc<View>>,
-    pub route: RouteMode,
+    pub(crate) route: RouteMode,
     /// What members prove membership with; `None`: an open cluster, whose members'
     /// headers are taken as they come.
     secret: Option<String>,
