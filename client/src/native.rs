@@ -14,6 +14,9 @@ use crate::{Error, Result};
 
 /// Largest JSON answer read.
 const MAX_JSON: usize = 16 << 20;
+/// The most a catalog may take (a sample's end is a few bytes: tens of millions of
+/// samples).
+const MAX_CATALOG: usize = 512 << 20;
 
 /// A cluster member's state as the answering node sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -258,6 +261,35 @@ impl Client {
             .query("bucket", bucket)
             .query("key", key);
         self.json(req)
+    }
+
+    /// `GET /_granary/catalog?bucket=&prefix=`: the dataset's catalog, built once by the
+    /// cluster per version of the dataset and kept.
+    pub fn catalog(
+        &mut self,
+        bucket: &str,
+        prefix: &str,
+    ) -> Result<granary_proto::shards::Catalog> {
+        self.catalog_with(bucket, prefix, false)
+    }
+
+    /// [`Client::catalog`]; with `shards_only`, built from the shards themselves
+    /// even where the dataset has an index (to write a new one).
+    pub fn catalog_with(
+        &mut self,
+        bucket: &str,
+        prefix: &str,
+        shards_only: bool,
+    ) -> Result<granary_proto::shards::Catalog> {
+        let mut req = Req::new("GET", "/_granary/catalog".into())
+            .query("bucket", bucket)
+            .query("prefix", prefix);
+        if shards_only {
+            req = req.query("index", "ignore");
+        }
+        let path = req.target();
+        let (_, body) = self.call_bytes(req, MAX_CATALOG)?;
+        serde_json::from_slice(&body).map_err(|source| Error::Json { path, source })
     }
 
     /// `GET /{bucket}/{key}?archlist`: the regular files of a `.tar` shard in archive

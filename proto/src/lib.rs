@@ -10,6 +10,7 @@
 //!   [`headers`]: header names; [`units`]: sizes and durations for people.
 //! - [`ring`]: which member owns a key (weighted rendezvous hashing), for the node's
 //!   routing and for clients that read each key from its owner.
+//! - [`shards`]: shards, their samples, a dataset's catalog and its index.
 //! - [`plan`]: the order an epoch's samples are read in, per rank and worker: a pure
 //!   function of the shards' sample counts, the seed and the epoch, so that the node
 //!   can know what every rank reads next.
@@ -22,6 +23,7 @@ pub mod peer;
 pub mod plan;
 pub mod range;
 pub mod ring;
+pub mod shards;
 pub mod sigv2;
 pub mod sigv4;
 pub mod units;

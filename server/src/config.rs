@@ -74,6 +74,9 @@ pub struct Config {
     /// Backend reads in flight at once; a read that waits longer than a moment for a
     /// place is answered `503 SlowDown`. 0: no limit.
     pub max_backend_fetches: usize,
+    /// Bytes per second read from the backend, all reads together (0: no cap).
+    #[serde(deserialize_with = "de_size")]
+    pub backend_rate: u64,
     /// A connection with no byte read or written for this long is closed.
     #[serde(deserialize_with = "de_duration")]
     pub idle_timeout: std::time::Duration,
@@ -110,6 +113,7 @@ impl Default for Config {
             read_engine: granary_core::io::EngineChoice::Auto,
             max_requests: 1024,
             max_backend_fetches: 64,
+            backend_rate: 0,
             idle_timeout: std::time::Duration::from_secs(120),
             transforms: Default::default(),
         }
@@ -212,6 +216,7 @@ impl Config {
             data_dir: self.data_dir.clone(),
             backend: self.backend_spec()?,
             max_backend_fetches: self.max_backend_fetches,
+            backend_rate: self.backend_rate,
             cache_capacity: self.cache_capacity,
             cache_policy: self.cache_policy,
             verify_reads: self.verify_reads,

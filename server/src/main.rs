@@ -126,6 +126,10 @@ struct ServeArgs {
     /// 503 SlowDown (0: no limit) [default: 64].
     #[arg(long, env = "GRANARY_MAX_BACKEND_FETCHES")]
     max_backend_fetches: Option<usize>,
+    /// Bytes per second this node reads from its backend, all reads together (`200MB`;
+    /// 0: no cap) [default: 0].
+    #[arg(long, env = "GRANARY_BACKEND_RATE", value_parser = parse_size)]
+    backend_rate: Option<u64>,
     /// Close a connection after this long with no byte read or written (`120s`, `2m`)
     /// [default: 120s].
     #[arg(long, env = "GRANARY_IDLE_TIMEOUT", value_parser = parse_duration)]
@@ -155,6 +159,7 @@ impl ServeArgs {
             read_engine,
             max_requests,
             max_backend_fetches,
+            backend_rate,
             idle_timeout,
             rebalance_rate
         );

@@ -116,6 +116,13 @@ enum Command {
     },
     /// Show a job (`job ID`), follow it (`job wait ID`) or cancel it (`job cancel ID`).
     Job(JobArgs),
+    /// Write the index of the dataset under `BUCKET/PREFIX` (`PREFIXwids.json`,
+    /// WebDataset's wids shard list: each shard and its samples), counted by the cluster
+    /// from the shards themselves; a job then starts without reading any shard.
+    Index {
+        /// `BUCKET/PREFIX` (a prefix ending in `/` names a folder of shards)
+        target: String,
+    },
     /// Read many objects and shard members as one tar stream (GetBatch).
     Batch {
         /// Items, one `BUCKET/KEY[#ARCHPATH]` a line, or a JSON array of
@@ -250,6 +257,7 @@ fn run(cli: &Cli) -> Result<ExitCode> {
             return follow(&mut client, &id, *interval_ms);
         }
         Command::Job(args) => return job(&mut client, args),
+        Command::Index { target } => index(&mut client, target)?,
         Command::Batch {
             items,
             output,
@@ -565,6 +573,26 @@ fn batch(
             out.flush()?;
         }
     }
+    Ok(())
+}
+
+/// `granaryctl index BUCKET/PREFIX`: the catalog built from the shards, written back as
+/// the dataset's index.
+fn index(client: &mut Client, target: &str) -> Result<()> {
+    use granary_proto::shards::{Index, INDEX_NAME};
+    let (bucket, prefix) = split_object(target, true)?;
+    let catalog = client.catalog_with(&bucket, &prefix, true)?;
+    if catalog.shards.is_empty() {
+        anyhow::bail!("no .tar, .tar.gz or .tgz objects under {bucket}/{prefix}");
+    }
+    let body = serde_json::to_vec(&Index::of(&catalog))?;
+    let key = format!("{prefix}{INDEX_NAME}");
+    client.put(&bucket, &key, &mut body.as_slice(), body.len() as u64)?;
+    let samples: u64 = catalog.shards.iter().map(|s| u64::from(s.samples)).sum();
+    println!(
+        "{bucket}/{key}: {} shards, {samples} samples",
+        catalog.shards.len()
+    );
     Ok(())
 }
 

@@ -1,39 +1,29 @@
 //! What a sharded dataset holds, sample by sample: every shard under a prefix (the keys
-//! ending in `.tar`, `.tar.gz` or `.tgz`, in key order), its version, and where each of
-//! its samples lies in it, so that an epoch can be planned
+//! ending in `.tar`, `.tar.gz` or `.tgz`, in key order), its version, how many samples
+//! it holds and, where known, where each lies in it, so that an epoch can be planned
 //! without reading a byte of data, and a run of samples fetched with one range read.
 //!
-//! A `.tar` shard's members come from the node (`GET …?archlist`: names, data offsets,
-//! sizes; the node indexes its cached copy once). A compressed shard, or a node that does
-//! not answer that, is read once here and its headers noted. Shards are listed by a few
-//! threads at once, each over its own connection.
+//! The cluster builds a dataset's catalog once per version and keeps it: one request
+//! (`GET /_granary/catalog`) brings it whole. A shard catalogued from the dataset's index
+//! has its sample count only, and is read from its start. A node that does not serve
+//! catalogs is asked shard by shard instead: a `.tar` shard's members from the node
+//! (`GET …?archlist`), a compressed shard read once here and its headers noted, a few
+//! shards at once, each over its own connection.
 
 use std::io::{self, Read};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
+pub use granary_proto::shards::{is_compressed, is_shard, SampleSpan};
+use granary_proto::shards::{sample_spans, CatalogShard};
 use serde::{Deserialize, Serialize};
 
 use super::route::{on_best, Clients, Router};
-use super::samples::split_name;
 use crate::tarstream::TarReader;
 use crate::{Client, Error, Result};
 
-/// Shards listed at once while a catalog is built.
+/// Shards listed at once while a catalog is built shard by shard.
 const LIST_THREADS: usize = 8;
-
-/// The extensions that mark a shard.
-const SHARD_SUFFIXES: [&str; 3] = [".tar", ".tar.gz", ".tgz"];
-
-/// Whether a key names a shard (`.tar`, `.tar.gz`, `.tgz`).
-pub fn is_shard(key: &str) -> bool {
-    SHARD_SUFFIXES.iter().any(|s| key.ends_with(s))
-}
-
-/// Whether a shard is compressed (`.tar.gz`, `.tgz`): read whole, never by range.
-pub fn is_compressed(key: &str) -> bool {
-    key.ends_with(".tar.gz") || key.ends_with(".tgz")
-}
 
 /// The shards under `prefix`, in key order; an error when there are none.
 fn shard_keys(client: &mut Client, bucket: &str, prefix: &str) -> Result<Vec<String>> {
@@ -45,35 +35,65 @@ fn shard_keys(client: &mut Client, bucket: &str, prefix: &str) -> Result<Vec<Str
         .collect();
     keys.sort();
     if keys.is_empty() {
-        return Err(Error::Invalid(format!(
-            "no .tar, .tar.gz or .tgz objects under {bucket}/{prefix}"
-        )));
+        return Err(no_shards(bucket, prefix));
     }
     Ok(keys)
 }
 
-/// A sample's bytes in its shard: from the first header of its first member to the end
-/// of its last member's padding (an uncompressed tar's offsets; for a compressed shard,
-/// offsets in the decompressed stream).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SampleSpan {
-    pub start: u64,
-    pub end: u64,
+fn no_shards(bucket: &str, prefix: &str) -> Error {
+    Error::Invalid(format!(
+        "no .tar, .tar.gz or .tgz objects under {bucket}/{prefix}"
+    ))
 }
 
-/// One shard: its key, the version listed, and its samples in archive order.
+/// One shard: its key, the version catalogued, its samples (in archive order) and,
+/// where known, where each lies.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ShardInfo {
     pub key: String,
-    /// The ETag listed; reads ask for this version (`If-Match`).
+    /// The ETag catalogued; reads ask for this version (`If-Match`).
     pub etag: String,
-    pub samples: Vec<SampleSpan>,
+    /// Samples in the shard.
+    pub count: u32,
+    /// Each sample's span, when known: a shard without them is read from its start.
+    pub spans: Option<Vec<SampleSpan>>,
 }
 
 impl ShardInfo {
     /// `.tar.gz`/`.tgz`: read whole, never by range.
     pub fn compressed(&self) -> bool {
         is_compressed(&self.key)
+    }
+
+    /// Whether its samples are read by range: an uncompressed shard whose spans are
+    /// known.
+    pub fn ranged(&self) -> bool {
+        !self.compressed() && self.spans.is_some()
+    }
+
+    /// Sample `i`'s span (of a shard whose spans are known).
+    pub(crate) fn span(&self, i: u32) -> SampleSpan {
+        self.spans.as_ref().expect("a ranged shard")[i as usize]
+    }
+
+    fn of_spans(key: &str, etag: String, spans: Vec<SampleSpan>) -> ShardInfo {
+        ShardInfo {
+            key: key.to_owned(),
+            etag,
+            count: spans.len() as u32,
+            spans: Some(spans),
+        }
+    }
+}
+
+impl From<CatalogShard> for ShardInfo {
+    fn from(s: CatalogShard) -> ShardInfo {
+        ShardInfo {
+            spans: s.spans(),
+            key: s.key,
+            etag: s.etag,
+            count: s.samples,
+        }
     }
 }
 
@@ -85,9 +105,32 @@ pub struct Catalog {
 }
 
 impl Catalog {
-    /// Lists the shards under `prefix` and where their samples lie, asking each shard's
-    /// owner as `router` says.
+    /// The catalog of the shards under `prefix`: the cluster's (one request), else
+    /// built here by asking each shard's owner as `router` says.
     pub fn build(client: &Client, router: &Router, bucket: &str, prefix: &str) -> Result<Catalog> {
+        // Its connection is let go before any other opens.
+        let asked = client.fresh().catalog(bucket, prefix);
+        match asked {
+            Ok(c) if c.shards.is_empty() => Err(no_shards(bucket, prefix)),
+            Ok(c) => Ok(Catalog {
+                bucket: bucket.to_owned(),
+                shards: c.shards.into_iter().map(ShardInfo::from).collect(),
+            }),
+            // A node from before catalogs: each shard asked.
+            Err(e) if e.status() == Some(404) && e.code() == Some("NotFound") => {
+                Catalog::build_by_shard(client, router, bucket, prefix)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The catalog, each shard asked of its owner (or read here).
+    pub fn build_by_shard(
+        client: &Client,
+        router: &Router,
+        bucket: &str,
+        prefix: &str,
+    ) -> Result<Catalog> {
         let keys = shard_keys(&mut client.fresh(), bucket, prefix)?;
         let next = AtomicUsize::new(0);
         let found: Mutex<Vec<Option<Result<ShardInfo>>>> =
@@ -130,12 +173,12 @@ impl Catalog {
 
     /// Samples per shard, in key order.
     pub fn counts(&self) -> Vec<u32> {
-        self.shards.iter().map(|s| s.samples.len() as u32).collect()
+        self.shards.iter().map(|s| s.count).collect()
     }
 
     /// Samples in all.
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.samples.len()).sum()
+        self.shards.iter().map(|s| s.count as usize).sum()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -149,11 +192,11 @@ fn shard_info(c: &mut Client, bucket: &str, key: &str) -> Result<ShardInfo> {
     if !compressed {
         match c.list_archive(bucket, key) {
             Ok(list) => {
-                return Ok(ShardInfo {
-                    key: key.to_owned(),
-                    etag: list.etag,
-                    samples: group(list.members.into_iter()),
-                });
+                return Ok(ShardInfo::of_spans(
+                    key,
+                    list.etag,
+                    sample_spans(list.members),
+                ))
             }
             // Refusals and absences are the answer; anything else (a node that does not
             // list members, a shard it cannot hold) is read here instead.
@@ -186,11 +229,7 @@ fn shard_info(c: &mut Client, bucket: &str, key: &str) -> Result<ShardInfo> {
             members.push((name, tar.get_mut().read, size));
         }
     }
-    Ok(ShardInfo {
-        key: key.to_owned(),
-        etag,
-        samples: group(members.into_iter()),
-    })
+    Ok(ShardInfo::of_spans(key, etag, sample_spans(members)))
 }
 
 /// Counts the bytes read through it.
@@ -204,82 +243,5 @@ impl<R: Read> Read for Counted<R> {
         let n = self.inner.read(buf)?;
         self.read += n as u64;
         Ok(n)
-    }
-}
-
-/// Where a member's data ends, with its padding to a whole block.
-fn padded_end(offset: u64, size: u64) -> u64 {
-    (offset + size).div_ceil(512) * 512
-}
-
-/// Samples out of members in archive order (name, data offset, size): consecutive
-/// members sharing a key, as [`super::samples`] groups them when it reads. Each sample's
-/// span starts where the one before ends, so it takes in any headers and skipped entries
-/// between them.
-fn group(members: impl Iterator<Item = (String, u64, u64)>) -> Vec<SampleSpan> {
-    let mut out: Vec<SampleSpan> = Vec::new();
-    let mut current: Option<String> = None;
-    for (name, offset, size) in members {
-        let Some((key, _)) = split_name(&name) else {
-            continue;
-        };
-        let end = padded_end(offset, size);
-        match (&current, out.last_mut()) {
-            (Some(k), Some(last)) if k == key => last.end = end,
-            _ => {
-                let start = out.last().map_or(0, |s| s.end);
-                out.push(SampleSpan { start, end });
-                current = Some(key.to_owned());
-            }
-        }
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn shard_keys_are_recognised() {
-        assert!(is_shard("a/b-0001.tar"));
-        assert!(is_shard("x.tar.gz"));
-        assert!(is_shard("x.tgz"));
-        assert!(!is_shard("x.tar.zst"));
-        assert!(!is_shard("x.json"));
-        assert!(is_compressed("x.tgz") && is_compressed("a/x.tar.gz"));
-        assert!(!is_compressed("x.tar"));
-    }
-
-    #[test]
-    fn members_group_into_spans_that_tile_the_shard() {
-        let m = |n: &str, off: u64, size: u64| (n.to_owned(), off, size);
-        let spans = group(
-            vec![
-                m("a/001.jpg", 512, 100),
-                m("a/001.cls", 1536, 1),
-                m("README", 2560, 3),
-                m("a/002.jpg", 3584, 600),
-                m("a/003.cls", 5120, 1),
-            ]
-            .into_iter(),
-        );
-        assert_eq!(
-            spans,
-            vec![
-                SampleSpan {
-                    start: 0,
-                    end: 2048
-                },
-                SampleSpan {
-                    start: 2048,
-                    end: 4608
-                },
-                SampleSpan {
-                    start: 4608,
-                    end: 5632
-                },
-            ]
-        );
     }
 }

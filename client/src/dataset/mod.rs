@@ -362,8 +362,16 @@ mod tests {
             );
             return (200, String::new(), x.into_bytes());
         }
-        // No cluster view (read through this node alone), no member lists (each shard is
-        // read once to list its samples).
+        // No catalogs (a node from before them), no cluster view (read through this node
+        // alone), no member lists (each shard is read once to list its samples).
+        if target.starts_with("/_granary/catalog") {
+            let doc = b"<Error><Code>NotFound</Code><Message>no native route</Message></Error>";
+            return (
+                404,
+                "content-type: application/xml\r\n".into(),
+                doc.to_vec(),
+            );
+        }
         if target.starts_with("/_granary/") || target.contains("?archlist") {
             return (501, String::new(), Vec::new());
         }
@@ -554,8 +562,10 @@ mod tests {
             <Contents><Key>p/0.tar</Key><Size>2048</Size></Contents></ListBucketResult>";
         let members = r#"{"etag":"v1","size":2048,"members":[["a.cls",512,1]]}"#;
         let changed = "<Error><Code>PreconditionFailed</Code><Message>no</Message></Error>";
+        let old_node = "<Error><Code>NotFound</Code><Message>no route</Message></Error>";
         let server = FakeServer::start(vec![
             Reply::status(404, Vec::new()),
+            Reply::status(404, old_node.as_bytes().to_vec()),
             Reply::ok(list.as_bytes().to_vec()),
             Reply::ok(members.as_bytes().to_vec()).with_header("content-type", "application/json"),
             Reply::status(412, changed.as_bytes().to_vec()),
@@ -576,9 +586,45 @@ mod tests {
         );
         let reqs = server.finish();
         assert_eq!(reqs[0].target, "/_granary/cluster");
-        assert_eq!(reqs[2].target, "/b/p/0.tar?archlist=");
-        assert_eq!(reqs[3].target, "/b/p/0.tar");
-        assert_eq!(reqs[3].header("range"), Some("bytes=0-1023"));
-        assert_eq!(reqs[3].header("if-match"), Some("\"v1\""));
+        assert_eq!(reqs[1].target, "/_granary/catalog?bucket=b&prefix=p%2F");
+        assert_eq!(reqs[3].target, "/b/p/0.tar?archlist=");
+        assert_eq!(reqs[4].target, "/b/p/0.tar");
+        assert_eq!(reqs[4].header("range"), Some("bytes=0-1023"));
+        assert_eq!(reqs[4].header("if-match"), Some("\"v1\""));
+    }
+
+    /// The cluster's catalog is one request; a shard it knows by count only (from the
+    /// dataset's index) is read from its start, and its samples picked from the stream.
+    #[test]
+    fn one_request_brings_the_catalog_and_unspanned_shards_are_read_from_the_start() {
+        let tar = crate::fake::tar_of(&[("s/0.cls", b"0"), ("s/1.cls", b"1"), ("s/2.cls", b"2")]);
+        let catalog = format!(
+            r#"{{"bucket":"b","prefix":"p/","version":"v","from_index":true,
+               "shards":[{{"key":"p/0.tar","etag":"v1","size":{},"samples":3}}]}}"#,
+            tar.len()
+        );
+        let server = FakeServer::start(vec![
+            Reply::status(404, Vec::new()),
+            Reply::ok(catalog.into_bytes()).with_header("content-type", "application/json"),
+            Reply::ok(tar.clone()).with_header("etag", "\"v1\""),
+        ]);
+        let ds = Dataset::builder()
+            .endpoint(&server.endpoint())
+            .bucket("b")
+            .prefix("p/")
+            .shuffle_shards(false)
+            .build()
+            .unwrap();
+        assert_eq!(ds.catalog().counts(), vec![3]);
+        assert!(!ds.shards()[0].ranged());
+        let keys: Vec<String> = ds.epoch(0).map(|s| s.unwrap().key).collect();
+        let mut sorted = keys.clone();
+        sorted.sort();
+        assert_eq!(sorted, ["s/0", "s/1", "s/2"]);
+        let reqs = server.finish();
+        assert_eq!(reqs.len(), 3, "the view, the catalog, one read");
+        assert_eq!(reqs[2].target, "/b/p/0.tar");
+        assert_eq!(reqs[2].header("range"), None, "read from its start");
+        assert_eq!(reqs[2].header("if-match"), Some("\"v1\""));
     }
 }

@@ -66,15 +66,13 @@ fn runs_of(catalog: &Catalog, wanted: &[(SampleId, usize)]) -> Vec<Run> {
             if r.shard != id.shard || id.index <= r.last {
                 return false;
             }
-            if shard.compressed() {
+            // A shard read from its start is read once, whole.
+            if !shard.ranged() {
                 return true;
             }
-            let (prev_end, start) = (
-                shard.samples[r.last as usize].end,
-                shard.samples[id.index as usize].start,
-            );
-            let run_start = shard.samples[r.first as usize].start;
-            start - prev_end <= GAP && shard.samples[id.index as usize].end - run_start <= MAX_RUN
+            let (prev_end, start) = (shard.span(r.last).end, shard.span(id.index).start);
+            let run_start = shard.span(r.first).start;
+            start - prev_end <= GAP && shard.span(id.index).end - run_start <= MAX_RUN
         });
         match runs.last_mut() {
             Some(r) if joins => {
@@ -199,7 +197,7 @@ fn mapped_samples(shard: &str, local: crate::LocalFile) -> Result<Vec<Result<Map
     });
     let mut out: Vec<Result<MappedSample>> = Vec::new();
     for (name, at, size) in members {
-        let Some((key, ext)) = super::samples::split_name(&name) else {
+        let Some((key, ext)) = granary_proto::shards::split_name(&name) else {
             continue;
         };
         let field = (ext, offset + at, size);
@@ -220,15 +218,14 @@ fn mapped_samples(shard: &str, local: crate::LocalFile) -> Result<Vec<Result<Map
 /// node's cache file where it passes one.
 fn fetch(catalog: &Catalog, run: &Run, clients: &mut Clients, local: bool) -> Result<Fetched> {
     let shard = &catalog.shards[run.shard as usize];
-    let (first, last) = (
-        shard.samples[run.first as usize],
-        shard.samples[run.last as usize],
-    );
+    let ranged = shard.ranged();
     let opts = GetOptions {
-        range: (!shard.compressed()).then_some(first.start..last.end),
+        range: ranged.then(|| shard.span(run.first).start..shard.span(run.last).end),
         if_match: Some(shard.etag.clone()).filter(|e| !e.is_empty()),
         ..GetOptions::default()
     };
+    // The sample the bytes start at: the run's first, or the shard's.
+    let from = if ranged { run.first } else { 0 };
     let local = local && !shard.compressed();
     on_best(clients, &catalog.bucket, &shard.key, |c| {
         let owned = |stream: Box<dyn Read + Send>, first: u32| {
@@ -242,18 +239,16 @@ fn fetch(catalog: &Catalog, run: &Run, clients: &mut Clients, local: bool) -> Re
                     let samples = mapped_samples(&shard.key, f)?
                         .into_iter()
                         .map(|s| s.map(Delivered::Mapped));
-                    pick(samples, run.first, run, &shard.key)
+                    pick(samples, from, run, &shard.key)
                 }
-                crate::Local::Bytes(bytes, _) => {
-                    owned(Box::new(std::io::Cursor::new(bytes)), run.first)
-                }
+                crate::Local::Bytes(bytes, _) => owned(Box::new(std::io::Cursor::new(bytes)), from),
             };
         }
         let reader = c.open_with(&catalog.bucket, &shard.key, &opts)?;
         if shard.compressed() {
             owned(Box::new(flate2::read::MultiGzDecoder::new(reader)), 0)
         } else {
-            owned(Box::new(reader), run.first)
+            owned(Box::new(reader), from)
         }
     })
 }
@@ -263,8 +258,11 @@ type Fetched = Vec<(usize, Delivered)>;
 
 /// The fetching threads' shared state.
 struct Shared {
-    /// The next run no thread has taken, and the furthest run the reader has asked for.
-    progress: Mutex<(usize, usize, bool)>,
+    /// The next run no thread has taken, the furthest run the reader has asked for,
+    /// whether reading stops, and whether a run has come in: none is read ahead of the
+    /// first, so that the first sample waits on one read, and a cold start brings only
+    /// what it needs.
+    progress: Mutex<(usize, usize, bool, bool)>,
     wake: Condvar,
 }
 
@@ -298,7 +296,7 @@ impl PlannedRead {
             }
         }
         let shared = Arc::new(Shared {
-            progress: Mutex::new((0, 0, false)),
+            progress: Mutex::new((0, 0, false, false)),
             wake: Condvar::new(),
         });
         let (tx, results) = mpsc::channel();
@@ -322,11 +320,11 @@ impl PlannedRead {
                         let i = {
                             let mut p = shared.progress.lock().unwrap_or_else(|p| p.into_inner());
                             loop {
-                                let (next, wanted, stop) = *p;
+                                let (next, wanted, stop, started) = *p;
                                 if stop || next >= runs.len() {
                                     return;
                                 }
-                                if next <= wanted + ahead {
+                                if next == 0 || (started && next <= wanted + ahead) {
                                     p.0 += 1;
                                     break next;
                                 }
@@ -383,10 +381,17 @@ impl Iterator for PlannedRead {
                     p.1 = p.1.max(run);
                 }
                 self.shared.wake.notify_all();
-                match self.results.recv() {
+                let got = match self.results.recv() {
                     Ok((_, got)) => got,
                     Err(_) => Err(Error::Invalid("the read-ahead threads stopped".into())),
-                }
+                };
+                self.shared
+                    .progress
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .3 = true;
+                self.shared.wake.notify_all();
+                got
             };
             if let Err(e) = self.take(got) {
                 self.failed = true;
@@ -498,7 +503,8 @@ mod tests {
         let shard = |key: &str, sizes: &[u64]| ShardInfo {
             key: key.into(),
             etag: "e".into(),
-            samples: spans(sizes),
+            count: sizes.len() as u32,
+            spans: Some(spans(sizes)),
         };
         let catalog = Catalog {
             bucket: "bk".into(),
@@ -509,6 +515,13 @@ mod tests {
                     &[300 << 10, 300 << 10, 300 << 10, 10 << 20, 8 << 20],
                 ),
                 shard("c.tar.gz", &[10; 4]),
+                // Catalogued from an index: its count, no spans.
+                ShardInfo {
+                    key: "d.tar".into(),
+                    etag: "e".into(),
+                    count: 10,
+                    spans: None,
+                },
             ],
         };
         let id = |shard, index| SampleId { shard, index };
@@ -523,6 +536,8 @@ mod tests {
             (id(1, 4), 7), // past 16 MiB: a new run
             (id(2, 0), 8),
             (id(2, 3), 9), // compressed: one run, read whole
+            (id(3, 1), 10),
+            (id(3, 8), 11), // no spans: one run, read from the start
         ];
         let runs = runs_of(&catalog, &wanted);
         let shape: Vec<(u32, u32, u32, usize)> = runs
@@ -536,7 +551,8 @@ mod tests {
                 (0, 3, 3, 1),
                 (1, 0, 3, 3),
                 (1, 4, 4, 1),
-                (2, 0, 3, 2)
+                (2, 0, 3, 2),
+                (3, 1, 8, 2)
             ]
         );
     }

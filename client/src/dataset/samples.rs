@@ -5,6 +5,8 @@
 use std::collections::BTreeMap;
 use std::io::{self, Read};
 
+use granary_proto::shards::split_name;
+
 use crate::tarstream::TarReader;
 use crate::{Error, Result};
 
@@ -29,18 +31,6 @@ impl Sample {
     pub fn len_bytes(&self) -> u64 {
         self.fields.values().map(|v| v.len() as u64).sum()
     }
-}
-
-/// `(key, extension)` of a member name; `None` for names with no extension or a file
-/// name starting with `.` (which WebDataset skips too).
-pub(crate) fn split_name(name: &str) -> Option<(&str, String)> {
-    let base_start = name.rfind('/').map_or(0, |i| i + 1);
-    let dot = name[base_start..].find('.')?;
-    if dot == 0 {
-        return None;
-    }
-    let cut = base_start + dot;
-    Some((&name[..cut], name[cut + 1..].to_ascii_lowercase()))
 }
 
 /// The samples of one shard, read as the shard streams in.
@@ -131,18 +121,6 @@ mod tests {
 
     fn samples(tar: Vec<u8>) -> Vec<Result<Sample>> {
         ShardSamples::new("s.tar".into(), Box::new(std::io::Cursor::new(tar))).collect()
-    }
-
-    #[test]
-    fn names_split_at_the_first_dot_of_the_file_name() {
-        assert_eq!(split_name("000.jpg"), Some(("000", "jpg".into())));
-        assert_eq!(
-            split_name("a.b/c/0001.seg.PNG"),
-            Some(("a.b/c/0001", "seg.png".into()))
-        );
-        assert_eq!(split_name("dir/noext"), None);
-        assert_eq!(split_name("dir/.hidden"), None);
-        assert_eq!(split_name("x."), Some(("x", String::new())));
     }
 
     #[test]

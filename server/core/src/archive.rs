@@ -71,6 +71,34 @@ pub fn normalize(name: &str) -> &str {
     }
 }
 
+/// The regular files of a tar in archive order: name, data offset, size. `seekable`
+/// archives are walked header to header, seeking past the data; others are read through.
+pub fn members_of<R: Read + io::Seek>(input: R) -> io::Result<Vec<(String, u64, u64)>> {
+    listed(tar::Archive::new(input).entries_with_seek()?)
+}
+
+/// [`members_of`] for a stream that cannot seek (a decompressed shard): read through.
+pub fn members_streamed<R: Read>(input: R) -> io::Result<Vec<(String, u64, u64)>> {
+    listed(tar::Archive::new(input).entries()?)
+}
+
+fn listed<'a, R: 'a + Read>(entries: tar::Entries<'a, R>) -> io::Result<Vec<(String, u64, u64)>> {
+    let mut out = Vec::new();
+    for entry in entries {
+        let entry = entry?;
+        if !entry.header().entry_type().is_file() {
+            continue;
+        }
+        let name = entry.path()?.to_string_lossy().into_owned();
+        out.push((
+            normalize(&name).to_owned(),
+            entry.raw_file_position(),
+            entry.size(),
+        ));
+    }
+    Ok(out)
+}
+
 /// Indexes the tar held in the first `size` bytes of `file` (a cache entry: the object,
 /// then its footer). Parsing never reads past the object, and a member whose data runs
 /// past it (a shard cut short) makes the whole shard unreadable as a tar rather than

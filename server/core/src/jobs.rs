@@ -183,6 +183,9 @@ impl Job {
 
     /// The job's progress, this node's share and its parts' together.
     pub fn to_json(&self) -> serde_json::Value {
+        // The state first: a job seen ended has every count it ended with (the counts
+        // are all made before `finish`, whose store this load acquires).
+        let state = self.state();
         let mut c = Counts {
             objects_done: self.objects_done.load(Ordering::Relaxed),
             bytes_done: self.bytes_done.load(Ordering::Relaxed),
@@ -205,7 +208,7 @@ impl Job {
         json!({
             "id": self.id,
             "kind": self.kind,
-            "state": self.state().as_str(),
+            "state": state.as_str(),
             "bucket": self.bucket,
             "prefix": self.prefix,
             "objects_done": c.objects_done,

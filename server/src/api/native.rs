@@ -43,6 +43,10 @@ pub async fn handle(state: &Arc<AppState>, req: Request) -> Response {
                 .into_response(),
             }
         }
+        ("/_granary/catalog", true) => match catalog(state, req).await {
+            Ok(r) => r,
+            Err(e) => e.into_response(),
+        },
         ("/_granary/batch", _) => match super::batch::handle(state, req).await {
             Ok(r) => r,
             Err(e) => e.into_response(),
@@ -75,7 +79,8 @@ pub async fn handle(state: &Arc<AppState>, req: Request) -> Response {
             resp
         }
         (
-            "/_granary/health" | "/_granary/stats" | "/_granary/metrics" | "/_granary/cluster",
+            "/_granary/health" | "/_granary/stats" | "/_granary/metrics" | "/_granary/cluster"
+            | "/_granary/catalog",
             false,
         ) => S3Error::new(S3Code::MethodNotAllowed, "use GET").into_response(),
         ("/_granary/prefetch", _) => {
@@ -168,6 +173,59 @@ pub async fn job(state: &Arc<AppState>, req: Request) -> Result<Response, S3Erro
                 .with_resource(path.to_owned()))
         }
     }
+}
+
+/// `GET /_granary/catalog?bucket=&prefix=[&index=ignore]`: the dataset's catalog, built
+/// once per version by one member (the owner of the dataset's catalog, as if it were a
+/// key of its own) and kept. Read-only: allowed where listings are.
+async fn catalog(state: &Arc<AppState>, req: Request) -> Result<Response, S3Error> {
+    let (parts, _) = req.into_parts();
+    s3::auth::authenticate(state.creds.as_ref(), state.anonymous_read, &parts)?;
+    let q = granary_proto::encode::query_pairs(parts.uri.query().unwrap_or(""));
+    let arg = |n: &str| q.iter().find(|(k, _)| k == n).map(|(_, v)| v.as_str());
+    let Some(bucket) = arg("bucket").filter(|b| !b.is_empty()) else {
+        return Err(S3Error::new(
+            S3Code::InvalidArgument,
+            "name a bucket= for the catalog",
+        ));
+    };
+    let prefix = arg("prefix").unwrap_or("");
+    let use_index = match arg("index") {
+        None | Some("use") => true,
+        Some("ignore") => false,
+        Some(other) => {
+            return Err(S3Error::new(
+                S3Code::InvalidArgument,
+                format!("index= takes `use` or `ignore`, not `{other}`"),
+            ))
+        }
+    };
+    let node = &state.node;
+    if super::FromMember::of_parts(&parts).is_none() {
+        if let Some(m) = node.owner_elsewhere(bucket, &format!("{prefix}\0catalog")) {
+            let target = granary_core::cluster::peer::target_of(&parts.uri);
+            let body = super::route::peer_body(Body::empty());
+            match node
+                .forward(&m, &parts.method, &target, &parts.headers, body)
+                .await
+            {
+                Ok(resp) => return Ok(resp.map(Body::new)),
+                Err(why) => node.mark_down(&m, why),
+            }
+        }
+    }
+    let catalog = node
+        .catalog(bucket, prefix, use_index)
+        .await
+        .map_err(|e| S3Error::from(e).with_resource(format!("/{bucket}/{prefix}")))?;
+    let mut resp = Response::new(Body::from(
+        serde_json::to_vec(&*catalog).unwrap_or_default(),
+    ));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    Ok(resp)
 }
 
 fn json_response(v: serde_json::Value) -> Response {

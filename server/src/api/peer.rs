@@ -16,7 +16,9 @@ use serde::Serialize;
 
 use super::error::{S3Code, S3Error};
 use super::{native, s3, AppState};
-use granary_core::cluster::calls::{self, Invalidate, JsonCall, PrefetchPart, Revalidate, Take};
+use granary_core::cluster::calls::{
+    self, IndexShards, Indexed, Invalidate, JsonCall, PrefetchPart, Revalidate, Take,
+};
 use granary_core::{Node, NodeError};
 
 /// The most body a member's call carries here (1,000 keys of 1 KiB and their buckets,
@@ -45,6 +47,13 @@ pub async fn serve(state: &Arc<AppState>, req: Request) -> Result<Response, Requ
         (Take::METHOD, Take::PATH) => {
             json_call(state, req, |node, call: Take| async move {
                 node.take(&call).await
+            })
+            .await
+        }
+        (IndexShards::METHOD, IndexShards::PATH) => {
+            json_call(state, req, |node, call: IndexShards| async move {
+                let shards = node.index_shards(&call.bucket, &call.shards).await?;
+                Ok(Indexed { shards })
             })
             .await
         }

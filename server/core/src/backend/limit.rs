@@ -1,11 +1,14 @@
-//! A cap on backend reads in flight (`--max-backend-fetches`): every `get_object` holds a
-//! place from the request until its body ends or is dropped. A read that finds no place
-//! within [`WAIT`] is refused with S3's `503 SlowDown`, so a node under a storm of cold
-//! reads neither opens unbounded connections to the store nor queues clients for ever.
-//! Everything else passes straight through.
+//! Limits on backend reads. A cap on reads in flight (`--max-backend-fetches`): every
+//! `get_object` holds a place from the request until its body ends or is dropped; a read
+//! that finds no place within [`WAIT`] is refused with S3's `503 SlowDown`, so a node
+//! under a storm of cold reads neither opens unbounded connections to the store nor
+//! queues clients for ever. And a cap on the bytes per second all reads bring
+//! (`--backend-rate`): each piece of a body waits for its turn at that rate, for
+//! operators who must bound egress, and for benchmarks of a slow store. Everything else
+//! passes straight through.
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use futures::StreamExt;
@@ -19,23 +22,52 @@ use super::{
 /// How long a read waits for a place before it is refused.
 pub const WAIT: Duration = Duration::from_secs(2);
 
-/// `inner` with at most `max` reads in flight.
+/// `inner` with at most `max` reads in flight (0: any), bringing at most `rate` bytes per
+/// second between them (0: no cap).
 pub struct Limited {
     inner: Arc<dyn Backend>,
     places: Arc<Semaphore>,
     max: usize,
+    pace: Option<Arc<Pace>>,
+}
+
+/// Turns at a rate: the time each piece of bytes may pass.
+struct Pace {
+    bytes_per_sec: f64,
+    next: Mutex<Instant>,
+}
+
+impl Pace {
+    /// When `n` more bytes have passed: their turn starts right after the bytes given
+    /// turns before them, and lasts as long as `n` bytes take at the rate.
+    fn turn(&self, n: usize) -> Instant {
+        let mut next = self.next.lock().unwrap_or_else(|p| p.into_inner());
+        let at = (*next).max(Instant::now());
+        *next = at + Duration::from_secs_f64(n as f64 / self.bytes_per_sec);
+        *next
+    }
 }
 
 impl Limited {
-    /// Wraps `inner`; `max == 0` returns it unwrapped.
-    pub fn wrap(inner: Arc<dyn Backend>, max: usize) -> Arc<dyn Backend> {
-        if max == 0 {
+    /// Wraps `inner`; with no cap at all, returns it unwrapped.
+    pub fn wrap(inner: Arc<dyn Backend>, max: usize, rate: u64) -> Arc<dyn Backend> {
+        if max == 0 && rate == 0 {
             return inner;
         }
         Arc::new(Limited {
             inner,
-            places: Arc::new(Semaphore::new(max)),
+            places: Arc::new(Semaphore::new(if max == 0 {
+                Semaphore::MAX_PERMITS
+            } else {
+                max
+            })),
             max,
+            pace: (rate > 0).then(|| {
+                Arc::new(Pace {
+                    bytes_per_sec: rate as f64,
+                    next: Mutex::new(Instant::now()),
+                })
+            }),
         })
     }
 
@@ -62,11 +94,7 @@ impl Limited {
             Err(_) => self.wait_for_place().await?,
         };
         let (obj, range) = read.await?;
-        // The place lives as long as the body stream.
-        let body: ByteStream = Box::pin(obj.body.map(move |item| {
-            let _held = &place;
-            item
-        }));
+        let body = self.paced(obj.body, place);
         Ok((
             GetObject {
                 meta: obj.meta,
@@ -74,6 +102,28 @@ impl Limited {
             },
             range,
         ))
+    }
+
+    /// A body that keeps its read's place while it lasts, and comes at the rate.
+    fn paced(&self, body: ByteStream, place: tokio::sync::OwnedSemaphorePermit) -> ByteStream {
+        // The place lives as long as the body stream.
+        let body: ByteStream = Box::pin(body.map(move |item| {
+            let _held = &place;
+            item
+        }));
+        match &self.pace {
+            None => body,
+            Some(pace) => {
+                let pace = pace.clone();
+                Box::pin(body.then(move |item| {
+                    let at = item.as_ref().map_or(Instant::now(), |b| pace.turn(b.len()));
+                    async move {
+                        tokio::time::sleep_until(at.into()).await;
+                        item
+                    }
+                }))
+            }
+        }
     }
 }
 
@@ -112,6 +162,21 @@ impl Source for Limited {
     ) -> Result<(GetObject, Option<ByteRange>)> {
         self.hold(self.inner.get_object_whole_likely(bucket, key, range))
             .await
+    }
+
+    async fn get_range(
+        &self,
+        bucket: &str,
+        key: &str,
+        etag: &str,
+        range: ByteRange,
+    ) -> Result<ByteStream> {
+        let place = match self.places.clone().try_acquire_owned() {
+            Ok(p) => p,
+            Err(_) => self.wait_for_place().await?,
+        };
+        let body = self.inner.get_range(bucket, key, etag, range).await?;
+        Ok(self.paced(body, place))
     }
 }
 
@@ -211,7 +276,7 @@ mod tests {
         fs.put_object("bkt", "k", body, PutOptions::default())
             .await
             .unwrap();
-        let b = Limited::wrap(Arc::new(fs), 1);
+        let b = Limited::wrap(Arc::new(fs), 1, 0);
         let (first, _) = b.get_object("bkt", "k", &|_| Ok(None)).await.unwrap();
         let started = tokio::time::Instant::now();
         let refused = b.get_object("bkt", "k", &|_| Ok(None)).await;
@@ -226,5 +291,30 @@ mod tests {
         let (again, _) = b.get_object("bkt", "k", &|_| Ok(None)).await.unwrap();
         let bytes: Vec<_> = again.body.collect().await;
         assert_eq!(bytes[0].as_ref().unwrap().as_ref(), b"payload");
+    }
+
+    /// Two reads together bring their bytes at the rate, not each at it; every byte
+    /// comes.
+    #[tokio::test]
+    async fn reads_together_keep_to_the_rate() {
+        let mem = crate::backend::mem::Mem::with(&[
+            ("a", bytes::Bytes::from(vec![1u8; 512 << 10])),
+            ("b", bytes::Bytes::from(vec![2u8; 512 << 10])),
+        ]);
+        let b = Limited::wrap(mem, 0, 2 << 20);
+        let started = std::time::Instant::now();
+        let read = |key: &'static str| {
+            let b = b.clone();
+            async move {
+                let (obj, _) = b.get_object("bkt", key, &|_| Ok(None)).await.unwrap();
+                let chunks: Vec<bytes::Bytes> = obj.body.map(|c| c.unwrap()).collect().await;
+                chunks.concat()
+            }
+        };
+        let (a, bb) = tokio::join!(read("a"), read("b"));
+        assert_eq!((a, bb), (vec![1u8; 512 << 10], vec![2u8; 512 << 10]));
+        // 1 MiB at 2 MiB/s: half a second.
+        let took = started.elapsed();
+        assert!(took >= Duration::from_millis(490), "{took:?}");
     }
 }

@@ -339,6 +339,25 @@ pub trait Source: Send + Sync + 'static {
         self.get_object(bucket, key, range).await
     }
 
+    /// Bytes `range` of the version `etag` of an object, which must be that version (a
+    /// `Refusal::Changed` otherwise): one request where the store takes a range and a
+    /// version together.
+    async fn get_range(
+        &self,
+        bucket: &str,
+        key: &str,
+        etag: &str,
+        range: ByteRange,
+    ) -> Result<ByteStream> {
+        let want = |meta: &ObjectMeta| -> std::result::Result<Option<ByteRange>, Refusal> {
+            if meta.etag != etag {
+                return Err(Refusal::Changed("the object changed"));
+            }
+            Ok(Some(range))
+        };
+        Ok(self.get_object(bucket, key, &want).await?.0.body)
+    }
+
     /// The parts the object was completed from, in order (one part, the whole object,
     /// for an object written whole); `None` where the source does not know them.
     async fn parts_of(&self, _bucket: &str, _key: &str) -> Result<Option<ObjectParts>> {

@@ -13,6 +13,7 @@
 //! | [`Take`] (a rebalance's offer) | `POST /_granary/take` | [`Taken`] |
 //! | [`PrefetchPart`] | `POST /_granary/prefetch` (`202`) | the part's job id |
 //! | [`JobStatus`], [`JobCancel`] | `GET`, `DELETE /_granary/jobs/{id}` | [`JobView`] |
+//! | [`IndexShards`] (a catalog's shards, on their owner) | `POST /_granary/index` | [`Indexed`] |
 //! | [`Copy`] (a peer fill, a hand-over's bytes) | `GET /{bucket}/{key}` + `x-granary-peer-fill` | a committed copy, or none |
 //! | [`Read`] (a batch item, a spilled read) | `GET /{bucket}/{key}?archpath=&transform=` (+ `x-granary-spill`) | the bytes, or missing |
 
@@ -454,6 +455,39 @@ impl Call for JobCancel {
     async fn reply(answer: Answer<'_>) -> Result<JobView, ClusterError> {
         answer.json(StatusCode::OK, Self::WHAT).await.map(JobView)
     }
+}
+
+// --- catalogs -------------------------------------------------------------------
+
+/// A shard to index, in one version.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardRef {
+    pub key: String,
+    pub etag: String,
+    pub size: u64,
+}
+
+/// Index these shards (the receiver owns them) for a catalog: their samples and where
+/// each lies.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct IndexShards {
+    pub bucket: String,
+    pub shards: Vec<ShardRef>,
+}
+
+/// The shards indexed, in the order asked.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Indexed {
+    pub shards: Vec<granary_proto::shards::CatalogShard>,
+}
+
+impl JsonCall for IndexShards {
+    type Reply = Indexed;
+    const WHAT: &'static str = "a shard index";
+    /// The owner reads the shards' headers (or, compressed, the shards) first.
+    const WAIT: Duration = Duration::from_secs(600);
+    const METHOD: Method = Method::POST;
+    const PATH: &'static str = "/_granary/index";
 }
 
 // --- object bytes between members -------------------------------------------------

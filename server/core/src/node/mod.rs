@@ -8,7 +8,9 @@
 //! [`NodeError`]).
 
 mod batch;
+mod catalog;
 mod error;
+mod index;
 mod objects;
 mod open;
 mod peer;
@@ -30,6 +32,7 @@ use crate::stats::{Metric, Snapshot, Stats};
 use crate::transform::{Named, TransformError, Transforms};
 
 pub use batch::{Data, Item, Outcome};
+pub use catalog::FRESH_FOR as CATALOG_FRESH_FOR;
 pub use error::NodeError;
 pub use open::{BackendSpec, NodeConfig, OpenError};
 pub use prefetch::PREFETCH_PARALLEL;
@@ -55,6 +58,8 @@ pub struct Node {
     write_locks: crate::keylock::KeyLocks<(String, String)>,
     /// The member list's source, followed once the node starts.
     watch: Mutex<Option<Watch>>,
+    /// Datasets' catalogs, built once per version.
+    catalogs: catalog::Catalogs,
 }
 
 /// The cluster as the cache sees it: members that may hold a copy.
@@ -96,6 +101,7 @@ impl Node {
             rebalancer: Default::default(),
             write_locks: Default::default(),
             watch: Mutex::new(None),
+            catalogs: Default::default(),
         })
     }
 
@@ -120,6 +126,9 @@ impl Node {
     /// Objects were written or deleted through this node: the other members drop their
     /// copies before the write is acknowledged.
     pub async fn changed(&self, objects: &[(String, String)]) {
+        for (bucket, key) in objects {
+            self.catalogs.touched(bucket, key);
+        }
         self.cluster.invalidate_members(objects).await;
     }
 

@@ -35,6 +35,8 @@ pub struct NodeConfig {
     pub backend: BackendSpec,
     /// Backend reads in flight at once (0: no limit).
     pub max_backend_fetches: usize,
+    /// Bytes per second read from the backend, all reads together (0: no cap).
+    pub backend_rate: u64,
     /// Bytes the cache may hold; `None`: 90% of the free disk.
     pub cache_capacity: Option<u64>,
     pub cache_policy: CachePolicy,
@@ -93,6 +95,7 @@ async fn open_backend(config: &NodeConfig) -> Result<Arc<dyn Backend>, OpenError
     Ok(backend::limit::Limited::wrap(
         store,
         config.max_backend_fetches,
+        config.backend_rate,
     ))
 }
 
@@ -167,6 +170,14 @@ impl Node {
             config.rebalance_rate,
         );
         *node.watch.lock().unwrap_or_else(|p| p.into_inner()) = Some(watch);
+        let catalogs = config.data_dir.join("catalogs");
+        node.catalogs
+            .keep_in(catalogs.clone())
+            .map_err(|source| OpenError::Dir {
+                what: "the catalog dir",
+                path: catalogs,
+                source,
+            })?;
         Ok(node)
     }
 }

@@ -45,6 +45,7 @@ impl Node {
     pub fn take_invalidation(&self, call: &Invalidate) -> Invalidated {
         for o in &call.objects {
             self.cache.invalidate(&o.bucket, &o.key);
+            self.catalogs.touched(&o.bucket, &o.key);
         }
         Invalidated {
             invalidated: call.objects.len(),

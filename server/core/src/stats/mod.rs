@@ -94,6 +94,10 @@ table! {
         "requests refused with 503 SlowDown at the request limit";
     TarIndexesBuilt: Counter, "tar_indexes_built", "tar_indexes_built",
         "shard member indexes built";
+    ShardsIndexed: Counter, "shards_indexed", "shards_indexed",
+        "shards indexed for datasets' catalogs";
+    CatalogsBuilt: Counter, "catalogs_built", "catalogs_built",
+        "datasets' catalogs built (once per version)";
     /// Sampled.
     ProcessCpu: Seconds, "process_cpu_seconds", "process_cpu_seconds",
         "user and system CPU time of the node";
