@@ -318,6 +318,41 @@ impl Client {
         Ok(id.id)
     }
 
+    /// `POST /_granary/plans`: registers a job's plan with the cluster; how it shows
+    /// (its `id` among the rest).
+    pub fn register_plan(
+        &mut self,
+        plan: &granary_proto::plan::PlanSpec,
+    ) -> Result<granary_proto::plan::PlanView> {
+        let body = serde_json::to_vec(plan).map_err(|e| Error::Invalid(e.to_string()))?;
+        let req = Req::new("POST", "/_granary/plans".into())
+            .header("content-type", "application/json")
+            .body(Body::Bytes(&body));
+        self.json(req)
+    }
+
+    /// `GET /_granary/plans`: the plans the cluster holds.
+    pub fn plans(&mut self) -> Result<Vec<granary_proto::plan::PlanView>> {
+        #[derive(Deserialize)]
+        struct Plans {
+            plans: Vec<granary_proto::plan::PlanView>,
+        }
+        let p: Plans = self.json(Req::new("GET", "/_granary/plans".into()))?;
+        Ok(p.plans)
+    }
+
+    /// `DELETE /_granary/plans/{id}`: drops a plan cluster-wide; its fetching stops.
+    pub fn drop_plan(&mut self, id: &str) -> Result<()> {
+        if id.is_empty() || !id.bytes().all(|b| b.is_ascii_alphanumeric()) {
+            return Err(Error::Invalid(format!("not a plan id: {id:?}")));
+        }
+        self.call_bytes(
+            Req::new("DELETE", format!("/_granary/plans/{id}")),
+            MAX_JSON,
+        )?;
+        Ok(())
+    }
+
     fn job_path(id: &str) -> Result<String> {
         if id.is_empty() {
             return Err(Error::Invalid("empty job id".into()));

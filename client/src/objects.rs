@@ -86,6 +86,9 @@ pub struct GetOptions {
     /// `If-Match`: only this version (an ETag, with or without its quotes); another
     /// answers `412 PreconditionFailed`.
     pub if_match: Option<String>,
+    /// `x-granary-plan`: the plan the read belongs to and where its rank stands
+    /// ([`granary_proto::plan::PlanMark`]).
+    pub plan: Option<String>,
 }
 
 /// An object's body as it arrives, with its headers. Owns its connection, so it can be
@@ -144,6 +147,9 @@ pub(crate) fn get_request(bucket: &str, key: &str, opts: &GetOptions) -> Result<
     }
     if let Some(etag) = &opts.if_match {
         req = req.header("if-match", &format!("\"{}\"", etag.trim_matches('"')));
+    }
+    if let Some(mark) = &opts.plan {
+        req = req.header(granary_proto::headers::PLAN, mark);
     }
     Ok(req)
 }

@@ -62,6 +62,10 @@ pub fn latin1_bytes(text: &str) -> Vec<u8> {
     }
 }
 
+/// On a planned read: `PLAN_ID:EPOCH:RANK:PLACE`, the plan the read belongs to and where
+/// the reading rank stands in it (the place in its span of the read's first sample).
+pub const PLAN: &str = "x-granary-plan";
+
 #[cfg(test)]
 mod tests {
     use super::*;

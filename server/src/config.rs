@@ -80,6 +80,9 @@ pub struct Config {
     /// A connection with no byte read or written for this long is closed.
     #[serde(deserialize_with = "de_duration")]
     pub idle_timeout: std::time::Duration,
+    /// A job's plan is dropped after this long without a sign of progress.
+    #[serde(deserialize_with = "de_duration")]
+    pub plan_ttl: std::time::Duration,
     /// Named on-node transforms (`[transforms.NAME]` in the TOML file).
     pub transforms: std::collections::BTreeMap<String, granary_core::transform::TransformSpec>,
 }
@@ -115,6 +118,7 @@ impl Default for Config {
             max_backend_fetches: 64,
             backend_rate: 0,
             idle_timeout: std::time::Duration::from_secs(120),
+            plan_ttl: std::time::Duration::from_secs(60),
             transforms: Default::default(),
         }
     }
@@ -217,6 +221,7 @@ impl Config {
             backend: self.backend_spec()?,
             max_backend_fetches: self.max_backend_fetches,
             backend_rate: self.backend_rate,
+            plan_ttl: self.plan_ttl,
             cache_capacity: self.cache_capacity,
             cache_policy: self.cache_policy,
             verify_reads: self.verify_reads,

@@ -134,6 +134,10 @@ struct ServeArgs {
     /// [default: 120s].
     #[arg(long, env = "GRANARY_IDLE_TIMEOUT", value_parser = parse_duration)]
     idle_timeout: Option<std::time::Duration>,
+    /// Drop a job's registered plan after this long without a sign of progress (`60s`,
+    /// `2m`) [default: 60s].
+    #[arg(long, env = "GRANARY_PLAN_TTL", value_parser = parse_duration)]
+    plan_ttl: Option<std::time::Duration>,
 }
 
 impl ServeArgs {
@@ -161,6 +165,7 @@ impl ServeArgs {
             max_backend_fetches,
             backend_rate,
             idle_timeout,
+            plan_ttl,
             rebalance_rate
         );
         set_opt!(

@@ -277,6 +277,12 @@ impl Client {
         })
     }
 
+    /// `GET /_granary/plans`: the plans the cluster holds, as dicts.
+    fn plans(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let v = self.json(py, "/_granary/plans")?;
+        json_to_py(py, v.get("plans").unwrap_or(&serde_json::Value::Null))
+    }
+
     /// The node's counters (`/_granary/stats`).
     fn stats(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         let v = self.json(py, "/_granary/stats")?;
@@ -425,10 +431,54 @@ impl Shards {
             .map_err(py_err)
     }
 
+    /// Registers an epoch's plan with the cluster (arguments as for `read`): the plan's
+    /// id, or `None` where the node takes no plans.
+    #[pyo3(signature = (endpoint, epoch, seed, shuffle_shards, rounds, world_size, shuffle_buffer, drop_last, batch_size, access_key=None, secret_key=None, region="us-east-1", timeout=60.0))]
+    #[allow(clippy::too_many_arguments)]
+    fn register(
+        &self,
+        py: Python<'_>,
+        endpoint: &str,
+        epoch: u64,
+        seed: u64,
+        shuffle_shards: bool,
+        rounds: Vec<(usize, usize, bool, u64)>,
+        world_size: usize,
+        shuffle_buffer: usize,
+        drop_last: bool,
+        batch_size: usize,
+        access_key: Option<&str>,
+        secret_key: Option<&str>,
+        region: &str,
+        timeout: f64,
+    ) -> PyResult<Option<String>> {
+        let creds = credentials(access_key, secret_key, region)?;
+        let spec = spec_of(
+            epoch,
+            seed,
+            shuffle_shards,
+            rounds,
+            (world_size, shuffle_buffer, drop_last),
+            (0, 0, 1, batch_size),
+        );
+        let catalog = self.catalog.clone();
+        Ok(py.detach(|| {
+            let settings = ReadSettings {
+                router: Router::single(endpoint),
+                credentials: creds,
+                timeout: Duration::from_secs_f64(timeout.max(0.001)),
+                read_ahead: 0,
+                local: false,
+                plan: true,
+            };
+            granary_client::dataset::planned::register(&catalog, &spec, &settings)
+        }))
+    }
+
     /// Starts reading one rank's (and worker's) part of an epoch. `rounds`: the resume
     /// history, `(world_size, shuffle_buffer, drop_last, consumed)` each. `route`: read
     /// each shard from its owner, as the cluster's ring says.
-    #[pyo3(signature = (endpoint, epoch, seed, shuffle_shards, rounds, world_size, shuffle_buffer, drop_last, rank, worker, workers, batch_size, read_ahead, route=true, access_key=None, secret_key=None, region="us-east-1", timeout=60.0, zero_copy=false))]
+    #[pyo3(signature = (endpoint, epoch, seed, shuffle_shards, rounds, world_size, shuffle_buffer, drop_last, rank, worker, workers, batch_size, read_ahead, route=true, access_key=None, secret_key=None, region="us-east-1", timeout=60.0, zero_copy=false, plan=true))]
     #[allow(clippy::too_many_arguments)]
     fn read(
         &self,
@@ -452,6 +502,7 @@ impl Shards {
         region: &str,
         timeout: f64,
         zero_copy: bool,
+        plan: bool,
     ) -> PyResult<SampleIter> {
         let creds = credentials(access_key, secret_key, region)?;
         let spec = spec_of(
@@ -472,6 +523,7 @@ impl Shards {
                     timeout: Duration::from_secs_f64(timeout.max(0.001)),
                     read_ahead,
                     local: zero_copy,
+                    plan,
                 };
                 read_epoch(catalog, &spec, settings)
             })

@@ -123,6 +123,16 @@ enum Command {
         /// `BUCKET/PREFIX` (a prefix ending in `/` names a folder of shards)
         target: String,
     },
+    /// The jobs' plans the cluster holds: a line each, with the epoch's progress (a bar
+    /// in a terminal), the bytes fetched ahead and dropped, and reads found ready.
+    Plans {
+        /// Print them as JSON.
+        #[arg(long)]
+        json: bool,
+        /// Drop this plan cluster-wide instead (its fetching stops).
+        #[arg(long, value_name = "ID")]
+        drop: Option<String>,
+    },
     /// Read many objects and shard members as one tar stream (GetBatch).
     Batch {
         /// Items, one `BUCKET/KEY[#ARCHPATH]` a line, or a JSON array of
@@ -258,6 +268,7 @@ fn run(cli: &Cli) -> Result<ExitCode> {
         }
         Command::Job(args) => return job(&mut client, args),
         Command::Index { target } => index(&mut client, target)?,
+        Command::Plans { json, drop } => plans(&mut client, *json, drop.as_deref())?,
         Command::Batch {
             items,
             output,
@@ -578,6 +589,60 @@ fn batch(
 
 /// `granaryctl index BUCKET/PREFIX`: the catalog built from the shards, written back as
 /// the dataset's index.
+fn plans(client: &mut Client, json: bool, drop: Option<&str>) -> Result<()> {
+    if let Some(id) = drop {
+        client.drop_plan(id)?;
+        println!("dropped {id}");
+        return Ok(());
+    }
+    let plans = client.plans()?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&plans)?);
+        return Ok(());
+    }
+    let bars = std::io::IsTerminal::is_terminal(&std::io::stdout());
+    println!(
+        "ID\tJOB\tDATASET\tEPOCH\tRANKS\tCONSUMED\tRATE/RANK\tFETCHED\tEVICTED\tREADY\tEXPIRES"
+    );
+    for p in plans {
+        let total = p.per_rank * p.world_size as u64;
+        let done = if total > 0 {
+            p.consumed.min(total) as f64 / total as f64
+        } else {
+            0.0
+        };
+        let consumed = if bars {
+            let filled = (done * 20.0).round() as usize;
+            format!(
+                "[{}{}] {:>3.0}%",
+                "#".repeat(filled),
+                ".".repeat(20 - filled),
+                done * 100.0
+            )
+        } else {
+            format!("{}/{}", p.consumed, total)
+        };
+        let reads = p.reads_ready + p.reads_waited;
+        println!(
+            "{}\t{}\t{}/{}\t{}\t{}\t{}\t{:.1}/s\t{}\t{}\t{}/{}\t{:.0}s",
+            p.id,
+            p.job.as_deref().unwrap_or("-"),
+            p.bucket,
+            p.prefix,
+            p.epoch,
+            p.world_size,
+            consumed,
+            p.rate,
+            indicatif::HumanBytes(p.fetched_bytes),
+            indicatif::HumanBytes(p.evicted_bytes),
+            p.reads_ready,
+            reads,
+            p.expires_in_s
+        );
+    }
+    Ok(())
+}
+
 fn index(client: &mut Client, target: &str) -> Result<()> {
     use granary_proto::shards::{Index, INDEX_NAME};
     let (bucket, prefix) = split_object(target, true)?;

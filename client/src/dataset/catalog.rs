@@ -57,6 +57,9 @@ pub struct ShardInfo {
     pub count: u32,
     /// Each sample's span, when known: a shard without them is read from its start.
     pub spans: Option<Vec<SampleSpan>>,
+    /// Bytes, when known (0: not).
+    #[serde(default)]
+    pub size: u64,
 }
 
 impl ShardInfo {
@@ -82,6 +85,7 @@ impl ShardInfo {
             etag,
             count: spans.len() as u32,
             spans: Some(spans),
+            size: 0,
         }
     }
 }
@@ -93,6 +97,7 @@ impl From<CatalogShard> for ShardInfo {
             key: s.key,
             etag: s.etag,
             count: s.samples,
+            size: s.size,
         }
     }
 }
@@ -101,6 +106,9 @@ impl From<CatalogShard> for ShardInfo {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Catalog {
     pub bucket: String,
+    /// The prefix the shards were listed under.
+    #[serde(default)]
+    pub prefix: String,
     pub shards: Vec<ShardInfo>,
 }
 
@@ -114,6 +122,7 @@ impl Catalog {
             Ok(c) if c.shards.is_empty() => Err(no_shards(bucket, prefix)),
             Ok(c) => Ok(Catalog {
                 bucket: bucket.to_owned(),
+                prefix: prefix.to_owned(),
                 shards: c.shards.into_iter().map(ShardInfo::from).collect(),
             }),
             // A node from before catalogs: each shard asked.
@@ -167,6 +176,7 @@ impl Catalog {
             .collect::<Result<Vec<_>>>()?;
         Ok(Catalog {
             bucket: bucket.to_owned(),
+            prefix: prefix.to_owned(),
             shards,
         })
     }

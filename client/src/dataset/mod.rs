@@ -58,6 +58,7 @@ pub struct DatasetBuilder {
     shuffle_buffer: usize,
     read_ahead: usize,
     route: bool,
+    plan: bool,
     credentials: Option<Credentials>,
     timeout: Duration,
 }
@@ -76,6 +77,7 @@ impl Default for DatasetBuilder {
             shuffle_buffer: 0,
             read_ahead: 0,
             route: true,
+            plan: true,
             credentials: None,
             timeout: Duration::from_secs(60),
         }
@@ -152,6 +154,14 @@ impl DatasetBuilder {
     /// default), or everything through the endpoint given.
     pub fn route(mut self, on: bool) -> Self {
         self.route = on;
+        self
+    }
+
+    /// Whether each epoch registers its plan with the cluster (on, the default), so
+    /// that its nodes fetch each shard before its first read. The samples and their
+    /// order are the same either way.
+    pub fn plan(mut self, on: bool) -> Self {
+        self.plan = on;
         self
     }
 
@@ -251,6 +261,7 @@ impl Dataset {
             read_ahead: s.read_ahead,
             // Local reads hand out ranges of the node's file, not owned bytes.
             local: false,
+            plan: s.plan,
         };
         match read_epoch(self.catalog.clone(), &self.spec(epoch), settings) {
             Ok(read) => Epoch {

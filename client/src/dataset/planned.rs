@@ -17,7 +17,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use super::catalog::Catalog;
-use super::plan::{epoch_list, rank_plan, Round, SampleId, Split};
+use super::plan::{epoch_list, rank_plan, PlanRound, PlanShard, PlanSpec, Round, SampleId, Split};
 use super::route::{on_best, Clients, Router};
 use super::samples::ShardSamples;
 use crate::{Credentials, Error, GetOptions, Result, Sample};
@@ -38,6 +38,9 @@ pub struct ReadSettings {
     /// Ask the node for its cache file (a `unix:` endpoint on its machine) and deliver
     /// samples as ranges of it ([`Delivered::Mapped`]); bytes where it sends bytes.
     pub local: bool,
+    /// Register the epoch's plan with the cluster, so that its nodes fetch each shard
+    /// ahead of its first read, and mark each read with where the rank stands.
+    pub plan: bool,
 }
 
 impl ReadSettings {
@@ -55,6 +58,8 @@ struct Run {
     first: u32,
     last: u32,
     take: Vec<(u32, usize)>,
+    /// Its `x-granary-plan`, in a planned epoch.
+    mark: Option<String>,
 }
 
 /// Splits the wanted samples, given in span order with their output slots, into runs.
@@ -84,6 +89,7 @@ fn runs_of(catalog: &Catalog, wanted: &[(SampleId, usize)]) -> Vec<Run> {
                 first: id.index,
                 last: id.index,
                 take: vec![(id.index, slot)],
+                mark: None,
             }),
         }
     }
@@ -222,6 +228,7 @@ fn fetch(catalog: &Catalog, run: &Run, clients: &mut Clients, local: bool) -> Re
     let opts = GetOptions {
         range: ranged.then(|| shard.span(run.first).start..shard.span(run.last).end),
         if_match: Some(shard.etag.clone()).filter(|e| !e.is_empty()),
+        plan: run.mark.clone(),
         ..GetOptions::default()
     };
     // The sample the bytes start at: the run's first, or the shard's.
@@ -288,7 +295,30 @@ impl PlannedRead {
         slots: usize,
         settings: ReadSettings,
     ) -> PlannedRead {
-        let runs = runs_of(&catalog, wanted);
+        PlannedRead::start_marked(catalog, wanted, slots, settings, None)
+    }
+
+    /// [`PlannedRead::start`], each run marked as a read of a registered plan: `mark`
+    /// is the plan's mark up to the place (`PLAN:EPOCH:RANK:`), and each slot's place.
+    fn start_marked(
+        catalog: Arc<Catalog>,
+        wanted: &[(SampleId, usize)],
+        slots: usize,
+        settings: ReadSettings,
+        mark: Option<(String, Vec<u32>)>,
+    ) -> PlannedRead {
+        let mut runs = runs_of(&catalog, wanted);
+        if let Some((head, places)) = &mark {
+            for r in &mut runs {
+                let place = r
+                    .take
+                    .iter()
+                    .map(|&(_, slot)| places[slot])
+                    .min()
+                    .unwrap_or(0);
+                r.mark = Some(format!("{head}{place}"));
+            }
+        }
         let mut run_of_slot = vec![0u32; slots];
         for (i, r) in runs.iter().enumerate() {
             for &(_, slot) in &r.take {
@@ -475,8 +505,68 @@ pub fn read_epoch(
         .map(|(slot, (id, place))| (place, id, slot))
         .collect();
     wanted.sort_unstable_by_key(|w| w.0);
+    let mark = if settings.plan {
+        register(&catalog, spec, &settings).map(|id| {
+            let mut places = vec![0u32; slots];
+            for &(place, _, slot) in &wanted {
+                places[slot] = place;
+            }
+            (format!("{id}:{}:{}:", spec.epoch, spec.rank), places)
+        })
+    } else {
+        None
+    };
     let wanted: Vec<(SampleId, usize)> = wanted.into_iter().map(|(_, id, s)| (id, s)).collect();
-    Ok(PlannedRead::start(catalog, &wanted, slots, settings))
+    Ok(PlannedRead::start_marked(
+        catalog, &wanted, slots, settings, mark,
+    ))
+}
+
+/// The plan of `spec`'s epoch, as the cluster takes it.
+pub fn plan_spec(catalog: &Catalog, spec: &EpochSpec) -> PlanSpec {
+    PlanSpec {
+        bucket: catalog.bucket.clone(),
+        prefix: catalog.prefix.clone(),
+        shards: catalog
+            .shards
+            .iter()
+            .map(|s| PlanShard {
+                key: s.key.clone(),
+                etag: s.etag.clone(),
+                samples: s.count,
+                size: s.size,
+            })
+            .collect(),
+        seed: spec.seed,
+        epoch: spec.epoch,
+        world_size: spec.split.world_size,
+        shuffle_buffer: spec.split.shuffle_buffer,
+        shuffle_shards: spec.shuffle_shards,
+        drop_last: spec.split.drop_last,
+        batch_size: spec.batch_size,
+        rounds: spec
+            .rounds
+            .iter()
+            .map(|r| PlanRound {
+                world_size: r.split.world_size,
+                shuffle_buffer: r.split.shuffle_buffer,
+                drop_last: r.split.drop_last,
+                consumed: r.consumed,
+            })
+            .collect(),
+        job: None,
+    }
+}
+
+/// Registers `spec`'s plan with the cluster through the dataset's node: the plan's id,
+/// or `None` where it is not taken (a node without plans): the reads are the same.
+pub fn register(catalog: &Catalog, spec: &EpochSpec, settings: &ReadSettings) -> Option<String> {
+    let plan = plan_spec(catalog, spec);
+    let mut c = crate::Client::new(settings.router.endpoint())
+        .ok()?
+        .with_credentials_opt(settings.credentials.clone())
+        .with_timeout(settings.timeout.min(Duration::from_secs(10)));
+    c.register_plan(&plan).ok().map(|v| v.id)
 }
 
 #[cfg(test)]
@@ -505,9 +595,11 @@ mod tests {
             etag: "e".into(),
             count: sizes.len() as u32,
             spans: Some(spans(sizes)),
+            size: 0,
         };
         let catalog = Catalog {
             bucket: "bk".into(),
+            prefix: String::new(),
             shards: vec![
                 shard("a.tar", &[1024; 8]),
                 shard(
@@ -521,6 +613,7 @@ mod tests {
                     etag: "e".into(),
                     count: 10,
                     spans: None,
+                    size: 0,
                 },
             ],
         };

@@ -74,6 +74,11 @@ impl Router {
         }
     }
 
+    /// The node the dataset was given.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
     /// Where to read `key` from, best first: its owner, then the other members up in the
     /// ring's order, then the given node.
     pub fn candidates(&self, bucket: &str, key: &str) -> Vec<String> {

@@ -27,8 +27,12 @@
 //!    epoch may be resumed any number of times, on any world sizes.
 
 mod order;
+mod schedule;
+mod wire;
 
 use order::{derive_seed, epoch_order_of, SplitMix64};
+pub use schedule::Schedule;
+pub use wire::{PlanMark, PlanRound, PlanShard, PlanSpec, PlanView};
 
 /// A sample: its shard's number (in the dataset's key order) and its place in the shard.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -216,6 +220,21 @@ fn remaining(
         .collect())
 }
 
+/// The list an epoch's next round splits: `list` less what `rounds` (the resume history,
+/// oldest first) consumed.
+pub fn round_list(
+    list: Vec<SampleId>,
+    rounds: &[Round],
+    seed: u64,
+    epoch: u64,
+) -> Result<Vec<SampleId>, PlanError> {
+    let mut list = list;
+    for (i, r) in rounds.iter().enumerate() {
+        list = remaining(&list, r, seed, epoch, i)?;
+    }
+    Ok(list)
+}
+
 /// Rank `rank`'s plan for an epoch whose list is `list`, after `rounds` (the resume
 /// history, oldest first), under `split`.
 pub fn rank_plan(
@@ -232,10 +251,7 @@ pub fn rank_plan(
             world_size: split.world_size,
         });
     }
-    let mut list = list;
-    for (i, r) in rounds.iter().enumerate() {
-        list = remaining(&list, r, seed, epoch, i)?;
-    }
+    let list = round_list(list, rounds, seed, epoch)?;
     let n = list.len();
     let q = per_rank(n, split);
     let places = rank_places(n, rank, split, seed, epoch, rounds.len());

@@ -18,6 +18,7 @@ pub mod io;
 pub mod jobs;
 mod keylock;
 pub mod node;
+pub mod plans;
 pub mod stats;
 pub mod transform;
 

@@ -47,6 +47,14 @@ pub async fn handle(state: &Arc<AppState>, req: Request) -> Response {
             Ok(r) => r,
             Err(e) => e.into_response(),
         },
+        ("/_granary/plans", _) => match plans(state, req).await {
+            Ok(r) => r,
+            Err(e) => e.into_response(),
+        },
+        (p, _) if p.starts_with("/_granary/plans/") => match plan(state, req).await {
+            Ok(r) => r,
+            Err(e) => e.into_response(),
+        },
         ("/_granary/batch", _) => match super::batch::handle(state, req).await {
             Ok(r) => r,
             Err(e) => e.into_response(),
@@ -150,6 +158,62 @@ pub async fn prefetch(state: &Arc<AppState>, req: Request) -> Result<Response, S
         json_response(json!({"id": job.id, "kind": job.kind, "state": job.state().as_str()}));
     *resp.status_mut() = StatusCode::ACCEPTED;
     Ok(resp)
+}
+
+/// `POST /_granary/plans`: a job registers its plan (the body, a
+/// [`granary_proto::plan::PlanSpec`]), answered `201` with its id and how it shows;
+/// `GET /_granary/plans`: the plans the cluster holds, `{"plans": [...]}`.
+pub async fn plans(state: &Arc<AppState>, req: Request) -> Result<Response, S3Error> {
+    let (parts, body) = req.into_parts();
+    let verdict = s3::auth::authenticate(state.creds.as_ref(), state.anonymous_read, &parts)?;
+    match parts.method {
+        Method::GET | Method::HEAD => {
+            return Ok(json_response(json!({ "plans": state.node.plans() })));
+        }
+        Method::POST => {}
+        _ => return Err(S3Error::new(S3Code::MethodNotAllowed, "use GET or POST")),
+    }
+    let mut r = s3::Req {
+        parts,
+        body,
+        bucket: String::new(),
+        key: None,
+        query: Vec::new(),
+        verdict,
+    };
+    let raw = r.read_body_up_to(MAX_PART_BODY).await?;
+    let spec: granary_proto::plan::PlanSpec = serde_json::from_slice(&raw).map_err(|e| {
+        S3Error::new(
+            S3Code::InvalidArgument,
+            format!("the body must be a plan (bucket, prefix, shards, seed, epoch, world_size, ...): {e}"),
+        )
+    })?;
+    let view = state.node.register_plan(spec)?;
+    let mut resp = json_response(serde_json::to_value(&view).unwrap_or_default());
+    *resp.status_mut() = StatusCode::CREATED;
+    Ok(resp)
+}
+
+/// `GET /_granary/plans/{id}`: one plan; `DELETE`: drop it cluster-wide (`204`).
+pub async fn plan(state: &Arc<AppState>, req: Request) -> Result<Response, S3Error> {
+    let (parts, _) = req.into_parts();
+    s3::auth::authenticate(state.creds.as_ref(), state.anonymous_read, &parts)?;
+    let path = parts.uri.path().trim_end_matches('/');
+    let id = &path["/_granary/plans/".len()..];
+    match parts.method {
+        Method::GET | Method::HEAD => match state.node.plan(id) {
+            Some(v) => Ok(json_response(serde_json::to_value(&v).unwrap_or_default())),
+            None => Err(S3Error::new(S3Code::NotFound, format!("no plan {id}"))
+                .with_resource(path.to_owned())),
+        },
+        Method::DELETE => {
+            state.node.drop_plan(id).await;
+            let mut resp = Response::new(Body::empty());
+            *resp.status_mut() = StatusCode::NO_CONTENT;
+            Ok(resp)
+        }
+        _ => Err(S3Error::new(S3Code::MethodNotAllowed, "use GET or DELETE")),
+    }
 }
 
 /// `GET|DELETE /_granary/jobs/{id}`: a job's progress, or its cancellation. A job this

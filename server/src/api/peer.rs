@@ -17,13 +17,15 @@ use serde::Serialize;
 use super::error::{S3Code, S3Error};
 use super::{native, s3, AppState};
 use granary_core::cluster::calls::{
-    self, IndexShards, Indexed, Invalidate, JsonCall, PrefetchPart, Revalidate, Take,
+    self, DropPlan, IndexShards, Indexed, Invalidate, JsonCall, Noted, PlanReport, PrefetchPart,
+    Revalidate, SharePlan, Take,
 };
 use granary_core::{Node, NodeError};
 
-/// The most body a member's call carries here (1,000 keys of 1 KiB and their buckets,
-/// with room to spare).
-const MAX_CALL_BODY: usize = 4 << 20;
+/// The most body a member's call carries here (a plan of 100,000 shards, or 1,000 keys
+/// of 1 KiB and their buckets, with room to spare). Read only once the call is known
+/// to be a member's.
+const MAX_CALL_BODY: usize = 32 << 20;
 
 /// Answers a member's call; the request back when it is none of them.
 pub async fn serve(state: &Arc<AppState>, req: Request) -> Result<Response, Request> {
@@ -54,6 +56,26 @@ pub async fn serve(state: &Arc<AppState>, req: Request) -> Result<Response, Requ
             json_call(state, req, |node, call: IndexShards| async move {
                 let shards = node.index_shards(&call.bucket, &call.shards).await?;
                 Ok(Indexed { shards })
+            })
+            .await
+        }
+        (SharePlan::METHOD, SharePlan::PATH) => {
+            json_call(state, req, |node, call: SharePlan| async move {
+                node.take_plan(call.spec)?;
+                Ok(Noted {})
+            })
+            .await
+        }
+        (DropPlan::METHOD, DropPlan::PATH) => {
+            json_call(state, req, |node, call: DropPlan| async move {
+                node.forget_plan(&call.id);
+                Ok(Noted {})
+            })
+            .await
+        }
+        (PlanReport::METHOD, PlanReport::PATH) => {
+            json_call(state, req, |node, call: PlanReport| async move {
+                Ok(node.plan_report(call))
             })
             .await
         }

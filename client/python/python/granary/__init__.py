@@ -135,7 +135,7 @@ class ShardDataset(_Base):  # type: ignore[misc,valid-type]
                  access_key: Optional[str] = None, secret_key: Optional[str] = None, *,
                  batch_size: int = 1, read_ahead: int = 2, shuffle_shards: bool = True,
                  route: bool = True, region: str = "us-east-1", timeout: float = 60.0,
-                 zero_copy: bool = False, map=None, device=None):
+                 zero_copy: bool = False, map=None, device=None, plan: bool = True):
         super().__init__()
         self.endpoint = endpoint
         self.bucket = bucket
@@ -151,6 +151,7 @@ class ShardDataset(_Base):  # type: ignore[misc,valid-type]
         self.shuffle_shards = bool(shuffle_shards)
         self.route = bool(route)
         self.zero_copy = bool(zero_copy)
+        self.plan = bool(plan)
         self.map = map
         self.device = device if device is None else _cuda_ordinal(device)
         self._auth = (access_key, secret_key, region, float(timeout))
@@ -185,6 +186,19 @@ class ShardDataset(_Base):  # type: ignore[misc,valid-type]
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
+        self._register()
+
+    def _register(self) -> Optional[str]:
+        """Registers the current epoch's plan with the cluster (with ``plan=True``): its
+        nodes then fetch each shard before the ranks read it. Nothing changes in what is
+        read; a node that takes no plans is left alone."""
+        if not self.plan:
+            return None
+        access_key, secret_key, region, timeout = self._auth
+        return self._shards.register(
+            self.endpoint, self.epoch, self.seed, self.shuffle_shards,
+            self._current_rounds(), self.world_size, self.shuffle_buffer, self.drop_last,
+            self.batch_size, access_key, secret_key, region, timeout)
 
     def _current_rounds(self) -> List[Tuple[int, int, bool, int]]:
         return list(self._rounds) if self._rounds_epoch == self.epoch else []
@@ -203,7 +217,7 @@ class ShardDataset(_Base):  # type: ignore[misc,valid-type]
             self.endpoint, self.epoch, self.seed, self.shuffle_shards,
             self._current_rounds(), self.world_size, self.shuffle_buffer, self.drop_last,
             self.rank, worker, workers, self.batch_size, self.read_ahead, self.route,
-            access_key, secret_key, region, timeout, self.zero_copy)
+            access_key, secret_key, region, timeout, self.zero_copy, self.plan)
         if self.device is not None:
             samples = (self._to_device(s) for s in samples)
         if self.map is None:
@@ -254,6 +268,7 @@ class ShardDataset(_Base):  # type: ignore[misc,valid-type]
         self.epoch = int(state["epoch"])
         self._rounds = [(int(w), int(s), bool(d), int(c)) for w, s, d, c in state["rounds"]]
         self._rounds_epoch = self.epoch
+        self._register()
 
     def prefetch_ahead(self) -> str:
         """Asks the cluster to warm every shard of the dataset (for the next epoch, or

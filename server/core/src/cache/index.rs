@@ -103,6 +103,11 @@ impl Index {
         self.map.contains_key(key)
     }
 
+    /// The entry of `key`, not marked as read.
+    pub fn peek(&self, key: &str) -> Option<Arc<Entry>> {
+        self.map.get(key).map(|s| s.entry.clone())
+    }
+
     /// The entry of `key`, marked as read now.
     pub fn get(&mut self, key: &str) -> Option<Arc<Entry>> {
         self.tick += 1;

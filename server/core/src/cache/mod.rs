@@ -548,6 +548,39 @@ impl Cache {
         }
     }
 
+    /// Waits for the fill of `bucket/key` in flight, if any, to end (committed or not).
+    pub async fn fill_ended(&self, bucket: &str, key: &str) {
+        let fill = self.flights.get(&index::key_of(bucket, key));
+        if let Some(f) = fill {
+            f.ended().await;
+        }
+    }
+
+    /// Drops this node's copy of `bucket/key` unless a read holds it (a read that has
+    /// found the entry keeps it until its last byte): the bytes given back, or `None`.
+    /// What a planner drops to make room; the object's next read is an ordinary miss.
+    pub fn drop_if_unread(&self, bucket: &str, key: &str) -> Option<u64> {
+        let ikey = index::key_of(bucket, key);
+        let _commit = self.flights.lock();
+        let mut ix = self.lock_index();
+        let entry = ix.peek(&ikey)?;
+        // The index's reference and this one; the memory tier and the member indexes
+        // may hold one each. Any more is a read's.
+        let kept = 2
+            + usize::from(self.hot.contains_key(&ikey))
+            + usize::from(self.tar_indexes.contains_key(&ikey));
+        if Arc::strong_count(&entry) > kept {
+            return None;
+        }
+        let e = ix.remove(&ikey, Some(&entry))?;
+        drop(ix);
+        self.hot.invalidate(&ikey);
+        self.tar_indexes.invalidate(&ikey);
+        let _ = fs::remove_file(&e.path);
+        self.refusing.store(false, Ordering::Release);
+        Some(e.meta.size)
+    }
+
     /// Drops the cached copy of an object written or deleted through this node, and
     /// keeps a fill in progress from committing the old bytes.
     pub fn invalidate(&self, bucket: &str, key: &str) {

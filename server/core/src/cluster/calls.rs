@@ -14,6 +14,9 @@
 //! | [`PrefetchPart`] | `POST /_granary/prefetch` (`202`) | the part's job id |
 //! | [`JobStatus`], [`JobCancel`] | `GET`, `DELETE /_granary/jobs/{id}` | [`JobView`] |
 //! | [`IndexShards`] (a catalog's shards, on their owner) | `POST /_granary/index` | [`Indexed`] |
+//! | [`SharePlan`] (a job's plan, passed on to every member) | `POST /_granary/plans/share` | `()` |
+//! | [`DropPlan`] | `POST /_granary/plans/drop` | `()` |
+//! | [`PlanReport`] (a plan's progress, to its home) | `POST /_granary/plans/report` | [`Standing`] |
 //! | [`Copy`] (a peer fill, a hand-over's bytes) | `GET /{bucket}/{key}` + `x-granary-peer-fill` | a committed copy, or none |
 //! | [`Read`] (a batch item, a spilled read) | `GET /{bucket}/{key}?archpath=&transform=` (+ `x-granary-spill`) | the bytes, or missing |
 
@@ -488,6 +491,57 @@ impl JsonCall for IndexShards {
     const WAIT: Duration = Duration::from_secs(600);
     const METHOD: Method = Method::POST;
     const PATH: &'static str = "/_granary/index";
+}
+
+// --- plans ------------------------------------------------------------------------
+
+/// A job's plan, registered through the sender and passed on.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SharePlan {
+    pub spec: granary_proto::plan::PlanSpec,
+}
+
+/// What a plan call answers when there is nothing to say.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Noted {}
+
+impl JsonCall for SharePlan {
+    type Reply = Noted;
+    const WHAT: &'static str = "a plan";
+    const WAIT: Duration = Duration::from_secs(10);
+    const METHOD: Method = Method::POST;
+    const PATH: &'static str = "/_granary/plans/share";
+}
+
+/// A plan dropped through the sender.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DropPlan {
+    pub id: String,
+}
+
+impl JsonCall for DropPlan {
+    type Reply = Noted;
+    const WHAT: &'static str = "a plan's drop";
+    const WAIT: Duration = Duration::from_secs(5);
+    const METHOD: Method = Method::POST;
+    const PATH: &'static str = "/_granary/plans/drop";
+}
+
+/// A member's progress notes of a plan, to the plan's home.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PlanReport {
+    /// The sender's id.
+    pub from: String,
+    pub report: crate::plans::Report,
+}
+
+impl JsonCall for PlanReport {
+    /// `None`: the home holds no such plan.
+    type Reply = Option<crate::plans::Standing>;
+    const WHAT: &'static str = "a plan's progress";
+    const WAIT: Duration = Duration::from_secs(2);
+    const METHOD: Method = Method::POST;
+    const PATH: &'static str = "/_granary/plans/report";
 }
 
 // --- object bytes between members -------------------------------------------------

@@ -14,6 +14,7 @@ mod index;
 mod objects;
 mod open;
 mod peer;
+mod planner;
 mod prefetch;
 mod read;
 mod rebalance;
@@ -35,6 +36,7 @@ pub use batch::{Data, Item, Outcome};
 pub use catalog::FRESH_FOR as CATALOG_FRESH_FOR;
 pub use error::NodeError;
 pub use open::{BackendSpec, NodeConfig, OpenError};
+pub use planner::Demand;
 pub use prefetch::PREFETCH_PARALLEL;
 pub use read::{etag_matches, Conditions, ReadMode, ReadRequest, Reply, Served};
 pub use write::WriteConditions;
@@ -60,6 +62,9 @@ pub struct Node {
     watch: Mutex<Option<Watch>>,
     /// Datasets' catalogs, built once per version.
     catalogs: catalog::Catalogs,
+    /// Jobs' plans, and the planner that fetches and drops by them.
+    plans: crate::plans::Plans,
+    planner: planner::Planner,
 }
 
 /// The cluster as the cache sees it: members that may hold a copy.
@@ -102,6 +107,8 @@ impl Node {
             write_locks: Default::default(),
             watch: Mutex::new(None),
             catalogs: Default::default(),
+            plans: crate::plans::Plans::new(crate::plans::DEFAULT_TTL),
+            planner: Default::default(),
         })
     }
 
@@ -121,6 +128,7 @@ impl Node {
         self.cache.watch_room();
         self.start_rebalancer();
         self.rebalance_soon();
+        self.start_planner();
     }
 
     /// Objects were written or deleted through this node: the other members drop their
@@ -159,6 +167,7 @@ impl Node {
         s.set(Metric::CapacityBytes, u.capacity);
         s.set(Metric::Objects, u.objects);
         s.set(Metric::DiskFreeBytes, self.cache.disk_free());
+        s.set(Metric::Plans, self.plans.len() as u64);
         s.set(
             Metric::TransformCpu,
             s.get(Metric::TransformCpu) + crate::transform::children_cpu_us(),

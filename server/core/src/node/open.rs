@@ -37,6 +37,8 @@ pub struct NodeConfig {
     pub max_backend_fetches: usize,
     /// Bytes per second read from the backend, all reads together (0: no cap).
     pub backend_rate: u64,
+    /// A job's plan is dropped after this long without a sign of progress.
+    pub plan_ttl: std::time::Duration,
     /// Bytes the cache may hold; `None`: 90% of the free disk.
     pub cache_capacity: Option<u64>,
     pub cache_policy: CachePolicy,
@@ -170,6 +172,7 @@ impl Node {
             config.rebalance_rate,
         );
         *node.watch.lock().unwrap_or_else(|p| p.into_inner()) = Some(watch);
+        node.plans.set_ttl(config.plan_ttl);
         let catalogs = config.data_dir.join("catalogs");
         node.catalogs
             .keep_in(catalogs.clone())

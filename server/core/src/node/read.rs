@@ -159,7 +159,20 @@ impl Node {
         match (req.transform, req.member) {
             (Some(t), _) => Box::pin(self.read_transformed(req, t)).await,
             (None, Some(m)) => Box::pin(self.read_member(req, m)).await,
-            (None, None) => self.read_object(req, mode_of(req.mode)).await,
+            (None, None) => {
+                let mut reply = self.read_object(req, mode_of(req.mode)).await?;
+                // A client's read waiting on the backend: the planner waits for it.
+                if matches!(reply.origin, Origin::Miss | Origin::Bypass) {
+                    if let Body::Stream(s) = std::mem::replace(&mut reply.body, Body::Empty) {
+                        let demand = self.demand();
+                        reply.body = Body::Stream(Box::pin(s.map(move |item| {
+                            let _held = &demand;
+                            item
+                        })));
+                    }
+                }
+                Ok(reply)
+            }
         }
     }
 
@@ -185,7 +198,7 @@ impl Node {
         }
     }
 
-    async fn read_object(
+    pub(super) async fn read_object(
         self: &Arc<Self>,
         req: &ReadRequest<'_>,
         mode: Mode,

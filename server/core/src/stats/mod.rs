@@ -98,6 +98,10 @@ table! {
         "shards indexed for datasets' catalogs";
     CatalogsBuilt: Counter, "catalogs_built", "catalogs_built",
         "datasets' catalogs built (once per version)";
+    BytesPlanned: Counter, "bytes_planned", "planned_fetch_bytes",
+        "bytes fetched from the backend ahead of the plans that need them";
+    BytesEvicted: Counter, "bytes_evicted", "evicted_bytes",
+        "bytes of planned entries dropped for ones needed sooner";
     /// Sampled.
     ProcessCpu: Seconds, "process_cpu_seconds", "process_cpu_seconds",
         "user and system CPU time of the node";
@@ -108,6 +112,7 @@ table! {
     Objects: Gauge, "objects", "cache_objects", "objects in the cache";
     DiskFreeBytes: Gauge, "disk_free_bytes", "cache_disk_free_bytes",
         "bytes free on the cache's filesystem";
+    Plans: Gauge, "plans", "plans", "jobs' plans this node holds";
 }
 
 /// How many rows the table has.

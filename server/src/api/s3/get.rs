@@ -10,7 +10,7 @@ use std::os::fd::OwnedFd;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
 use axum::response::{IntoResponse, Response};
-use granary_proto::headers::{CACHE, LOCAL, LOCAL_LENGTH, LOCAL_OFFSET, NODE, TRANSFORM};
+use granary_proto::headers::{CACHE, LOCAL, LOCAL_LENGTH, LOCAL_OFFSET, NODE, PLAN, TRANSFORM};
 use granary_proto::range::RangeSpec;
 use http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
 
@@ -118,6 +118,9 @@ pub async fn get(state: &AppState, r: Req, head: bool) -> Result<Response, S3Err
             Err(e) => return Err(e.into()),
         }
     };
+    if let Some(mark) = r.header(PLAN) {
+        node.planned_read(mark, reply.origin);
+    }
     let mut resp = answer(state, &r, kind, reply, fds.as_ref());
     if let Some(p) = part.filter(|p| p.count > 1 || p.etag.contains('-')) {
         let h = resp.headers_mut();

@@ -1,0 +1,396 @@
+//! The planner: each node fetches the shards it owns ahead of the ranks that will read
+//! them, in the order the registered plans say, and when its cache is full drops the
+//! planned entry whose next use is farthest to make room for one needed sooner.
+//!
+//! - **Plans.** A plan registered through any node is passed on to every member up
+//!   ([`SharePlan`]), and again every [`crate::plans::RESEND_EVERY`] while its job keeps
+//!   registering it, so a member that restarted learns it. A drop is passed on too.
+//! - **Progress.** Planned reads carry their rank's place; each node notes the places
+//!   it serves, and once a second reports them per plan to the plan's home (its owner
+//!   on the ring), which answers with the slowest rank's place and the rate: one call
+//!   per plan per member per second, whatever the number of ranks ([`PlanReport`]).
+//! - **Fetching.** Every [`TICK`], the shards this node owns are ranked by their next
+//!   use in seconds (places to go over the plan's rate; the earliest over all plans).
+//!   The first not in the cache is fetched through the cache (a miss like any other:
+//!   one fill, read by whoever asks meanwhile) when it fits beside what is there, or
+//!   when dropping planned entries needed later than it makes room. At most
+//!   [`FETCHES`] at once, and none while the node's own clients' misses wait on the
+//!   backend: demand reads go first.
+//! - **Dropping.** Only entries of a plan's shards, never one a read holds, and only for
+//!   a shard needed sooner. Entries of no plan stay under the cache's policy. A dropped
+//!   entry's next read is an ordinary miss: bytes never change.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use granary_proto::plan::{PlanMark, PlanSpec, PlanView};
+
+use super::{Node, NodeError, ReadRequest};
+use crate::cache::Origin;
+use crate::cluster::calls::{DropPlan, PlanReport, SharePlan};
+use crate::cluster::ring::key_hash;
+use crate::plans::{Plan, PlansError, Standing};
+use crate::stats::Metric;
+
+/// How often the planner looks at its plans.
+pub const TICK: Duration = Duration::from_millis(200);
+/// How often each plan's progress is exchanged with its home.
+pub const EXCHANGE_EVERY: Duration = Duration::from_secs(1);
+/// Planned fetches in flight at once.
+pub const FETCHES: usize = 2;
+/// The ring key of a plan's home.
+const HOME: &str = "\0plans";
+
+/// The planner's state on a node.
+#[derive(Default)]
+pub struct Planner {
+    wake: tokio::sync::Notify,
+    /// Shards being fetched: `bucket/key`.
+    fetching: Mutex<HashSet<String>>,
+    exchanging: AtomicBool,
+    /// The node's clients' reads waiting on the backend.
+    demand: Arc<AtomicUsize>,
+}
+
+/// One of this node's shards as the plans see it.
+struct Planned {
+    bucket: String,
+    key: String,
+    size: u64,
+    /// Seconds until its next planned read (`INFINITY`: none known).
+    due: f64,
+    plan: Arc<Plan>,
+}
+
+/// What the planner does next.
+enum Step {
+    Fetch(Planned),
+    DropThenFetch(Vec<Planned>, Planned),
+}
+
+/// A demand read of the backend in flight, counted while it lives.
+pub struct Demand(Arc<AtomicUsize>);
+
+impl Drop for Demand {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+fn plans_error(e: PlansError) -> NodeError {
+    match e {
+        PlansError::Full => NodeError::Busy(e.to_string()),
+        e => NodeError::Invalid(e.to_string()),
+    }
+}
+
+impl Node {
+    /// A job registers its plan (through this node): held here, passed on to every
+    /// member up when it is news, and the planner woken.
+    pub fn register_plan(self: &Arc<Self>, spec: PlanSpec) -> Result<PlanView, NodeError> {
+        let reg = self.plans.register(spec).map_err(plans_error)?;
+        if reg.pass_on {
+            self.plans.sent(&reg.plan);
+            let spec = (*reg.plan.spec()).clone();
+            let node = self.clone();
+            tokio::spawn(async move {
+                let call = SharePlan { spec };
+                for m in node.cluster.others_up() {
+                    if let Err(e) = node.cluster.call(&m, &call).await {
+                        tracing::debug!(node = %m.id(), error = %e, "a member did not take a plan");
+                    }
+                }
+            });
+        }
+        self.planner.wake.notify_one();
+        Ok(reg.plan.view(self.plans.ttl()))
+    }
+
+    /// A plan another member passed on.
+    pub fn take_plan(&self, spec: PlanSpec) -> Result<(), NodeError> {
+        let reg = self.plans.register(spec).map_err(plans_error)?;
+        // Passed on by its sender: not again from here.
+        self.plans.sent(&reg.plan);
+        self.planner.wake.notify_one();
+        Ok(())
+    }
+
+    /// Drops a plan here and on every member up; whether this node held it.
+    pub async fn drop_plan(self: &Arc<Self>, id: &str) -> bool {
+        let held = self.plans.remove(id);
+        let call = DropPlan { id: id.to_owned() };
+        for m in self.cluster.others_up() {
+            let _ = self.cluster.call(&m, &call).await;
+        }
+        held
+    }
+
+    /// A plan another member dropped.
+    pub fn forget_plan(&self, id: &str) {
+        self.plans.remove(id);
+    }
+
+    /// The plans this node holds, as they show.
+    pub fn plans(&self) -> Vec<PlanView> {
+        let ttl = self.plans.ttl();
+        self.plans.all().iter().map(|p| p.view(ttl)).collect()
+    }
+
+    pub fn plan(&self, id: &str) -> Option<PlanView> {
+        self.plans.get(id).map(|p| p.view(self.plans.ttl()))
+    }
+
+    /// A planned read was served here (`mark`: its `x-granary-plan`), from a committed
+    /// entry or not.
+    pub fn planned_read(&self, mark: &str, origin: Origin) {
+        if let Some(m) = PlanMark::parse(mark) {
+            self.plans.note(&m, origin == Origin::Hit);
+        }
+    }
+
+    /// At a plan's home: a member's report, answered with the plan's standing (`None`:
+    /// no such plan here).
+    pub fn plan_report(&self, call: PlanReport) -> Option<Standing> {
+        let plan = self.plans.get(&call.report.id)?;
+        Some(plan.merge(&call.from, call.report))
+    }
+
+    /// Counts a client's read that waits on the backend while it lives: the planner
+    /// starts no fetch meanwhile.
+    pub fn demand(&self) -> Demand {
+        self.planner.demand.fetch_add(1, Ordering::AcqRel);
+        Demand(self.planner.demand.clone())
+    }
+
+    /// Starts the planner's loop (within the runtime); it ends with the node.
+    pub(super) fn start_planner(self: &Arc<Self>) {
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut exchanged = Instant::now() - EXCHANGE_EVERY;
+            loop {
+                let wake = match weak.upgrade() {
+                    Some(node) => node,
+                    None => return,
+                };
+                tokio::select! {
+                    _ = tokio::time::sleep(TICK) => {}
+                    _ = wake.planner.wake.notified() => {}
+                }
+                let node = wake;
+                for id in node.plans.expire() {
+                    tracing::info!(plan = %id, "a plan expired: no progress for its ttl");
+                }
+                if node.plans.is_empty() {
+                    continue;
+                }
+                if exchanged.elapsed() >= EXCHANGE_EVERY
+                    && !node.planner.exchanging.swap(true, Ordering::AcqRel)
+                {
+                    exchanged = Instant::now();
+                    let n = node.clone();
+                    tokio::spawn(async move {
+                        n.exchange().await;
+                        n.planner.exchanging.store(false, Ordering::Release);
+                    });
+                }
+                node.plan_step();
+            }
+        });
+    }
+
+    /// Reports each plan's progress noted here to its home, and learns its standing.
+    async fn exchange(self: &Arc<Self>) {
+        for plan in self.plans.all() {
+            let report = plan.report();
+            let home = self.cluster.owner_of_hash(key_hash(HOME, &plan.id));
+            if self.cluster.is_me(&home) {
+                plan.merge(&self.id, report);
+                continue;
+            }
+            let call = PlanReport {
+                from: self.id.clone(),
+                report,
+            };
+            match self.cluster.call(&home, &call).await {
+                Ok(Some(standing)) => plan.learn(standing),
+                // The home does not hold it (it restarted): give it the plan.
+                Ok(None) => {
+                    let share = SharePlan {
+                        spec: (*plan.spec()).clone(),
+                    };
+                    let _ = self.cluster.call(&home, &share).await;
+                }
+                Err(e) => {
+                    tracing::debug!(plan = %plan.id, error = %e, "no plan standing from its home")
+                }
+            }
+        }
+    }
+
+    /// This node's shards in the plans, each with its earliest next use.
+    fn planned_here(&self) -> Vec<Planned> {
+        let mut by_key: HashMap<String, Planned> = HashMap::new();
+        for plan in self.plans.all() {
+            let spec = plan.spec();
+            let (schedule, place, rate) = plan.position();
+            // Before a rate is known, places stand for seconds: the order holds.
+            let rate = if rate > 0.0 { rate } else { 1.0 };
+            for (i, shard) in spec.shards.iter().enumerate() {
+                if !self
+                    .cluster
+                    .is_me(&self.cluster.owner(&spec.bucket, &shard.key))
+                {
+                    continue;
+                }
+                let due = schedule
+                    .next_use(i, place)
+                    .map_or(f64::INFINITY, |p| p as f64 / rate);
+                let id = format!("{}/{}", spec.bucket, shard.key);
+                match by_key.get_mut(&id) {
+                    Some(p) if p.due <= due => {}
+                    Some(p) => {
+                        p.due = due;
+                        p.plan = plan.clone();
+                    }
+                    None => {
+                        by_key.insert(
+                            id,
+                            Planned {
+                                bucket: spec.bucket.clone(),
+                                key: shard.key.clone(),
+                                size: shard.size,
+                                due,
+                                plan: plan.clone(),
+                            },
+                        );
+                    }
+                }
+            }
+        }
+        by_key.into_values().collect()
+    }
+
+    /// What to do next: the earliest shard not in the cache, if it fits, or fits once
+    /// planned entries needed later are dropped.
+    fn next_step(&self, fetching: &HashSet<String>) -> Option<Step> {
+        let (mut wanted, mut held): (Vec<Planned>, Vec<Planned>) = self
+            .planned_here()
+            .into_iter()
+            .partition(|p| self.cache.holds(&p.bucket, &p.key).is_none());
+        wanted.retain(|p| {
+            p.due.is_finite() && !fetching.contains(&format!("{}/{}", p.bucket, p.key))
+        });
+        let first = wanted.into_iter().min_by(|a, b| a.due.total_cmp(&b.due))?;
+        let u = self.cache.usage();
+        let room = u.capacity.saturating_sub(u.used + u.reserved);
+        if first.size <= room {
+            return Some(Step::Fetch(first));
+        }
+        // Farthest first; only those needed later than the shard.
+        held.retain(|p| p.due > first.due);
+        held.sort_by(|a, b| b.due.total_cmp(&a.due));
+        let mut freed = room;
+        let mut victims = Vec::new();
+        for v in held {
+            if freed >= first.size {
+                break;
+            }
+            freed += self.cache.holds(&v.bucket, &v.key).unwrap_or(0);
+            victims.push(v);
+        }
+        (freed >= first.size).then_some(Step::DropThenFetch(victims, first))
+    }
+
+    /// One look at the plans: starts a fetch when there is one to make.
+    fn plan_step(self: &Arc<Self>) {
+        if self.planner.demand.load(Ordering::Acquire) > 0 || self.cache.usage().capacity == 0 {
+            return;
+        }
+        let step = {
+            let fetching = self
+                .planner
+                .fetching
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            if fetching.len() >= FETCHES {
+                return;
+            }
+            self.next_step(&fetching)
+        };
+        let shard = match step {
+            None => return,
+            Some(Step::Fetch(s)) => s,
+            Some(Step::DropThenFetch(victims, s)) => {
+                for v in victims {
+                    if let Some(bytes) = self.cache.drop_if_unread(&v.bucket, &v.key) {
+                        v.plan.evicted(bytes);
+                        self.stats.add(Metric::BytesEvicted, bytes);
+                        tracing::debug!(key = %v.key, due_s = v.due, for_key = %s.key, "dropped a planned entry needed later");
+                    }
+                }
+                s
+            }
+        };
+        let id = format!("{}/{}", shard.bucket, shard.key);
+        if !self
+            .planner
+            .fetching
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id.clone())
+        {
+            return;
+        }
+        let node = self.clone();
+        tokio::spawn(async move {
+            match node.fetch_planned(&shard.bucket, &shard.key).await {
+                Ok(bytes) if bytes > 0 => {
+                    shard.plan.fetched(bytes);
+                    node.stats.add(Metric::BytesPlanned, bytes);
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(key = %shard.key, error = %e, "a planned fetch failed"),
+            }
+            node.planner
+                .fetching
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&id);
+            node.planner.wake.notify_one();
+        });
+    }
+
+    /// Brings one shard into this node's cache: the bytes it took from the backend.
+    async fn fetch_planned(self: &Arc<Self>, bucket: &str, key: &str) -> Result<u64, NodeError> {
+        if self.cache.holds(bucket, key).is_some() {
+            return Ok(0);
+        }
+        // Not through `read`: this is no client's read, and counts as no demand.
+        // An object the cache cannot admit now is left for later, unread.
+        let reply = match self
+            .read_object(
+                &ReadRequest::object(bucket, key),
+                crate::cache::Mode::StreamOrDecline,
+            )
+            .await
+        {
+            Err(NodeError::Cache(crate::cache::CacheError::NotAdmitted { .. })) => return Ok(0),
+            r => r?,
+        };
+        let origin = reply.origin;
+        let mut body = reply.body.into_stream();
+        let mut n = 0u64;
+        while let Some(chunk) = body.next().await {
+            n += chunk
+                .map_err(|e| NodeError::Cut(format!("read cut short: {e}")))?
+                .len() as u64;
+        }
+        // The last byte read is not yet the commit: the shard is not looked for again
+        // before its fill has ended.
+        self.cache.fill_ended(bucket, key).await;
+        Ok(if origin == Origin::Miss { n } else { 0 })
+    }
+}

@@ -1,0 +1,559 @@
+//! The plans a node holds: jobs' epoch plans, registered with the cluster, and how far
+//! their ranks have read. No I/O here: the node's planner (`node::planner`) fetches and
+//! drops by them, and exchanges their progress with the other members.
+//!
+//! Progress comes from the reads themselves: a planned read carries
+//! `x-granary-plan: PLAN:EPOCH:RANK:PLACE`, and the node that serves it notes the rank's
+//! place. About once a second each member sends what it noted since, per plan, to the
+//! plan's home (the plan's owner on the ring), which keeps the furthest place of each
+//! rank and answers with the plan's standing: the slowest rank's place and the measured
+//! rate.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use granary_proto::plan::{PlanError, PlanMark, PlanSpec, PlanView, Schedule};
+use serde::{Deserialize, Serialize};
+
+/// How long a plan is kept without a sign of progress, unless configured.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(60);
+/// Most shards a plan may name.
+pub const MAX_SHARDS: usize = 1 << 20;
+/// Most plans a node holds.
+pub const MAX_PLANS: usize = 256;
+/// How often a plan's registration is passed on again to every member, while its job
+/// keeps registering it (so that a member that restarted learns it).
+pub const RESEND_EVERY: Duration = Duration::from_secs(30);
+
+/// Why a plan was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum PlansError {
+    #[error("the plan names no bucket")]
+    NoBucket,
+    #[error("the plan names {0} shards, more than the {MAX_SHARDS} a plan may")]
+    TooLarge(usize),
+    #[error("this node holds {MAX_PLANS} plans already; drop one or wait for one to expire")]
+    Full,
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+}
+
+/// A member's note of a plan's progress, sent to the plan's home.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Report {
+    pub id: String,
+    pub epoch: u64,
+    /// Ranks' furthest places noted by this member in `epoch`.
+    pub ranks: Vec<(u32, u64)>,
+    /// This member's counts for the plan, since it has held it.
+    pub counts: Counts,
+    /// Milliseconds since this member last saw the plan used (a read or a registration).
+    pub idle_ms: u64,
+}
+
+/// A plan's counters on one member, or summed over the cluster.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counts {
+    pub fetched_bytes: u64,
+    pub evicted_bytes: u64,
+    pub reads_ready: u64,
+    pub reads_waited: u64,
+}
+
+impl Counts {
+    fn add(&mut self, o: &Counts) {
+        self.fetched_bytes += o.fetched_bytes;
+        self.evicted_bytes += o.evicted_bytes;
+        self.reads_ready += o.reads_ready;
+        self.reads_waited += o.reads_waited;
+    }
+}
+
+/// The plan's standing as its home sums it up.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Standing {
+    pub epoch: u64,
+    /// The slowest rank's place (0 until every rank has been seen).
+    pub place: u64,
+    /// Samples all ranks have reached together.
+    pub consumed: u64,
+    /// Places per second per rank.
+    pub rate: f64,
+    pub counts: Counts,
+    pub idle_ms: u64,
+}
+
+/// One plan on this node.
+pub struct Plan {
+    pub id: String,
+    state: Mutex<State>,
+    fetched: AtomicU64,
+    evicted: AtomicU64,
+    ready: AtomicU64,
+    waited: AtomicU64,
+}
+
+struct State {
+    spec: Arc<PlanSpec>,
+    schedule: Arc<Schedule>,
+    /// When the registration was last passed on to every member.
+    sent: Option<Instant>,
+    /// When this node last saw the plan used: registered, read, or used elsewhere as
+    /// the home says.
+    used: Instant,
+    /// Ranks' furthest places in the current epoch, noted here.
+    noted: HashMap<u32, u64>,
+    /// At the home: each member's last report.
+    reports: HashMap<String, (Instant, Report)>,
+    /// The standing last learned (from the home, or made here at the home).
+    standing: Standing,
+    /// The slowest place and when it was seen, for the rate.
+    last_place: Option<(u64, Instant)>,
+}
+
+impl Plan {
+    fn new(spec: PlanSpec, schedule: Schedule) -> Plan {
+        let epoch = spec.epoch;
+        Plan {
+            id: spec.id(),
+            state: Mutex::new(State {
+                spec: Arc::new(spec),
+                schedule: Arc::new(schedule),
+                sent: None,
+                used: Instant::now(),
+                noted: HashMap::new(),
+                reports: HashMap::new(),
+                standing: Standing {
+                    epoch,
+                    ..Standing::default()
+                },
+                last_place: None,
+            }),
+            fetched: AtomicU64::new(0),
+            evicted: AtomicU64::new(0),
+            ready: AtomicU64::new(0),
+            waited: AtomicU64::new(0),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn spec(&self) -> Arc<PlanSpec> {
+        self.lock().spec.clone()
+    }
+
+    /// The plan's schedule, and where its slowest rank stands in it, in places, now
+    /// (the last standing moved on at its rate).
+    pub fn position(&self) -> (Arc<Schedule>, u64, f64) {
+        let st = self.lock();
+        let mut place = st.standing.place;
+        if st.standing.epoch == st.schedule.epoch {
+            // Ranks noted here may be ahead of the last standing.
+            if let Some(&min) = st.noted.values().min() {
+                if st.noted.len() >= st.spec.world_size {
+                    place = place.max(min);
+                }
+            }
+        } else {
+            place = 0;
+        }
+        (st.schedule.clone(), place, st.standing.rate)
+    }
+
+    pub fn fetched(&self, bytes: u64) {
+        self.fetched.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    pub fn evicted(&self, bytes: u64) {
+        self.evicted.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    fn counts(&self) -> Counts {
+        Counts {
+            fetched_bytes: self.fetched.load(Ordering::Relaxed),
+            evicted_bytes: self.evicted.load(Ordering::Relaxed),
+            reads_ready: self.ready.load(Ordering::Relaxed),
+            reads_waited: self.waited.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Moves the plan to `epoch` (a rank reads it): the next epoch's order is the
+    /// plan's own, with no resume history.
+    fn advance(st: &mut State, epoch: u64) {
+        if epoch <= st.spec.epoch {
+            return;
+        }
+        let mut spec = (*st.spec).clone();
+        spec.epoch = epoch;
+        spec.rounds.clear();
+        if let Ok(s) = Schedule::of(&spec) {
+            st.spec = Arc::new(spec);
+            st.schedule = Arc::new(s);
+            st.noted.clear();
+            st.last_place = None;
+        }
+    }
+
+    /// This node's report to the plan's home.
+    pub fn report(&self) -> Report {
+        let st = self.lock();
+        Report {
+            id: self.id.clone(),
+            epoch: st.spec.epoch,
+            ranks: st.noted.iter().map(|(&r, &p)| (r, p)).collect(),
+            counts: self.counts(),
+            idle_ms: st.used.elapsed().as_millis() as u64,
+        }
+    }
+
+    /// At the home: takes member `from`'s report and answers with the standing.
+    pub fn merge(&self, from: &str, report: Report) -> Standing {
+        let mut st = self.lock();
+        Plan::advance(&mut st, report.epoch);
+        st.reports.insert(from.to_owned(), (Instant::now(), report));
+        // Reports from members not heard for a while are stale.
+        st.reports
+            .retain(|_, (at, _)| at.elapsed() < Duration::from_secs(10));
+        let epoch = st.spec.epoch;
+        let mut ranks: HashMap<u32, u64> = HashMap::new();
+        let mut counts = Counts::default();
+        let mut idle = u64::MAX;
+        for (_, r) in st.reports.values() {
+            counts.add(&r.counts);
+            idle = idle.min(r.idle_ms);
+            if r.epoch == epoch {
+                for &(rank, place) in &r.ranks {
+                    let p = ranks.entry(rank).or_default();
+                    *p = (*p).max(place);
+                }
+            }
+        }
+        let world = st.spec.world_size.max(1);
+        let place = if ranks.len() >= world {
+            ranks.values().copied().min().unwrap_or(0)
+        } else {
+            0
+        };
+        let consumed = ranks.values().sum::<u64>();
+        let now = Instant::now();
+        let rate = match st.last_place {
+            Some((p, at)) if place > p && now.duration_since(at) >= Duration::from_millis(500) => {
+                let r = (place - p) as f64 / now.duration_since(at).as_secs_f64();
+                st.last_place = Some((place, now));
+                if st.standing.rate > 0.0 {
+                    0.5 * st.standing.rate + 0.5 * r
+                } else {
+                    r
+                }
+            }
+            Some(_) => st.standing.rate,
+            None => {
+                st.last_place = Some((place, now));
+                st.standing.rate
+            }
+        };
+        if idle < st.used.elapsed().as_millis() as u64 {
+            st.used = now - Duration::from_millis(idle);
+        }
+        st.standing = Standing {
+            epoch,
+            place,
+            consumed,
+            rate,
+            counts,
+            idle_ms: st.used.elapsed().as_millis() as u64,
+        };
+        st.standing.clone()
+    }
+
+    /// Away from the home: the standing the home answered.
+    pub fn learn(&self, standing: Standing) {
+        let mut st = self.lock();
+        Plan::advance(&mut st, standing.epoch);
+        let used = Instant::now() - Duration::from_millis(standing.idle_ms);
+        if used > st.used {
+            st.used = used;
+        }
+        st.standing = standing;
+    }
+
+    /// How the plan shows: its spec, the standing, and `ttl` less its idle time.
+    pub fn view(&self, ttl: Duration) -> PlanView {
+        let st = self.lock();
+        let spec = &st.spec;
+        let counts = if st.reports.is_empty() {
+            // Away from the home: the cluster's counts as last learned.
+            let mut c = st.standing.counts;
+            if c == Counts::default() {
+                c = self.counts();
+            }
+            c
+        } else {
+            st.standing.counts
+        };
+        PlanView {
+            id: self.id.clone(),
+            job: spec.job.clone(),
+            bucket: spec.bucket.clone(),
+            prefix: spec.prefix.clone(),
+            epoch: spec.epoch,
+            world_size: spec.world_size,
+            shards: spec.shards.len(),
+            per_rank: st.schedule.per_rank,
+            consumed: st.standing.consumed,
+            place: st.standing.place,
+            rate: st.standing.rate,
+            fetched_bytes: counts.fetched_bytes,
+            evicted_bytes: counts.evicted_bytes,
+            reads_ready: counts.reads_ready,
+            reads_waited: counts.reads_waited,
+            expires_in_s: ttl.saturating_sub(st.used.elapsed()).as_secs_f64(),
+        }
+    }
+}
+
+/// The plans this node holds.
+pub struct Plans {
+    map: Mutex<HashMap<String, Arc<Plan>>>,
+    ttl_ms: AtomicU64,
+}
+
+/// What a registration did.
+pub struct Registered {
+    pub plan: Arc<Plan>,
+    /// The plan is new here, or at a new epoch or round, or due to be passed on again.
+    pub pass_on: bool,
+}
+
+impl Plans {
+    pub fn new(ttl: Duration) -> Plans {
+        Plans {
+            map: Mutex::new(HashMap::new()),
+            ttl_ms: AtomicU64::new(ttl.as_millis() as u64),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Plan>>> {
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn ttl(&self) -> Duration {
+        Duration::from_millis(self.ttl_ms.load(Ordering::Relaxed))
+    }
+
+    pub fn set_ttl(&self, ttl: Duration) {
+        self.ttl_ms.store(ttl.as_millis() as u64, Ordering::Relaxed);
+    }
+
+    /// Registers `spec` (new, or the next epoch or round of a plan held).
+    pub fn register(&self, spec: PlanSpec) -> Result<Registered, PlansError> {
+        if spec.bucket.is_empty() {
+            return Err(PlansError::NoBucket);
+        }
+        if spec.shards.len() > MAX_SHARDS {
+            return Err(PlansError::TooLarge(spec.shards.len()));
+        }
+        let id = spec.id();
+        let held = self.lock().get(&id).cloned();
+        if let Some(plan) = held {
+            let mut st = plan.lock();
+            st.used = Instant::now();
+            let news = st.spec.version() != spec.version();
+            if news {
+                let schedule = Schedule::of(&spec)?;
+                st.spec = Arc::new(spec);
+                st.schedule = Arc::new(schedule);
+                st.noted.clear();
+                st.last_place = None;
+            }
+            let due = st.sent.is_none_or(|t| t.elapsed() >= RESEND_EVERY);
+            drop(st);
+            return Ok(Registered {
+                plan,
+                pass_on: news || due,
+            });
+        }
+        let schedule = Schedule::of(&spec)?;
+        let mut map = self.lock();
+        if map.len() >= MAX_PLANS && !map.contains_key(&id) {
+            return Err(PlansError::Full);
+        }
+        let plan = map
+            .entry(id)
+            .or_insert_with(|| Arc::new(Plan::new(spec, schedule)))
+            .clone();
+        Ok(Registered {
+            plan,
+            pass_on: true,
+        })
+    }
+
+    /// The registration was passed on to every member now.
+    pub fn sent(&self, plan: &Plan) {
+        plan.lock().sent = Some(Instant::now());
+    }
+
+    pub fn get(&self, id: &str) -> Option<Arc<Plan>> {
+        self.lock().get(id).cloned()
+    }
+
+    pub fn all(&self) -> Vec<Arc<Plan>> {
+        let mut v: Vec<_> = self.lock().values().cloned().collect();
+        v.sort_by(|a, b| a.id.cmp(&b.id));
+        v
+    }
+
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.lock().is_empty()
+    }
+
+    pub fn remove(&self, id: &str) -> bool {
+        self.lock().remove(id).is_some()
+    }
+
+    /// Drops the plans unused for longer than the TTL; their ids.
+    pub fn expire(&self) -> Vec<String> {
+        let mut gone = Vec::new();
+        let ttl = self.ttl();
+        self.lock().retain(|id, p| {
+            let keep = p.lock().used.elapsed() < ttl;
+            if !keep {
+                gone.push(id.clone());
+            }
+            keep
+        });
+        gone
+    }
+
+    /// A planned read was served here: notes the rank's place, and whether the read
+    /// found its object committed (`ready`). Marks of plans not held are ignored.
+    pub fn note(&self, mark: &PlanMark, ready: bool) {
+        let Some(plan) = self.get(&mark.plan) else {
+            return;
+        };
+        if ready {
+            plan.ready.fetch_add(1, Ordering::Relaxed);
+        } else {
+            plan.waited.fetch_add(1, Ordering::Relaxed);
+        }
+        let mut st = plan.lock();
+        Plan::advance(&mut st, mark.epoch);
+        st.used = Instant::now();
+        if mark.epoch == st.spec.epoch {
+            let p = st.noted.entry(mark.rank).or_default();
+            *p = (*p).max(mark.place);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use granary_proto::plan::PlanShard;
+
+    fn spec(world: usize) -> PlanSpec {
+        PlanSpec {
+            bucket: "b".into(),
+            prefix: "p/".into(),
+            shards: (0..4)
+                .map(|i| PlanShard {
+                    key: format!("p/{i}.tar"),
+                    etag: "e".into(),
+                    samples: 10,
+                    size: 100,
+                })
+                .collect(),
+            seed: 1,
+            epoch: 0,
+            world_size: world,
+            shuffle_buffer: 0,
+            shuffle_shards: true,
+            drop_last: false,
+            batch_size: 1,
+            rounds: vec![],
+            job: None,
+        }
+    }
+
+    fn mark(id: &str, epoch: u64, rank: u32, place: u64) -> PlanMark {
+        PlanMark {
+            plan: id.into(),
+            epoch,
+            rank,
+            place,
+        }
+    }
+
+    #[test]
+    fn registering_again_passes_on_only_news() {
+        let plans = Plans::new(Duration::from_secs(60));
+        let r = plans.register(spec(2)).unwrap();
+        assert!(r.pass_on);
+        plans.sent(&r.plan);
+        assert!(!plans.register(spec(2)).unwrap().pass_on);
+        let mut next = spec(2);
+        next.epoch = 1;
+        let r2 = plans.register(next).unwrap();
+        assert!(r2.pass_on);
+        assert_eq!(r2.plan.id, r.plan.id);
+        assert_eq!(plans.len(), 1);
+        assert!(matches!(
+            plans.register(PlanSpec {
+                bucket: String::new(),
+                ..spec(1)
+            }),
+            Err(PlansError::NoBucket)
+        ));
+    }
+
+    #[test]
+    fn the_home_sums_members_reports_into_the_slowest_ranks_place() {
+        let plans = Plans::new(Duration::from_secs(60));
+        let plan = plans.register(spec(2)).unwrap().plan;
+        let id = plan.id.clone();
+        plans.note(&mark(&id, 0, 0, 7), true);
+        plans.note(&mark(&id, 0, 0, 5), false);
+        // One rank seen: the slowest place is not known yet.
+        let s = plan.merge("a", plan.report());
+        assert_eq!((s.place, s.consumed), (0, 7));
+        assert_eq!((s.counts.reads_ready, s.counts.reads_waited), (1, 1));
+        // Another member saw rank 1.
+        let other = Report {
+            id: id.clone(),
+            epoch: 0,
+            ranks: vec![(1, 4)],
+            counts: Counts {
+                fetched_bytes: 100,
+                ..Counts::default()
+            },
+            idle_ms: 0,
+        };
+        let s = plan.merge("b", other);
+        assert_eq!((s.place, s.consumed), (4, 11));
+        assert_eq!(s.counts.fetched_bytes, 100);
+        let v = plan.view(Duration::from_secs(60));
+        assert_eq!((v.place, v.consumed, v.reads_ready), (4, 11, 1));
+        // A mark of the next epoch moves the plan on, with no client call.
+        plans.note(&mark(&id, 1, 0, 1), true);
+        assert_eq!(plan.spec().epoch, 1);
+        assert_eq!(plan.position().1, 0);
+    }
+
+    #[test]
+    fn unused_plans_expire() {
+        let plans = Plans::new(Duration::from_millis(50));
+        let id = plans.register(spec(1)).unwrap().plan.id.clone();
+        assert!(plans.expire().is_empty());
+        std::thread::sleep(Duration::from_millis(80));
+        assert_eq!(plans.expire(), vec![id]);
+        assert!(plans.is_empty());
+    }
+}
