@@ -71,11 +71,11 @@ def write_dataset(origin: Path, prefix: str, counts=COUNTS,
 
 
 def start_node(root: Path, origin: Path, node_id: str, port: int, peers: list[str],
-               creds: bool, extra: list[str] = ()) -> subprocess.Popen:
+               creds: bool, extra: list[str] = (), capacity: str = "1GiB") -> subprocess.Popen:
     log = open(root / f"{node_id}.log", "wb")
     args = [str(_server_binary()), "serve", "--listen", f"127.0.0.1:{port}",
             "--data-dir", str(root / node_id), "--backend", f"fs:{origin}",
-            "--cache-capacity", "1GiB", "--node-id", node_id, *peers, *extra]
+            "--cache-capacity", capacity, "--node-id", node_id, *peers, *extra]
     if creds:
         args += ["--access-key", ACCESS_KEY, "--secret-key", SECRET_KEY]
     return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
@@ -433,3 +433,51 @@ def test_gpu_delivery(node):
         assert s["bin"].cpu().numpy().tobytes() == every[s["__key__"]]["bin"]
         n += 1
     assert n == len(every)
+
+
+def test_the_planner_changes_no_sample_and_no_order(tmp_path):
+    """On a node whose cache holds a third of the dataset, ShardDataset with its plan
+    (the default) and without yields the same keys in the same order, per rank, with
+    workers and with a resumed epoch; the cluster shows the plan, and fetched ahead."""
+    origin = tmp_path / "origin"
+    every = write_dataset(origin, "ds", counts=[6] * 12)
+    size = sum(p.stat().st_size for p in (origin / BUCKET / "ds").iterdir())
+    port = _free_port()
+    proc = start_node(tmp_path, origin, "small", port, [], creds=False,
+                      capacity=str(size // 3))
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        wait_members_up([endpoint], [proc], [tmp_path / "small.log"])
+
+        def job(plan):
+            out = []
+            for epoch in (0, 1):
+                out.append([read_rank(endpoint, r, 2, 2, every, epoch=epoch, batch=3,
+                                      buffer=4, plan=plan) for r in range(2)])
+            ds = granary.ShardDataset(endpoint, BUCKET, "ds/", seed=7, shuffle_buffer=4,
+                                      rank=0, world_size=2, batch_size=3, plan=plan)
+            ds.set_epoch(2)
+            state = ds.state_dict(consumed=12)
+            out.append([read_rank(endpoint, r, 3, 2, every, batch=3, buffer=4,
+                                  state=state, plan=plan) for r in range(3)])
+            return out
+
+        without = job(False)
+        assert granary.Client(endpoint).plans() == []
+        with_plan = job(True)
+        assert with_plan == without
+        for epoch in with_plan[:2]:
+            seen = collections.Counter(k for keys in epoch for k in keys)
+            assert set(seen) == set(every) and set(seen.values()) == {1}
+        plans = granary.Client(endpoint).plans()
+        assert len(plans) == 1, plans
+        p = plans[0]
+        assert (p["bucket"], p["prefix"], p["shards"]) == (BUCKET, "ds/", 12)
+        # The last registration: epoch 2 resumed on 3 ranks.
+        assert (p["epoch"], p["world_size"]) == (2, 3)
+        stats = requests.get(f"{endpoint}/_granary/stats").json()
+        assert stats["plans"] == 1
+        assert stats["bytes_planned"] > 0, stats
+        assert stats["used_bytes"] <= size // 3
+    finally:
+        _stop_process(proc)

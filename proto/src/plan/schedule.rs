@@ -63,13 +63,22 @@ impl Schedule {
 
     /// Places (per rank) from `place` in the current round until shard `shard` is read
     /// again: 0 while the ranks read it, the rest of this epoch plus its place in the
-    /// next once they are past it; `None` when neither epoch reads it.
-    pub fn next_use(&self, shard: usize, place: u64) -> Option<u64> {
+    /// next once they are past it; `None` when neither epoch reads it. A shard stays in
+    /// use until `place` is `lag` places past its end (a rank's readers do not all stand
+    /// at its furthest place).
+    pub fn next_use(&self, shard: usize, place: u64, lag: u64) -> Option<u64> {
         if let Some(Some((first, end))) = self.this.get(shard) {
-            if place < *end {
+            if place < end + lag {
                 return Some(first.saturating_sub(place));
             }
         }
+        let first = (*self.next.get(shard)?)?;
+        Some(self.per_rank.saturating_sub(place) + first)
+    }
+
+    /// Places from `place` until shard `shard` is read in the next epoch (after the
+    /// ranks' reads of it in this one).
+    pub fn reuse(&self, shard: usize, place: u64) -> Option<u64> {
         let first = (*self.next.get(shard)?)?;
         Some(self.per_rank.saturating_sub(place) + first)
     }
@@ -133,15 +142,17 @@ mod tests {
             }
             for sh in 0..counts.len() {
                 assert_eq!(
-                    sch.next_use(sh, 0),
+                    sch.next_use(sh, 0, 0),
                     Some(first[sh]),
                     "world {world} shard {sh}"
                 );
                 // Being read: needed now.
-                assert_eq!(sch.next_use(sh, end[sh] - 1), Some(0));
+                assert_eq!(sch.next_use(sh, end[sh] - 1, 0), Some(0));
                 // Past it: the next epoch's reads.
-                let later = sch.next_use(sh, end[sh]).unwrap();
+                let later = sch.next_use(sh, end[sh], 0).unwrap();
                 assert!(later >= sch.per_rank - end[sh], "world {world} shard {sh}");
+                // Readers lagging behind the furthest place still hold it.
+                assert_eq!(sch.next_use(sh, end[sh], 2), Some(0));
             }
         }
     }
@@ -162,12 +173,12 @@ mod tests {
         });
         let sch = Schedule::of(&s).unwrap();
         assert_eq!(sch.per_rank, 4);
-        assert_eq!(sch.next_use(1, 0), Some(0));
-        assert_eq!(sch.next_use(3, 0), Some(0));
+        assert_eq!(sch.next_use(1, 0, 0), Some(0));
+        assert_eq!(sch.next_use(3, 0, 0), Some(0));
         // Shard 0 is read again only in the next epoch, after this round's 4 places;
         // in key order, rank 0 reads it first.
-        assert_eq!(sch.next_use(0, 0), Some(4));
-        assert_eq!(sch.next_use(2, 0), Some(4));
-        assert_eq!(sch.next_use(9, 0), None);
+        assert_eq!(sch.next_use(0, 0, 0), Some(4));
+        assert_eq!(sch.next_use(2, 0, 0), Some(4));
+        assert_eq!(sch.next_use(9, 0, 0), None);
     }
 }

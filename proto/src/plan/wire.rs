@@ -79,8 +79,9 @@ pub struct PlanSpec {
 }
 
 impl PlanSpec {
-    /// The plan's id: the job it describes, whatever epoch or round it stands at (a job
-    /// registering its next epoch updates its plan).
+    /// The plan's id: the job it describes (its dataset, seed and shard shuffle),
+    /// whatever epoch, round or world size it stands at (a job registering its next
+    /// epoch, or resumed on other ranks, updates its plan).
     pub fn id(&self) -> String {
         let mut h = Xxh3::new();
         for part in [self.bucket.as_str(), self.prefix.as_str()] {
@@ -96,22 +97,25 @@ impl PlanSpec {
             h.update(&[0]);
             h.update(&s.samples.to_le_bytes());
         }
-        for n in [
-            self.seed,
-            self.world_size as u64,
-            self.shuffle_buffer as u64,
-            u64::from(self.shuffle_shards),
-            u64::from(self.drop_last),
-        ] {
+        for n in [self.seed, u64::from(self.shuffle_shards)] {
             h.update(&n.to_le_bytes());
         }
         format!("{:016x}", h.digest())
     }
 
-    /// Where the job stands: its epoch and resume history (a change is news to pass on).
+    /// Where the job stands: its epoch, its split and its resume history (a change is
+    /// news to pass on; a job resumed on another world size is the same plan).
     pub fn version(&self) -> u64 {
         let mut h = Xxh3::new();
         h.update(&self.epoch.to_le_bytes());
+        for n in [
+            self.world_size as u64,
+            self.shuffle_buffer as u64,
+            u64::from(self.drop_last),
+            self.batch_size as u64,
+        ] {
+            h.update(&n.to_le_bytes());
+        }
         for r in &self.rounds {
             for n in [
                 r.world_size as u64,
@@ -230,6 +234,10 @@ mod tests {
         let mut c = a.clone();
         c.seed = 8;
         assert_ne!(a.id(), c.id());
+        let mut w = a.clone();
+        w.world_size = 3;
+        assert_eq!(a.id(), w.id(), "resumed on other ranks: the same job");
+        assert_ne!(a.version(), w.version());
         let mut d = a.clone();
         d.shards[0].etag = "e2".into();
         assert_ne!(a.id(), d.id(), "another version of a shard is another plan");

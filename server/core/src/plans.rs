@@ -150,16 +150,17 @@ impl Plan {
     /// (the last standing moved on at its rate).
     pub fn position(&self) -> (Arc<Schedule>, u64, f64) {
         let st = self.lock();
-        let mut place = st.standing.place;
-        if st.standing.epoch == st.schedule.epoch {
-            // Ranks noted here may be ahead of the last standing.
-            if let Some(&min) = st.noted.values().min() {
-                if st.noted.len() >= st.spec.world_size {
-                    place = place.max(min);
-                }
-            }
+        // The standing of another epoch says nothing of this one.
+        let mut place = if st.standing.epoch == st.schedule.epoch {
+            st.standing.place
         } else {
-            place = 0;
+            0
+        };
+        // Ranks noted here may be ahead of the last standing.
+        if st.noted.len() >= st.spec.world_size {
+            if let Some(&min) = st.noted.values().min() {
+                place = place.max(min);
+            }
         }
         (st.schedule.clone(), place, st.standing.rate)
     }

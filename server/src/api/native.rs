@@ -128,11 +128,14 @@ pub async fn health(state: &AppState, req: Request) -> Response {
     resp
 }
 
-/// `POST /_granary/prefetch`: `{"bucket","prefix"}` starts a cluster-wide prefetch,
-/// answered `202 {"id"}`; from a prefetch's coordinator, one member's part of it.
-pub async fn prefetch(state: &Arc<AppState>, req: Request) -> Result<Response, S3Error> {
-    let (parts, body) = req.into_parts();
-    let verdict = s3::auth::authenticate(state.creds.as_ref(), state.anonymous_read, &parts)?;
+/// A request's JSON body (its signature's payload checked as it is read), or
+/// `InvalidArgument` saying it must be `what`.
+async fn json_body<T: serde::de::DeserializeOwned>(
+    parts: http::request::Parts,
+    body: Body,
+    verdict: s3::auth::Verdict,
+    what: &str,
+) -> Result<T, S3Error> {
     let mut r = s3::Req {
         parts,
         body,
@@ -142,12 +145,21 @@ pub async fn prefetch(state: &Arc<AppState>, req: Request) -> Result<Response, S
         verdict,
     };
     let raw = r.read_body_up_to(MAX_PART_BODY).await?;
-    let asked: PrefetchPart = serde_json::from_slice(&raw).map_err(|e| {
+    serde_json::from_slice(&raw).map_err(|e| {
         S3Error::new(
             S3Code::InvalidArgument,
-            format!("the body must be {{\"bucket\":…,\"prefix\":…}}: {e}"),
+            format!("the body must be {what}: {e}"),
         )
-    })?;
+    })
+}
+
+/// `POST /_granary/prefetch`: `{"bucket","prefix"}` starts a cluster-wide prefetch,
+/// answered `202 {"id"}`; from a prefetch's coordinator, one member's part of it.
+pub async fn prefetch(state: &Arc<AppState>, req: Request) -> Result<Response, S3Error> {
+    let (parts, body) = req.into_parts();
+    let verdict = s3::auth::authenticate(state.creds.as_ref(), state.anonymous_read, &parts)?;
+    let asked: PrefetchPart =
+        json_body(parts, body, verdict, "{\"bucket\":…,\"prefix\":…}").await?;
     let resource = format!("/{}/{}", asked.bucket, asked.prefix);
     let job = state
         .node
@@ -173,21 +185,13 @@ pub async fn plans(state: &Arc<AppState>, req: Request) -> Result<Response, S3Er
         Method::POST => {}
         _ => return Err(S3Error::new(S3Code::MethodNotAllowed, "use GET or POST")),
     }
-    let mut r = s3::Req {
+    let spec: granary_proto::plan::PlanSpec = json_body(
         parts,
         body,
-        bucket: String::new(),
-        key: None,
-        query: Vec::new(),
         verdict,
-    };
-    let raw = r.read_body_up_to(MAX_PART_BODY).await?;
-    let spec: granary_proto::plan::PlanSpec = serde_json::from_slice(&raw).map_err(|e| {
-        S3Error::new(
-            S3Code::InvalidArgument,
-            format!("the body must be a plan (bucket, prefix, shards, seed, epoch, world_size, ...): {e}"),
-        )
-    })?;
+        "a plan (bucket, prefix, shards, seed, epoch, world_size, ...)",
+    )
+    .await?;
     let view = state.node.register_plan(spec)?;
     let mut resp = json_response(serde_json::to_value(&view).unwrap_or_default());
     *resp.status_mut() = StatusCode::CREATED;

@@ -14,8 +14,8 @@
 //!   The first not in the cache is fetched through the cache (a miss like any other:
 //!   one fill, read by whoever asks meanwhile) when it fits beside what is there, or
 //!   when dropping planned entries needed later than it makes room. At most
-//!   [`FETCHES`] at once, and none while the node's own clients' misses wait on the
-//!   backend: demand reads go first.
+//!   [`FETCHES`] at once, and one while the node's own clients' misses wait on the
+//!   backend: demand reads go first, and the planner still gets ahead of them.
 //! - **Dropping.** Only entries of a plan's shards, never one a read holds, and only for
 //!   a shard needed sooner. Entries of no plan stay under the cache's policy. A dropped
 //!   entry's next read is an ordinary miss: bytes never change.
@@ -60,8 +60,10 @@ struct Planned {
     bucket: String,
     key: String,
     size: u64,
-    /// Seconds until its next planned read (`INFINITY`: none known).
+    /// Seconds until its next planned read (`INFINITY`: none known; 0: being read).
     due: f64,
+    /// Seconds until its first read in the next epoch.
+    reuse: f64,
     plan: Arc<Plan>,
 }
 
@@ -238,6 +240,9 @@ impl Node {
             let (schedule, place, rate) = plan.position();
             // Before a rate is known, places stand for seconds: the order holds.
             let rate = if rate > 0.0 { rate } else { 1.0 };
+            // A rank's DataLoader workers read batches in turn: the furthest place
+            // reported is ahead of the others' by a batch or two.
+            let lag = 2 * spec.batch_size.max(1) as u64 + spec.shuffle_buffer as u64;
             for (i, shard) in spec.shards.iter().enumerate() {
                 if !self
                     .cluster
@@ -245,14 +250,15 @@ impl Node {
                 {
                     continue;
                 }
-                let due = schedule
-                    .next_use(i, place)
-                    .map_or(f64::INFINITY, |p| p as f64 / rate);
+                let secs = |p: Option<u64>| p.map_or(f64::INFINITY, |p| p as f64 / rate);
+                let due = secs(schedule.next_use(i, place, lag));
+                let reuse = secs(schedule.reuse(i, place));
                 let id = format!("{}/{}", spec.bucket, shard.key);
                 match by_key.get_mut(&id) {
-                    Some(p) if p.due <= due => {}
+                    Some(p) if p.due <= due => p.reuse = p.reuse.min(reuse),
                     Some(p) => {
                         p.due = due;
+                        p.reuse = p.reuse.min(reuse);
                         p.plan = plan.clone();
                     }
                     None => {
@@ -263,6 +269,7 @@ impl Node {
                                 key: shard.key.clone(),
                                 size: shard.size,
                                 due,
+                                reuse,
                                 plan: plan.clone(),
                             },
                         );
@@ -276,46 +283,108 @@ impl Node {
     /// What to do next: the earliest shard not in the cache, if it fits, or fits once
     /// planned entries needed later are dropped.
     fn next_step(&self, fetching: &HashSet<String>) -> Option<Step> {
-        let (mut wanted, mut held): (Vec<Planned>, Vec<Planned>) = self
+        let (mut wanted, held): (Vec<Planned>, Vec<Planned>) = self
             .planned_here()
             .into_iter()
             .partition(|p| self.cache.holds(&p.bucket, &p.key).is_none());
+        // Shards being read now are the readers' to bring (by range, as they go); the
+        // planner brings the next ones before their first read.
         wanted.retain(|p| {
-            p.due.is_finite() && !fetching.contains(&format!("{}/{}", p.bucket, p.key))
+            p.due > 0.0
+                && p.due.is_finite()
+                && !fetching.contains(&format!("{}/{}", p.bucket, p.key))
         });
         let first = wanted.into_iter().min_by(|a, b| a.due.total_cmp(&b.due))?;
+        match self.room_for(&first, held)? {
+            v if v.is_empty() => Some(Step::Fetch(first)),
+            v => Some(Step::DropThenFetch(v, first)),
+        }
+    }
+
+    /// The planned entries to drop so that `target` fits: none when it fits now, `None`
+    /// when dropping every entry needed later than it would not do.
+    fn room_for(&self, target: &Planned, mut held: Vec<Planned>) -> Option<Vec<Planned>> {
         let u = self.cache.usage();
         let room = u.capacity.saturating_sub(u.used + u.reserved);
-        if first.size <= room {
-            return Some(Step::Fetch(first));
+        if target.size <= room {
+            return Some(Vec::new());
         }
         // Farthest first; only those needed later than the shard.
-        held.retain(|p| p.due > first.due);
+        held.retain(|p| p.due > target.due);
         held.sort_by(|a, b| b.due.total_cmp(&a.due));
         let mut freed = room;
         let mut victims = Vec::new();
         for v in held {
-            if freed >= first.size {
+            if freed >= target.size {
                 break;
             }
             freed += self.cache.holds(&v.bucket, &v.key).unwrap_or(0);
             victims.push(v);
         }
-        (freed >= first.size).then_some(Step::DropThenFetch(victims, first))
+        (freed >= target.size).then_some(victims)
+    }
+
+    /// Drops `victims` (where no read holds them) for `for_key`.
+    fn drop_for(&self, victims: Vec<Planned>, for_key: &str) {
+        for v in victims {
+            if let Some(bytes) = self.cache.drop_if_unread(&v.bucket, &v.key) {
+                v.plan.evicted(bytes);
+                self.stats.add(Metric::BytesEvicted, bytes);
+                tracing::debug!(key = %v.key, due_s = v.due, for_key, "dropped a planned entry needed later");
+            }
+        }
+    }
+
+    /// A client reads `bucket/key`: when it is a planned shard of this node's that is
+    /// not in the cache, and the cache is full, the planned entries needed later than it
+    /// make room, so that it is admitted rather than read through (and read again by
+    /// the planner).
+    pub(super) fn room_for_planned(&self, bucket: &str, key: &str) {
+        if self.plans.is_empty() || self.cache.holds(bucket, key).is_some() {
+            return;
+        }
+        let (target, held): (Vec<Planned>, Vec<Planned>) = self
+            .planned_here()
+            .into_iter()
+            .filter(|p| {
+                (p.bucket == bucket && p.key == key)
+                    || self.cache.holds(&p.bucket, &p.key).is_some()
+            })
+            .partition(|p| p.bucket == bucket && p.key == key);
+        // Kept for its next epoch's read: worth a place only where that comes before
+        // the next reads of the entries it would replace; else it is read through.
+        let Some(mut target) = target.into_iter().next() else {
+            return;
+        };
+        target.due = target.reuse;
+        if !target.due.is_finite() {
+            return;
+        }
+        if let Some(victims) = self.room_for(&target, held) {
+            self.drop_for(victims, key);
+        }
     }
 
     /// One look at the plans: starts a fetch when there is one to make.
     fn plan_step(self: &Arc<Self>) {
-        if self.planner.demand.load(Ordering::Acquire) > 0 || self.cache.usage().capacity == 0 {
+        if self.cache.usage().capacity == 0 {
             return;
         }
+        // Clients' reads waiting on the backend go first: one planned fetch at most
+        // beside them (the planner then keeps its place ahead of them, which is what
+        // keeps them from waiting).
+        let most = if self.planner.demand.load(Ordering::Acquire) > 0 {
+            1
+        } else {
+            FETCHES
+        };
         let step = {
             let fetching = self
                 .planner
                 .fetching
                 .lock()
                 .unwrap_or_else(|p| p.into_inner());
-            if fetching.len() >= FETCHES {
+            if fetching.len() >= most {
                 return;
             }
             self.next_step(&fetching)
@@ -324,13 +393,7 @@ impl Node {
             None => return,
             Some(Step::Fetch(s)) => s,
             Some(Step::DropThenFetch(victims, s)) => {
-                for v in victims {
-                    if let Some(bytes) = self.cache.drop_if_unread(&v.bucket, &v.key) {
-                        v.plan.evicted(bytes);
-                        self.stats.add(Metric::BytesEvicted, bytes);
-                        tracing::debug!(key = %v.key, due_s = v.due, for_key = %s.key, "dropped a planned entry needed later");
-                    }
-                }
+                self.drop_for(victims, &s.key);
                 s
             }
         };
@@ -350,6 +413,7 @@ impl Node {
                 Ok(bytes) if bytes > 0 => {
                     shard.plan.fetched(bytes);
                     node.stats.add(Metric::BytesPlanned, bytes);
+                    node.stats.add(Metric::PlannedFetches, 1);
                 }
                 Ok(_) => {}
                 Err(e) => tracing::warn!(key = %shard.key, error = %e, "a planned fetch failed"),

@@ -160,6 +160,7 @@ impl Node {
             (Some(t), _) => Box::pin(self.read_transformed(req, t)).await,
             (None, Some(m)) => Box::pin(self.read_member(req, m)).await,
             (None, None) => {
+                self.room_for_planned(req.bucket, req.key);
                 let mut reply = self.read_object(req, mode_of(req.mode)).await?;
                 // A client's read waiting on the backend: the planner waits for it.
                 if matches!(reply.origin, Origin::Miss | Origin::Bypass) {

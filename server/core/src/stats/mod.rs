@@ -100,6 +100,8 @@ table! {
         "datasets' catalogs built (once per version)";
     BytesPlanned: Counter, "bytes_planned", "planned_fetch_bytes",
         "bytes fetched from the backend ahead of the plans that need them";
+    PlannedFetches: Counter, "planned_fetches", "planned_fetches",
+        "objects fetched ahead of the plans that need them (counted among the misses)";
     BytesEvicted: Counter, "bytes_evicted", "evicted_bytes",
         "bytes of planned entries dropped for ones needed sooner";
     /// Sampled.
