@@ -3,7 +3,9 @@
 //! the node fetches ahead and drops planned entries needed later; entries of no plan
 //! survive a planned job that fills the cache; a plan expires after `--plan-ttl` once
 //! its job stops, and its fetching with it; two jobs with different seeds over one
-//! dataset both finish; and `/_granary/plans`, `granaryctl plans` and a drop.
+//! dataset both finish; a member killed mid-epoch leaves its shards to the next owner
+//! and the job finishes with every sample; and `/_granary/plans`, `granaryctl plans`
+//! and a drop.
 
 use std::time::{Duration, Instant};
 
@@ -58,9 +60,9 @@ fn half_cache_node(extra: &[&str]) -> Result<(Server, u64)> {
     Ok((server, total))
 }
 
-fn dataset(server: &Server, rank: usize, seed: u64, plan: bool) -> Dataset {
+fn dataset(url: &str, rank: usize, seed: u64, plan: bool) -> Dataset {
     Dataset::builder()
-        .endpoint(&server.url())
+        .endpoint(url)
         .bucket(BUCKET)
         .prefix(PREFIX)
         .seed(seed)
@@ -73,20 +75,14 @@ fn dataset(server: &Server, rank: usize, seed: u64, plan: bool) -> Dataset {
         .unwrap()
 }
 
-/// Each rank's samples (key, `.bin` length) of `epochs`, the ranks reading at once, a
-/// training step of `step` per sample.
-fn read(
-    server: &Server,
-    seed: u64,
-    epochs: u64,
-    plan: bool,
-    step: Duration,
-) -> Vec<Vec<Vec<String>>> {
+/// Each rank's sample keys of `epochs` through the node at `url`, the ranks reading at
+/// once, a training step of `step` per sample.
+fn read(url: &str, seed: u64, epochs: u64, plan: bool, step: Duration) -> Vec<Vec<Vec<String>>> {
     std::thread::scope(|scope| {
         let handles: Vec<_> = (0..WORLD)
             .map(|rank| {
                 scope.spawn(move || {
-                    let ds = dataset(server, rank, seed, plan);
+                    let ds = dataset(url, rank, seed, plan);
                     (0..epochs)
                         .map(|e| {
                             ds.epoch(e)
@@ -143,13 +139,13 @@ fn planned_epochs_read_the_same_samples_while_the_node_fetches_ahead_and_drops()
     let epochs = 3;
     let step = Duration::from_millis(3);
     let (plain, _) = half_cache_node(&[])?;
-    let without = read(&plain, 7, epochs, false, step);
+    let without = read(&plain.url(), 7, epochs, false, step);
     assert!(plans(&plain).is_empty());
     assert_eq!(plain.stat("bytes_planned"), 0);
     drop(plain);
 
     let (node, total) = half_cache_node(&[])?;
-    let with = read(&node, 7, epochs, true, step);
+    let with = read(&node.url(), 7, epochs, true, step);
     assert_eq!(with, without, "the planner changes no sample and no order");
     every_sample_once(&with, epochs);
 
@@ -214,7 +210,7 @@ fn entries_of_no_plan_survive_a_planned_job_that_fills_the_cache() -> Result<()>
     for (key, _) in &kept {
         assert_eq!(held(&mut c, key), "hit", "{key}");
     }
-    let reads = read(&node, 3, 2, true, Duration::from_millis(2));
+    let reads = read(&node.url(), 3, 2, true, Duration::from_millis(2));
     every_sample_once(&reads, 2);
     assert!(
         node.stat("bytes_evicted") > 0,
@@ -232,7 +228,7 @@ fn a_plan_expires_after_its_ttl_once_its_job_stops_and_fetching_stops() -> Resul
     let (node, _) = half_cache_node(&["--plan-ttl", "2s"])?;
     // One rank of two reads a few samples and stops: the plan is registered, and the
     // other rank never comes.
-    let ds = dataset(&node, 0, 11, true);
+    let ds = dataset(&node.url(), 0, 11, true);
     let got: Vec<Sample> = ds.epoch(0).take(3).collect::<granary_client::Result<_>>()?;
     assert_eq!(got.len(), 3);
     drop(ds);
@@ -255,8 +251,8 @@ fn a_plan_expires_after_its_ttl_once_its_job_stops_and_fetching_stops() -> Resul
 fn two_jobs_with_different_seeds_over_one_dataset_both_finish() -> Result<()> {
     let (node, _) = half_cache_node(&[])?;
     let (a, b) = std::thread::scope(|s| {
-        let a = s.spawn(|| read(&node, 1, 2, true, Duration::from_millis(2)));
-        let b = s.spawn(|| read(&node, 2, 2, true, Duration::from_millis(2)));
+        let a = s.spawn(|| read(&node.url(), 1, 2, true, Duration::from_millis(2)));
+        let b = s.spawn(|| read(&node.url(), 2, 2, true, Duration::from_millis(2)));
         (a.join().unwrap(), b.join().unwrap())
     });
     every_sample_once(&a, 2);
@@ -269,7 +265,7 @@ fn two_jobs_with_different_seeds_over_one_dataset_both_finish() -> Result<()> {
 #[test]
 fn plans_show_in_granaryctl_and_a_drop_ends_them_cluster_wide() -> Result<()> {
     let (node, _) = half_cache_node(&[])?;
-    let ds = dataset(&node, 0, 5, true);
+    let ds = dataset(&node.url(), 0, 5, true);
     let _ = ds
         .epoch(0)
         .take(2)
@@ -309,5 +305,48 @@ fn plans_show_in_granaryctl_and_a_drop_ends_them_cluster_wide() -> Result<()> {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(plans(&node).is_empty());
+    Ok(())
+}
+
+#[test]
+fn a_member_killed_mid_epoch_leaves_its_shards_to_the_next_owner() -> Result<()> {
+    let size = (SHARDS * (PER_SHARD * (BIN + 512 + 1024) + 1024)) as u64;
+    let cap = (size / 6).to_string();
+    let mut nodes = Server::start_cluster(
+        &["a", "b", "c"],
+        &ServerOpts::open().args(&["--cache-capacity", &cap]),
+    )?;
+    let refs: Vec<&Server> = nodes.iter().collect();
+    Server::wait_cluster_up(&refs, Duration::from_secs(20))?;
+    // One store shared by the three.
+    lay_out(&nodes[0])?;
+    let origin = nodes[0].data_dir().join("origin").join(BUCKET);
+    for n in &nodes[1..] {
+        let link = n.data_dir().join("origin").join(BUCKET);
+        std::fs::create_dir_all(link.parent().unwrap())?;
+        std::os::unix::fs::symlink(&origin, &link)?;
+    }
+    Client::new(&nodes[0].url())?.create_bucket(BUCKET).ok();
+    let url = nodes[0].url();
+    let (reads, killed) = std::thread::scope(|s| {
+        let job = s.spawn(|| read(&url, 9, 2, true, Duration::from_millis(12)));
+        // Killed once it has served the job (its reads, or its planned fetches).
+        let served = |n: &Server| n.stat("hits") + n.stat("misses") + n.stat("bytes_planned");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while served(&nodes[2]) == 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let killed = served(&nodes[2]);
+        nodes[2].kill().unwrap();
+        (job.join().unwrap(), killed)
+    });
+    every_sample_once(&reads, 2);
+    assert!(killed > 0, "the killed member had served none of the job");
+    // The survivors hold the plan, moved on to the last epoch.
+    for n in &nodes[..2] {
+        let shown = plans(n);
+        assert_eq!(shown.len(), 1, "{shown:?}");
+        assert_eq!(shown[0].epoch, 1);
+    }
     Ok(())
 }
