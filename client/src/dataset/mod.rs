@@ -585,6 +585,7 @@ mod tests {
             .endpoint(&server.endpoint())
             .bucket("b")
             .prefix("p/")
+            .plan(false)
             .build()
             .unwrap();
         assert_eq!(ds.catalog().counts(), vec![1]);
@@ -624,6 +625,7 @@ mod tests {
             .bucket("b")
             .prefix("p/")
             .shuffle_shards(false)
+            .plan(false)
             .build()
             .unwrap();
         assert_eq!(ds.catalog().counts(), vec![3]);
@@ -637,5 +639,50 @@ mod tests {
         assert_eq!(reqs[2].target, "/b/p/0.tar");
         assert_eq!(reqs[2].header("range"), None, "read from its start");
         assert_eq!(reqs[2].header("if-match"), Some("\"v1\""));
+    }
+
+    /// With its plan (the default), an epoch first registers the plan with the node it
+    /// was given, and each read says where the rank stands.
+    #[test]
+    fn a_planned_epoch_registers_its_plan_and_marks_its_reads() {
+        let tar = crate::fake::tar_of(&[("s/0.cls", b"0"), ("s/1.cls", b"1")]);
+        let catalog = format!(
+            r#"{{"bucket":"b","prefix":"p/","version":"v","from_index":true,
+               "shards":[{{"key":"p/0.tar","etag":"v1","size":{},"samples":2}}]}}"#,
+            tar.len()
+        );
+        let view = r#"{"id":"00ab","bucket":"b","prefix":"p/","epoch":3,"world_size":1,
+            "consumed":0,"fetched_bytes":0,"evicted_bytes":0,"reads_ready":0,
+            "reads_waited":0,"expires_in_s":60.0}"#;
+        let server = FakeServer::start(vec![
+            Reply::status(404, Vec::new()),
+            Reply::ok(catalog.into_bytes()).with_header("content-type", "application/json"),
+            Reply::ok(view.as_bytes().to_vec()).with_header("content-type", "application/json"),
+            Reply::ok(tar.clone()).with_header("etag", "\"v1\""),
+        ]);
+        let ds = Dataset::builder()
+            .endpoint(&server.endpoint())
+            .bucket("b")
+            .prefix("p/")
+            .seed(5)
+            .build()
+            .unwrap();
+        let keys: Vec<String> = ds.epoch(3).map(|s| s.unwrap().key).collect();
+        assert_eq!(keys.len(), 2);
+        let reqs = server.finish();
+        assert_eq!(reqs.len(), 4, "the view, the catalog, the plan, one read");
+        assert_eq!(
+            (reqs[2].method.as_str(), reqs[2].target.as_str()),
+            ("POST", "/_granary/plans")
+        );
+        let plan: plan::PlanSpec = serde_json::from_slice(&reqs[2].body).unwrap();
+        assert_eq!((plan.bucket.as_str(), plan.prefix.as_str()), ("b", "p/"));
+        assert_eq!((plan.seed, plan.epoch, plan.world_size), (5, 3, 1));
+        assert_eq!(plan.shards.len(), 1);
+        assert_eq!(
+            (plan.shards[0].etag.as_str(), plan.shards[0].samples),
+            ("v1", 2)
+        );
+        assert_eq!(reqs[3].header("x-granary-plan"), Some("00ab:3:0:0"));
     }
 }

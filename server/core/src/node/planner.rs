@@ -11,7 +11,9 @@
 //!   per plan per member per second, whatever the number of ranks ([`PlanReport`]).
 //! - **Fetching.** Every [`TICK`], the shards this node owns are ranked by their next
 //!   use in seconds (places to go over the plan's rate; the earliest over all plans).
-//!   The first not in the cache is fetched through the cache (a miss like any other:
+//!   Those that fit, soonest first, in the room the plans may use are the ones worth
+//!   holding (Belady's choice); the first of them not in the cache is fetched through
+//!   the cache (a miss like any other:
 //!   one fill, read by whoever asks meanwhile) when it fits beside what is there, or
 //!   when dropping planned entries needed later than it makes room. At most
 //!   [`FETCHES`] at once, and one while the node's own clients' misses wait on the
@@ -294,6 +296,35 @@ impl Node {
                 && p.due.is_finite()
                 && !fetching.contains(&format!("{}/{}", p.bucket, p.key))
         });
+        // Belady's horizon: the shards needed soonest that fit in the room plans may
+        // use (the cache less what entries of no plan hold) are the ones worth holding;
+        // one needed later would be dropped before its read for one needed sooner, its
+        // fetch wasted.
+        let u = self.cache.usage();
+        let sizes: Vec<u64> = held
+            .iter()
+            .map(|p| self.cache.holds(&p.bucket, &p.key).unwrap_or(p.size))
+            .collect();
+        let unplanned = u.used.saturating_sub(sizes.iter().sum());
+        let budget = u.capacity.saturating_sub(unplanned);
+        let mut by_due: Vec<(f64, u64)> = held
+            .iter()
+            .zip(&sizes)
+            .map(|(p, &n)| (p.due, n))
+            .chain(wanted.iter().map(|p| (p.due, p.size)))
+            .collect();
+        by_due.sort_by(|a, b| a.0.total_cmp(&b.0));
+        // Fills in flight hold their room already.
+        let mut taken = u.reserved;
+        let mut horizon = f64::NEG_INFINITY;
+        for (due, n) in by_due {
+            taken += n;
+            if taken > budget {
+                break;
+            }
+            horizon = due;
+        }
+        wanted.retain(|p| p.due <= horizon);
         let first = wanted.into_iter().min_by(|a, b| a.due.total_cmp(&b.due))?;
         match self.room_for(&first, held)? {
             v if v.is_empty() => Some(Step::Fetch(first)),

@@ -164,13 +164,17 @@ impl Node {
                 let mut reply = self.read_object(req, mode_of(req.mode)).await?;
                 // A client's read waiting on the backend: the planner waits for it.
                 if matches!(reply.origin, Origin::Miss | Origin::Bypass) {
-                    if let Body::Stream(s) = std::mem::replace(&mut reply.body, Body::Empty) {
-                        let demand = self.demand();
-                        reply.body = Body::Stream(Box::pin(s.map(move |item| {
-                            let _held = &demand;
-                            item
-                        })));
-                    }
+                    reply.body = match std::mem::replace(&mut reply.body, Body::Empty) {
+                        Body::Stream(s) => {
+                            let demand = self.demand();
+                            Body::Stream(Box::pin(s.map(move |item| {
+                                let _held = &demand;
+                                item
+                            })))
+                        }
+                        // A file (a local read, filled first) or nothing: no wait here.
+                        other => other,
+                    };
                 }
                 Ok(reply)
             }
