@@ -321,6 +321,10 @@ impl Plan {
 pub struct Plans {
     map: Mutex<HashMap<String, Arc<Plan>>>,
     ttl_ms: AtomicU64,
+    /// How many plans the map holds, read without its lock (every object read asks).
+    held: std::sync::atomic::AtomicUsize,
+    /// The largest shard any plan registered here has named (never lowered).
+    largest: AtomicU64,
 }
 
 /// What a registration did.
@@ -335,6 +339,8 @@ impl Plans {
         Plans {
             map: Mutex::new(HashMap::new()),
             ttl_ms: AtomicU64::new(ttl.as_millis() as u64),
+            held: Default::default(),
+            largest: AtomicU64::new(0),
         }
     }
 
@@ -359,6 +365,8 @@ impl Plans {
             return Err(PlansError::TooLarge(spec.shards.len()));
         }
         let id = spec.id();
+        let largest = spec.shards.iter().map(|s| s.size).max().unwrap_or(0);
+        self.largest.fetch_max(largest, Ordering::Relaxed);
         let held = self.lock().get(&id).cloned();
         if let Some(plan) = held {
             let mut st = plan.lock();
@@ -387,6 +395,7 @@ impl Plans {
             .entry(id)
             .or_insert_with(|| Arc::new(Plan::new(spec, schedule)))
             .clone();
+        self.held.store(map.len(), Ordering::Release);
         Ok(Registered {
             plan,
             pass_on: true,
@@ -409,28 +418,38 @@ impl Plans {
     }
 
     pub fn len(&self) -> usize {
-        self.lock().len()
+        self.held.load(Ordering::Acquire)
     }
 
     pub fn is_empty(&self) -> bool {
-        self.lock().is_empty()
+        self.len() == 0
+    }
+
+    /// The largest shard any plan registered here has named.
+    pub fn largest_shard(&self) -> u64 {
+        self.largest.load(Ordering::Relaxed)
     }
 
     pub fn remove(&self, id: &str) -> bool {
-        self.lock().remove(id).is_some()
+        let mut map = self.lock();
+        let gone = map.remove(id).is_some();
+        self.held.store(map.len(), Ordering::Release);
+        gone
     }
 
     /// Drops the plans unused for longer than the TTL; their ids.
     pub fn expire(&self) -> Vec<String> {
         let mut gone = Vec::new();
         let ttl = self.ttl();
-        self.lock().retain(|id, p| {
+        let mut map = self.lock();
+        map.retain(|id, p| {
             let keep = p.lock().used.elapsed() < ttl;
             if !keep {
                 gone.push(id.clone());
             }
             keep
         });
+        self.held.store(map.len(), Ordering::Release);
         gone
     }
 

@@ -27,7 +27,6 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
 use granary_proto::plan::{PlanMark, PlanSpec, PlanView};
 
 use super::{Node, NodeError, ReadRequest};
@@ -371,7 +370,15 @@ impl Node {
     /// make room, so that it is admitted rather than read through (and read again by
     /// the planner).
     pub(super) fn room_for_planned(&self, bucket: &str, key: &str) {
-        if self.plans.is_empty() || self.cache.holds(bucket, key).is_some() {
+        if self.plans.is_empty() {
+            return;
+        }
+        // Any planned shard fits beside what is there: nothing to drop, and no need to
+        // rank the plans' shards on the read path.
+        let u = self.cache.usage();
+        if u.capacity.saturating_sub(u.used + u.reserved) >= self.plans.largest_shard()
+            || self.cache.holds(bucket, key).is_some()
+        {
             return;
         }
         let (target, held): (Vec<Planned>, Vec<Planned>) = self
@@ -476,13 +483,7 @@ impl Node {
             r => r?,
         };
         let origin = reply.origin;
-        let mut body = reply.body.into_stream();
-        let mut n = 0u64;
-        while let Some(chunk) = body.next().await {
-            n += chunk
-                .map_err(|e| NodeError::Cut(format!("read cut short: {e}")))?
-                .len() as u64;
-        }
+        let n = super::prefetch::drain(reply.body.into_stream()).await?;
         // The last byte read is not yet the commit: the shard is not looked for again
         // before its fill has ended.
         self.cache.fill_ended(bucket, key).await;

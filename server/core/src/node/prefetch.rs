@@ -232,7 +232,7 @@ impl Node {
             return Ok(None);
         }
         let req = ReadRequest::object(bucket, key);
-        let mut body = match self.read_or_leave(&req, &[]).await? {
+        let body = match self.read_or_leave(&req, &[]).await? {
             Served::Here(reply) => reply.body.into_stream(),
             Served::Elsewhere(m) => {
                 let read = Read {
@@ -255,12 +255,17 @@ impl Node {
                 }
             }
         };
-        let mut n = 0u64;
-        while let Some(chunk) = body.next().await {
-            n += chunk
-                .map_err(|e| NodeError::Cut(format!("read cut short: {e}")))?
-                .len() as u64;
-        }
-        Ok(Some(n))
+        Ok(Some(drain(body).await?))
     }
+}
+
+/// Reads a body to its end (its bytes are being written into the cache): how many.
+pub(super) async fn drain(mut body: crate::backend::ByteStream) -> Result<u64, NodeError> {
+    let mut n = 0u64;
+    while let Some(chunk) = body.next().await {
+        n += chunk
+            .map_err(|e| NodeError::Cut(format!("read cut short: {e}")))?
+            .len() as u64;
+    }
+    Ok(n)
 }
