@@ -2,9 +2,12 @@
 
     python bench/p13.py ROOT GRANARY_BIN [--nodes 1|3] [--shards 64] [--shard-mib 2]
                         [--rate-mib 32] [--epochs 3] [--policies never-evict,lru,planner]
+                        [--read-ahead 2] [--backend fs|moto]
 
-D = SHARDS x SHARD_MIB, the cache C = D/2 (split over the nodes), the fs backend paced
-to B = 0.55 x X (`--backend-rate`, split over the nodes), where X is the job's
+D = SHARDS x SHARD_MIB, the cache C = D/2 (split over the nodes), the backend paced to
+B = 0.55 x X as a whole: `fs` is a directory paced by each node's `--backend-rate`
+(B split evenly over the nodes), `moto` a moto server behind `paceproxy.py`, which paces
+all the nodes' reads together to B, as a store's egress cap would. X is the job's
 consumption rate: ShardDataset in a DataLoader with 2 workers, and a fixed step per
 batch that sets X. Each policy runs EPOCHS epochs on fresh nodes: never-evict and lru
 without a plan, the planner (never-evict with ShardDataset's plan). The ideal is the
@@ -15,7 +18,7 @@ table.
 """
 import argparse, io, json, os, shutil, subprocess, sys, tarfile, time
 import requests
-from benchlib import port, wait_healthy
+from benchlib import CREDS, port, start_moto, wait_healthy
 
 ap = argparse.ArgumentParser()
 ap.add_argument("root"); ap.add_argument("granary")
@@ -26,6 +29,8 @@ ap.add_argument("--sample-kib", type=int, default=256)
 ap.add_argument("--rate-mib", type=float, default=32.0, help="the job's consumption rate X")
 ap.add_argument("--epochs", type=int, default=3)
 ap.add_argument("--policies", default="never-evict,lru,planner")
+ap.add_argument("--read-ahead", type=int, default=2, help="ShardDataset's read_ahead (runs per worker)")
+ap.add_argument("--backend", choices=("fs", "moto"), default="fs")
 a = ap.parse_args()
 
 MIB = 1 << 20
@@ -57,8 +62,28 @@ def lay_out():
             f.write(buf.getvalue())
 
 
+store = {}
+
+
+def start_store():
+    """The moto server with the dataset, and a proxy pacing it to B (moto only)."""
+    if a.backend != "moto":
+        return
+    moto = os.environ.get("MOTO_SERVER", "moto_server")
+    proc, url, s3 = start_moto(moto)
+    d = os.path.join(origin, "dsets")
+    for name in sorted(os.listdir(os.path.join(d, "p"))):
+        with open(os.path.join(d, "p", name), "rb") as f:
+            s3.put_object(Bucket="dsets", Key=f"p/{name}", Body=f.read())
+    pp = port()
+    proxy = subprocess.Popen([sys.executable, os.path.join(os.path.dirname(__file__), "paceproxy.py"),
+                              str(pp), url.rsplit(":", 1)[1], str(B)], stdout=subprocess.PIPE, text=True)
+    assert proxy.stdout.readline().strip() == "ready"
+    store.update(url=url, paced=f"http://127.0.0.1:{pp}", procs=[proc, proxy])
+
+
 def start_nodes(policy, capacity, rate):
-    """Fresh nodes: (processes, urls)."""
+    """Fresh nodes: (processes, urls). `rate`: pace the backend to it (else unpaced)."""
     ids = [f"n{i}" for i in range(a.nodes)]
     ports = [port() for _ in ids]
     peers = ",".join(f"{i}=http://127.0.0.1:{p}" for i, p in zip(ids, ports))
@@ -67,14 +92,17 @@ def start_nodes(policy, capacity, rate):
         data = os.path.join(root, "run", i)
         shutil.rmtree(data, ignore_errors=True); os.makedirs(data)
         args = [a.granary, "serve", "--listen", f"127.0.0.1:{p}", "--data-dir", data,
-                "--backend", f"fs:{origin}", "--node-id", i,
-                "--cache-capacity", str(capacity // a.nodes),
+                "--node-id", i, "--cache-capacity", str(capacity // a.nodes),
                 "--cache-policy", "lru" if policy == "lru" else "never-evict"]
-        if rate:
-            args += ["--backend-rate", str(rate // a.nodes)]
+        if a.backend == "moto":
+            args += ["--backend", "s3", "--s3-endpoint", store["paced"] if rate else store["url"]]
+        else:
+            args += ["--backend", f"fs:{origin}"]
+            if rate:
+                args += ["--backend-rate", str(rate // a.nodes)]
         if a.nodes > 1:
             args += ["--peer", peers]
-        procs.append(subprocess.Popen(args, stdout=subprocess.DEVNULL,
+        procs.append(subprocess.Popen(args, stdout=subprocess.DEVNULL, env=dict(os.environ, **CREDS),
                                       stderr=open(os.path.join(root, "run", f"{i}.log"), "w")))
         urls.append(f"http://127.0.0.1:{p}")
     for u in urls:
@@ -94,8 +122,8 @@ def totals(urls):
 
 JOB = r"""
 import json, sys, time, torch, granary
-url, epochs, first, step, plan = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), sys.argv[5] == "1"
-ds = granary.ShardDataset(url, "dsets", "p/", seed=3, batch_size=%d, read_ahead=2, plan=plan)
+url, epochs, first, step, plan, ahead = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), sys.argv[5] == "1", int(sys.argv[6])
+ds = granary.ShardDataset(url, "dsets", "p/", seed=3, batch_size=%d, read_ahead=ahead, plan=plan)
 dl = torch.utils.data.DataLoader(ds, batch_size=%d, num_workers=2, collate_fn=lambda b: b,
                                  persistent_workers=False, prefetch_factor=2)
 for e in range(first, first + epochs):
@@ -114,13 +142,14 @@ for e in range(first, first + epochs):
 def run_job(url, epochs, first, plan, on_epoch):
     step = batch * (a.sample_kib * 1024 - 1024) / X
     p = subprocess.Popen([sys.executable, "-c", JOB, url, str(epochs), str(first), str(step),
-                          "1" if plan else "0"], stdout=subprocess.PIPE, text=True)
+                          "1" if plan else "0", str(a.read_ahead)], stdout=subprocess.PIPE, text=True)
     for line in p.stdout:
         on_epoch(json.loads(line))
     assert p.wait() == 0, "the job failed"
 
 
 lay_out()
+start_store()
 rows = []
 # The ideal: the whole dataset in cache, no pacing; an epoch to warm, then one timed.
 procs, urls = start_nodes("never-evict", 4 * D, 0)
@@ -146,7 +175,8 @@ for policy in a.policies.split(","):
                "waited_s": round(r["waited"], 2),
                "cache_fraction": round(d["hits"] / reads, 3) if reads else None,
                "backend_over_D_minus_C": round(d["bytes_from_backend"] / (D - C), 3),
-               "wall_s": round(r["wall"], 2), "planned_fetches": d["planned_fetches"]}
+               "wall_s": round(r["wall"], 2),
+               **{k: d[k] for k in ("hits", "misses", "bypasses", "peer_fills", "planned_fetches")}}
         rows.append(row)
         print(json.dumps(row), flush=True)
 
@@ -154,7 +184,10 @@ for policy in a.policies.split(","):
     for p in procs:
         p.kill(); p.wait()
 
-print(f"\nP13, {a.nodes} node(s): D = {D / MIB:.0f} MiB, C = {C / MIB:.0f} MiB, "
+for p in store.get("procs", []):
+    p.kill(); p.wait()
+
+print(f"\nP13, {a.nodes} node(s), {a.backend}: D = {D / MIB:.0f} MiB, C = {C / MIB:.0f} MiB, "
       f"X = {X / MIB:.1f} MiB/s, B = {B / MIB:.1f} MiB/s; ideal epoch {ideal_wall:.2f} s")
 print("| policy | epoch | wall / ideal | waited (s) | from cache | backend / (D-C) |")
 print("|---|---|---|---|---|---|")

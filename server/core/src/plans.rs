@@ -19,6 +19,8 @@ use serde::{Deserialize, Serialize};
 
 /// How long a plan is kept without a sign of progress, unless configured.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(60);
+/// The shortest span a plan's rate is measured over.
+const RATE_SPAN: Duration = Duration::from_millis(1500);
 /// Most shards a plan may name.
 pub const MAX_SHARDS: usize = 1 << 20;
 /// Most plans a node holds.
@@ -81,6 +83,11 @@ pub struct Standing {
     pub consumed: u64,
     /// Places per second per rank.
     pub rate: f64,
+    /// The pace the ranks read at when no read waits: the fastest span's rate,
+    /// forgotten slowly. The planner times its fetches by it, so that a job slowed by
+    /// reads that waited does not make the planner later still.
+    #[serde(default)]
+    pub pace: f64,
     pub counts: Counts,
     pub idle_ms: u64,
 }
@@ -109,8 +116,12 @@ struct State {
     reports: HashMap<String, (Instant, Report)>,
     /// The standing last learned (from the home, or made here at the home).
     standing: Standing,
-    /// The slowest place and when it was seen, for the rate.
+    /// The slowest place and when it was seen, for the rate: counted from the plan's
+    /// first epoch (epochs times samples per rank, plus the place), so that the rate
+    /// runs on across epochs.
     last_place: Option<(u64, Instant)>,
+    /// When the standing was made (at the home) or learned (elsewhere).
+    stood: Instant,
 }
 
 impl Plan {
@@ -130,6 +141,7 @@ impl Plan {
                     ..Standing::default()
                 },
                 last_place: None,
+                stood: Instant::now(),
             }),
             fetched: AtomicU64::new(0),
             evicted: AtomicU64::new(0),
@@ -146,9 +158,9 @@ impl Plan {
         self.lock().spec.clone()
     }
 
-    /// The plan's schedule, and where its slowest rank stands in it, in places, now
-    /// (the last standing moved on at its rate).
-    pub fn position(&self) -> (Arc<Schedule>, u64, f64) {
+    /// The plan's schedule, where its slowest rank stands in it (in places), the pace
+    /// its ranks read at (places per second), and how old the standing is.
+    pub fn position(&self) -> (Arc<Schedule>, u64, f64, Duration) {
         let st = self.lock();
         // The standing of another epoch says nothing of this one.
         let mut place = if st.standing.epoch == st.schedule.epoch {
@@ -162,7 +174,12 @@ impl Plan {
                 place = place.max(min);
             }
         }
-        (st.schedule.clone(), place, st.standing.rate)
+        (
+            st.schedule.clone(),
+            place,
+            st.standing.pace,
+            st.stood.elapsed(),
+        )
     }
 
     pub fn fetched(&self, bytes: u64) {
@@ -195,7 +212,6 @@ impl Plan {
             st.spec = Arc::new(spec);
             st.schedule = Arc::new(s);
             st.noted.clear();
-            st.last_place = None;
         }
     }
 
@@ -241,30 +257,42 @@ impl Plan {
         };
         let consumed = ranks.values().sum::<u64>();
         let now = Instant::now();
+        // Over spans of a couple of reports: the ranks' reads come in runs, and stand
+        // still at an epoch's end while the job eats what it has read.
+        let at_all = epoch * st.schedule.per_rank + place;
+        let mut pace = st.standing.pace;
         let rate = match st.last_place {
-            Some((p, at)) if place > p && now.duration_since(at) >= Duration::from_millis(500) => {
-                let r = (place - p) as f64 / now.duration_since(at).as_secs_f64();
-                st.last_place = Some((place, now));
+            Some((p, at)) if at_all > p && now.duration_since(at) >= RATE_SPAN => {
+                let r = (at_all - p) as f64 / now.duration_since(at).as_secs_f64();
+                st.last_place = Some((at_all, now));
+                pace = if r > pace { r } else { 0.9 * pace + 0.1 * r };
                 if st.standing.rate > 0.0 {
                     0.5 * st.standing.rate + 0.5 * r
                 } else {
                     r
                 }
             }
+            // Back to an earlier place (a job resumed from a checkpoint): from here.
+            Some((p, _)) if at_all < p => {
+                st.last_place = Some((at_all, now));
+                st.standing.rate
+            }
             Some(_) => st.standing.rate,
             None => {
-                st.last_place = Some((place, now));
+                st.last_place = Some((at_all, now));
                 st.standing.rate
             }
         };
         if idle < st.used.elapsed().as_millis() as u64 {
             st.used = now - Duration::from_millis(idle);
         }
+        st.stood = now;
         st.standing = Standing {
             epoch,
             place,
             consumed,
             rate,
+            pace,
             counts,
             idle_ms: st.used.elapsed().as_millis() as u64,
         };
@@ -280,6 +308,7 @@ impl Plan {
             st.used = used;
         }
         st.standing = standing;
+        st.stood = Instant::now();
     }
 
     /// How the plan shows: its spec, the standing, and `ttl` less its idle time.
@@ -377,7 +406,6 @@ impl Plans {
                 st.spec = Arc::new(spec);
                 st.schedule = Arc::new(schedule);
                 st.noted.clear();
-                st.last_place = None;
             }
             let due = st.sent.is_none_or(|t| t.elapsed() >= RESEND_EVERY);
             drop(st);

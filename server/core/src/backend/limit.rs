@@ -31,6 +31,12 @@ pub struct Limited {
     pace: Option<Arc<Pace>>,
 }
 
+/// How far behind the clock the rate's turns may start: a piece that comes a little
+/// late (a timer's lateness, a read's own time) takes up the time lost, so the bytes
+/// passed over any span come to the rate, not to less; after an idle spell, at most
+/// this much goes at once.
+const CATCH_UP: Duration = Duration::from_millis(20);
+
 /// Turns at a rate: the time each piece of bytes may pass.
 struct Pace {
     bytes_per_sec: f64,
@@ -39,10 +45,15 @@ struct Pace {
 
 impl Pace {
     /// When `n` more bytes have passed: their turn starts right after the bytes given
-    /// turns before them, and lasts as long as `n` bytes take at the rate.
+    /// turns before them (or [`CATCH_UP`] ago, when that is later), and lasts as long as
+    /// `n` bytes take at the rate.
     fn turn(&self, n: usize) -> Instant {
+        self.turn_at(n, Instant::now())
+    }
+
+    fn turn_at(&self, n: usize, now: Instant) -> Instant {
         let mut next = self.next.lock().unwrap_or_else(|p| p.into_inner());
-        let at = (*next).max(Instant::now());
+        let at = (*next).max(now.checked_sub(CATCH_UP).unwrap_or(now));
         *next = at + Duration::from_secs_f64(n as f64 / self.bytes_per_sec);
         *next
     }
@@ -313,8 +324,35 @@ mod tests {
         };
         let (a, bb) = tokio::join!(read("a"), read("b"));
         assert_eq!((a, bb), (vec![1u8; 512 << 10], vec![2u8; 512 << 10]));
-        // 1 MiB at 2 MiB/s: half a second.
+        // 1 MiB at 2 MiB/s: half a second, less the catch-up the first piece may take.
         let took = started.elapsed();
-        assert!(took >= Duration::from_millis(490), "{took:?}");
+        assert!(took >= Duration::from_millis(500) - CATCH_UP, "{took:?}");
+    }
+
+    /// Pieces that each come a little after their turn (a timer's lateness) still pass
+    /// at the rate over the whole read; after an idle spell, no more than the catch-up
+    /// goes at once.
+    #[test]
+    fn lateness_is_taken_up_not_lost() {
+        let start = Instant::now();
+        let pace = Pace {
+            bytes_per_sec: 1_000_000.0,
+            next: Mutex::new(start),
+        };
+        // 100 pieces of 10 kB, each asked for 2 ms after the last turn ended.
+        let mut now = start;
+        let mut end = start;
+        for _ in 0..100 {
+            end = pace.turn_at(10_000, now);
+            now = end + Duration::from_millis(2);
+        }
+        // 1 MB at 1 MB/s: one second, not 1.2.
+        assert_eq!(end - start, Duration::from_secs(1));
+        // Idle for a second: the next piece's turn starts the catch-up before now.
+        let now = end + Duration::from_secs(1);
+        assert_eq!(
+            pace.turn_at(10_000, now),
+            now - CATCH_UP + Duration::from_millis(10)
+        );
     }
 }

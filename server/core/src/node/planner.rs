@@ -18,11 +18,20 @@
 //!   when dropping planned entries needed later than it makes room. At most
 //!   [`FETCHES`] at once, and one while the node's own clients' misses wait on the
 //!   backend: demand reads go first, and the planner still gets ahead of them.
+//! - **Just in time.** A fetch starts no earlier than it must: the planner measures
+//!   the backend's throughput while it fetches, and starts the next fetch once the
+//!   shards still missing, fetched one after another at that rate, would otherwise
+//!   come later than [`SLACK`] before their reads. A fetch made earlier than that
+//!   would drop an entry that is read before the fetched shard's turn comes, and cost
+//!   its fetch again: the bytes from the backend stay at what the cache's size forces.
+//!   Times come from the ranks' pace when no read waits; while clients' reads have
+//!   waited on the backend within [`BEHIND`], the planner is behind, and fetches as
+//!   soon as it can.
 //! - **Dropping.** Only entries of a plan's shards, never one a read holds, and only for
 //!   a shard needed sooner. Entries of no plan stay under the cache's policy. A dropped
 //!   entry's next read is an ordinary miss: bytes never change.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -42,6 +51,11 @@ pub const TICK: Duration = Duration::from_millis(200);
 pub const EXCHANGE_EVERY: Duration = Duration::from_secs(1);
 /// Planned fetches in flight at once.
 pub const FETCHES: usize = 2;
+/// How long before its read a planned shard should be in the cache, at least.
+pub const SLACK: Duration = Duration::from_millis(400);
+/// How long after a client's read waited on the backend the planner fetches as soon as
+/// it can, rather than just in time.
+pub const BEHIND: Duration = Duration::from_secs(2);
 /// The ring key of a plan's home.
 const HOME: &str = "\0plans";
 
@@ -49,11 +63,73 @@ const HOME: &str = "\0plans";
 #[derive(Default)]
 pub struct Planner {
     wake: tokio::sync::Notify,
-    /// Shards being fetched: `bucket/key`.
-    fetching: Mutex<HashSet<String>>,
+    /// Shards being fetched: `bucket/key`, and their sizes.
+    fetching: Mutex<HashMap<String, u64>>,
+    /// The backend's throughput as the planner's fetches see it.
+    meter: Mutex<Meter>,
     exchanging: AtomicBool,
     /// The node's clients' reads waiting on the backend.
     demand: Arc<AtomicUsize>,
+    /// When a client's read last waited on the backend.
+    waited: Mutex<Option<Instant>>,
+}
+
+/// The backend's throughput, measured over spans in which a planned fetch was in
+/// flight throughout (bytes from the backend over the span, whoever asked for them).
+#[derive(Default)]
+struct Meter {
+    /// The span's start: when, and the node's bytes from the backend by then.
+    since: Option<(Instant, u64)>,
+    /// Bytes per second (0: not measured yet).
+    rate: f64,
+}
+
+impl Meter {
+    /// The shortest span measured.
+    const SPAN: Duration = Duration::from_millis(500);
+
+    /// A look at the backend: `busy` while a planned fetch is in flight, `bytes` the
+    /// node's bytes from the backend so far.
+    fn look(&mut self, busy: bool, bytes: u64, now: Instant) {
+        if !busy {
+            self.since = None;
+            return;
+        }
+        match self.since {
+            None => self.since = Some((now, bytes)),
+            Some((at, before)) if now.duration_since(at) >= Self::SPAN => {
+                let r = bytes.saturating_sub(before) as f64 / now.duration_since(at).as_secs_f64();
+                self.rate = if self.rate > 0.0 {
+                    0.7 * self.rate + 0.3 * r
+                } else {
+                    r
+                };
+                self.since = Some((now, bytes));
+            }
+            Some(_) => {}
+        }
+    }
+}
+
+/// Whether a fetch should start now: the latest time the first of `missing` (sizes and
+/// seconds to their reads, soonest first) can start, when they are fetched one after
+/// another at `rate` bytes per second behind `backlog` bytes already in flight, is
+/// within `slack` and the time of one more fetch (fetches in flight share the rate, so
+/// the first one started may end later than alone); always, when the rate is not known.
+fn due_now(missing: &[(u64, f64)], backlog: u64, rate: f64, slack: f64) -> bool {
+    let Some(&(first, _)) = missing.first() else {
+        return false;
+    };
+    if rate <= 0.0 {
+        return true;
+    }
+    let mut done = backlog as f64 / rate;
+    let mut latest = f64::INFINITY;
+    for &(size, due) in missing {
+        done += size as f64 / rate;
+        latest = latest.min(due - done);
+    }
+    latest <= slack + first as f64 / rate
 }
 
 /// One of this node's shards as the plans see it.
@@ -65,6 +141,9 @@ struct Planned {
     due: f64,
     /// Seconds until its first read in the next epoch.
     reuse: f64,
+    /// Seconds its plan's ranks may be ahead of the place `due` is counted from (the
+    /// standing's age, a report or two).
+    early: f64,
     plan: Arc<Plan>,
 }
 
@@ -165,6 +244,11 @@ impl Node {
     /// starts no fetch meanwhile.
     pub fn demand(&self) -> Demand {
         self.planner.demand.fetch_add(1, Ordering::AcqRel);
+        *self
+            .planner
+            .waited
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
         Demand(self.planner.demand.clone())
     }
 
@@ -238,7 +322,8 @@ impl Node {
         let mut by_key: HashMap<String, Planned> = HashMap::new();
         for plan in self.plans.all() {
             let spec = plan.spec();
-            let (schedule, place, rate) = plan.position();
+            let (schedule, place, rate, age) = plan.position();
+            let early = age.min(EXCHANGE_EVERY).as_secs_f64();
             // Before a rate is known, places stand for seconds: the order holds.
             let rate = if rate > 0.0 { rate } else { 1.0 };
             // A rank's DataLoader workers read batches in turn: the furthest place
@@ -260,6 +345,7 @@ impl Node {
                     Some(p) => {
                         p.due = due;
                         p.reuse = p.reuse.min(reuse);
+                        p.early = early;
                         p.plan = plan.clone();
                     }
                     None => {
@@ -271,6 +357,7 @@ impl Node {
                                 size: shard.size,
                                 due,
                                 reuse,
+                                early,
                                 plan: plan.clone(),
                             },
                         );
@@ -283,7 +370,7 @@ impl Node {
 
     /// What to do next: the earliest shard not in the cache, if it fits, or fits once
     /// planned entries needed later are dropped.
-    fn next_step(&self, fetching: &HashSet<String>) -> Option<Step> {
+    fn next_step(&self, fetching: &HashMap<String, u64>) -> Option<Step> {
         let (mut wanted, held): (Vec<Planned>, Vec<Planned>) = self
             .planned_here()
             .into_iter()
@@ -293,7 +380,7 @@ impl Node {
         wanted.retain(|p| {
             p.due > 0.0
                 && p.due.is_finite()
-                && !fetching.contains(&format!("{}/{}", p.bucket, p.key))
+                && !fetching.contains_key(&format!("{}/{}", p.bucket, p.key))
         });
         // Belady's horizon: the shards needed soonest that fit in the room plans may
         // use (the cache less what entries of no plan hold) are the ones worth holding;
@@ -323,8 +410,28 @@ impl Node {
             }
             horizon = due;
         }
-        wanted.retain(|p| p.due <= horizon);
-        let first = wanted.into_iter().min_by(|a, b| a.due.total_cmp(&b.due))?;
+        wanted.sort_by(|a, b| a.due.total_cmp(&b.due));
+        let missing: Vec<(u64, f64)> = wanted
+            .iter()
+            .map(|p| (p.size, (p.due - p.early).max(0.0)))
+            .collect();
+        let backlog = fetching.values().sum();
+        let behind = self
+            .planner
+            .waited
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some_and(|at| at.elapsed() < BEHIND);
+        let rate = self
+            .planner
+            .meter
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .rate;
+        if !behind && !due_now(&missing, backlog, rate, SLACK.as_secs_f64()) {
+            return None;
+        }
+        let first = wanted.into_iter().next().filter(|p| p.due <= horizon)?;
         match self.room_for(&first, held)? {
             v if v.is_empty() => Some(Step::Fetch(first)),
             v => Some(Step::DropThenFetch(v, first)),
@@ -339,8 +446,11 @@ impl Node {
         if target.size <= room {
             return Some(Vec::new());
         }
-        // Farthest first; only those needed later than the shard.
-        held.retain(|p| p.due > target.due);
+        // Farthest first; only those needed later than the shard, and read already in
+        // this epoch (their next read is the next epoch's): one that is still to be read
+        // in this epoch is worth keeping until then, as an entry read meanwhile will
+        // make room (dropping it for a fetch made early would cost its fetch again).
+        held.retain(|p| p.due > target.due && p.due >= p.reuse);
         held.sort_by(|a, b| b.due.total_cmp(&a.due));
         let mut freed = room;
         let mut victims = Vec::new();
@@ -422,6 +532,15 @@ impl Node {
                 .fetching
                 .lock()
                 .unwrap_or_else(|p| p.into_inner());
+            self.planner
+                .meter
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .look(
+                    !fetching.is_empty(),
+                    self.stats.get(Metric::BytesFromBackend),
+                    Instant::now(),
+                );
             if fetching.len() >= most {
                 return;
             }
@@ -436,12 +555,13 @@ impl Node {
             }
         };
         let id = format!("{}/{}", shard.bucket, shard.key);
-        if !self
+        if self
             .planner
             .fetching
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(id.clone())
+            .insert(id.clone(), shard.size)
+            .is_some()
         {
             return;
         }
@@ -451,7 +571,6 @@ impl Node {
                 Ok(bytes) if bytes > 0 => {
                     shard.plan.fetched(bytes);
                     node.stats.add(Metric::BytesPlanned, bytes);
-                    node.stats.add(Metric::PlannedFetches, 1);
                 }
                 Ok(_) => {}
                 Err(e) => tracing::warn!(key = %shard.key, error = %e, "a planned fetch failed"),
@@ -483,10 +602,62 @@ impl Node {
             r => r?,
         };
         let origin = reply.origin;
+        // Counted as it starts, as the cache counts its miss: both in the same span.
+        if origin == Origin::Miss {
+            self.stats.add(Metric::PlannedFetches, 1);
+        }
         let n = super::prefetch::drain(reply.body.into_stream()).await?;
         // The last byte read is not yet the commit: the shard is not looked for again
         // before its fill has ended.
         self.cache.fill_ended(bucket, key).await;
         Ok(if origin == Origin::Miss { n } else { 0 })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MB: u64 = 1_000_000;
+
+    /// Shards still missing, fetched one after another at the backend's rate, start
+    /// when the last one that can still arrive in time must; earlier would drop entries
+    /// read meanwhile.
+    #[test]
+    fn a_fetch_starts_just_in_time() {
+        // 1 MB/s; two shards of 1 MB read in 10 and 11 s: the second must start by 9 s
+        // from now behind the first, the first by 8 s.
+        let missing = [(MB, 10.0), (MB, 11.0)];
+        let slack = 0.5;
+        assert!(!due_now(&missing, 0, MB as f64, slack), "8 s to spare");
+        // Read in 2.5 and 3 s: the first must start by 1 s, within slack and one fetch.
+        assert!(due_now(&[(MB, 2.5), (MB, 3.0)], 0, MB as f64, slack));
+        // A later shard that is due soon after pulls the first one's start earlier:
+        // 1 + 1 + 1 s of fetching before 3.4 s.
+        assert!(due_now(&[(MB, 9.0), (MB, 3.3), (MB, 3.4)], 0, MB as f64, slack));
+        // Bytes in flight come first: 3 MB ahead of a shard read in 5 s.
+        assert!(!due_now(&[(MB, 5.0)], 0, MB as f64, slack));
+        assert!(due_now(&[(MB, 5.0)], 3 * MB, MB as f64, slack));
+        // No rate known yet: now; nothing missing: never.
+        assert!(due_now(&missing, 0, 0.0, slack));
+        assert!(!due_now(&[], 0, MB as f64, slack));
+    }
+
+    /// The meter measures only spans in which a fetch was in flight throughout.
+    #[test]
+    fn the_meter_counts_busy_spans_only() {
+        let t0 = Instant::now();
+        let mut m = Meter::default();
+        m.look(true, 0, t0);
+        m.look(true, 2 * MB, t0 + Duration::from_secs(1));
+        assert_eq!(m.rate, 2.0 * MB as f64);
+        // Idle: the span ends; bytes that came meanwhile (a client's read) do not count.
+        m.look(false, 10 * MB, t0 + Duration::from_secs(2));
+        m.look(true, 10 * MB, t0 + Duration::from_secs(3));
+        m.look(true, 11 * MB, t0 + Duration::from_secs(4));
+        assert_eq!(m.rate, 0.7 * 2.0 * MB as f64 + 0.3 * MB as f64);
+        // A span shorter than the meter's is not measured yet.
+        m.look(true, 20 * MB, t0 + Duration::from_millis(4100));
+        assert_eq!(m.rate, 0.7 * 2.0 * MB as f64 + 0.3 * MB as f64);
     }
 }
