@@ -634,7 +634,12 @@ mod tests {
         assert!(due_now(&[(MB, 2.5), (MB, 3.0)], 0, MB as f64, slack));
         // A later shard that is due soon after pulls the first one's start earlier:
         // 1 + 1 + 1 s of fetching before 3.4 s.
-        assert!(due_now(&[(MB, 9.0), (MB, 3.3), (MB, 3.4)], 0, MB as f64, slack));
+        assert!(due_now(
+            &[(MB, 9.0), (MB, 3.3), (MB, 3.4)],
+            0,
+            MB as f64,
+            slack
+        ));
         // Bytes in flight come first: 3 MB ahead of a shard read in 5 s.
         assert!(!due_now(&[(MB, 5.0)], 0, MB as f64, slack));
         assert!(due_now(&[(MB, 5.0)], 3 * MB, MB as f64, slack));
