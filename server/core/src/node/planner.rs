@@ -25,10 +25,10 @@
 //!   would drop an entry that is read before the fetched shard's turn comes, and cost
 //!   its fetch again: the bytes from the backend stay at what the cache's size forces.
 //!   Times come from the ranks' pace when no read waits; while clients' reads have
-//!   waited on the backend within [`BEHIND`], the planner is behind, and fetches as
-//!   soon as it can.
-//! - **Dropping.** Only entries of a plan's shards, never one a read holds, and only for
-//!   a shard needed sooner. Entries of no plan stay under the cache's policy. A dropped
+//!   waited on the backend within [`BEHIND`], the planner is behind, and fetches the
+//!   shards still to be read in this epoch as soon as it can.
+//! - **Dropping.** Only entries of a plan's shards the ranks have read in this epoch,
+//!   never one a read holds, and only for a shard needed sooner. Entries of no plan stay under the cache's policy. A dropped
 //!   entry's next read is an ordinary miss: bytes never change.
 
 use std::collections::HashMap;
@@ -416,12 +416,16 @@ impl Node {
             .map(|p| (p.size, (p.due - p.early).max(0.0)))
             .collect();
         let backlog = fetching.values().sum();
-        let behind = self
-            .planner
-            .waited
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_some_and(|at| at.elapsed() < BEHIND);
+        // Behind: a client's read waited lately, and the shard first needed is still to be
+        // read in this epoch. A shard for the next epoch waits for its time even then:
+        // fetched early, it is the first entry dropped for a read of this epoch's.
+        let behind = wanted.first().is_some_and(|p| p.due < p.reuse)
+            && self
+                .planner
+                .waited
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .is_some_and(|at| at.elapsed() < BEHIND);
         let rate = self
             .planner
             .meter
