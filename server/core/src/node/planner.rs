@@ -28,8 +28,9 @@
 //!   waited on the backend within [`BEHIND`], the planner is behind, and fetches the
 //!   shards still to be read in this epoch as soon as it can.
 //! - **Dropping.** Only entries of a plan's shards the ranks have read in this epoch,
-//!   never one a read holds, and only for a shard needed sooner. Entries of no plan stay under the cache's policy. A dropped
-//!   entry's next read is an ordinary miss: bytes never change.
+//!   never one a read holds, and only for a shard needed sooner. Entries of no plan
+//!   stay under the cache's policy. A dropped entry's next read is an ordinary miss:
+//!   bytes never change.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -370,11 +371,24 @@ impl Node {
 
     /// What to do next: the earliest shard not in the cache, if it fits, or fits once
     /// planned entries needed later are dropped.
+    /// This node's planned shards split into those not in the cache and those in it,
+    /// each looked up once: a held one's `size` is its entry's.
+    fn split_held(&self) -> (Vec<Planned>, Vec<Planned>) {
+        let (mut missing, mut held) = (Vec::new(), Vec::new());
+        for mut p in self.planned_here() {
+            match self.cache.holds(&p.bucket, &p.key) {
+                Some(n) => {
+                    p.size = n;
+                    held.push(p);
+                }
+                None => missing.push(p),
+            }
+        }
+        (missing, held)
+    }
+
     fn next_step(&self, fetching: &HashMap<String, u64>) -> Option<Step> {
-        let (mut wanted, held): (Vec<Planned>, Vec<Planned>) = self
-            .planned_here()
-            .into_iter()
-            .partition(|p| self.cache.holds(&p.bucket, &p.key).is_none());
+        let (mut wanted, held) = self.split_held();
         // Shards being read now are the readers' to bring (by range, as they go); the
         // planner brings the next ones before their first read.
         wanted.retain(|p| {
@@ -387,17 +401,12 @@ impl Node {
         // one needed later would be dropped before its read for one needed sooner, its
         // fetch wasted.
         let u = self.cache.usage();
-        let sizes: Vec<u64> = held
-            .iter()
-            .map(|p| self.cache.holds(&p.bucket, &p.key).unwrap_or(p.size))
-            .collect();
-        let unplanned = u.used.saturating_sub(sizes.iter().sum());
+        let unplanned = u.used.saturating_sub(held.iter().map(|p| p.size).sum());
         let budget = u.capacity.saturating_sub(unplanned);
         let mut by_due: Vec<(f64, u64)> = held
             .iter()
-            .zip(&sizes)
-            .map(|(p, &n)| (p.due, n))
-            .chain(wanted.iter().map(|p| (p.due, p.size)))
+            .chain(&wanted)
+            .map(|p| (p.due, p.size))
             .collect();
         by_due.sort_by(|a, b| a.0.total_cmp(&b.0));
         // Fills in flight hold their room already.
@@ -462,7 +471,7 @@ impl Node {
             if freed >= target.size {
                 break;
             }
-            freed += self.cache.holds(&v.bucket, &v.key).unwrap_or(0);
+            freed += v.size;
             victims.push(v);
         }
         (freed >= target.size).then_some(victims)
@@ -495,17 +504,13 @@ impl Node {
         {
             return;
         }
-        let (target, held): (Vec<Planned>, Vec<Planned>) = self
-            .planned_here()
-            .into_iter()
-            .filter(|p| {
-                (p.bucket == bucket && p.key == key)
-                    || self.cache.holds(&p.bucket, &p.key).is_some()
-            })
-            .partition(|p| p.bucket == bucket && p.key == key);
+        let (missing, held) = self.split_held();
         // Kept for its next epoch's read: worth a place only where that comes before
         // the next reads of the entries it would replace; else it is read through.
-        let Some(mut target) = target.into_iter().next() else {
+        let Some(mut target) = missing
+            .into_iter()
+            .find(|p| p.bucket == bucket && p.key == key)
+        else {
             return;
         };
         target.due = target.reuse;

@@ -162,8 +162,9 @@ impl Node {
             (None, None) => {
                 self.room_for_planned(req.bucket, req.key);
                 let mut reply = self.read_object(req, mode_of(req.mode)).await?;
-                // A client's read waiting on the backend: the planner waits for it.
-                if matches!(reply.origin, Origin::Miss | Origin::Bypass) {
+                // A client's read waiting on the backend: the planner, when it has
+                // plans, waits for it (with none, nothing to count on the read path).
+                if matches!(reply.origin, Origin::Miss | Origin::Bypass) && !self.plans.is_empty() {
                     reply.body = match std::mem::replace(&mut reply.body, Body::Empty) {
                         Body::Stream(s) => {
                             let demand = self.demand();
