@@ -12,6 +12,7 @@
 
 use std::collections::HashMap;
 use std::io::Read;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
@@ -251,13 +252,41 @@ fn fetch(catalog: &Catalog, run: &Run, clients: &mut Clients, local: bool) -> Re
                 crate::Local::Bytes(bytes, _) => owned(Box::new(std::io::Cursor::new(bytes)), from),
             };
         }
-        let reader = c.open_with(&catalog.bucket, &shard.key, &opts)?;
-        if shard.compressed() {
+        let cut = Arc::new(AtomicBool::new(false));
+        let reader = Watched {
+            inner: c.open_with(&catalog.bucket, &shard.key, &opts)?,
+            failed: cut.clone(),
+        };
+        let got = if shard.compressed() {
             owned(Box::new(flate2::read::MultiGzDecoder::new(reader)), 0)
         } else {
             owned(Box::new(reader), from)
+        };
+        match got {
+            // The connection failed mid-answer (the member stopped): another member may
+            // serve the run whole, and nothing of this one was delivered.
+            Err(Error::Shard { source, .. }) if cut.load(Ordering::Relaxed) => Err(Error::Io {
+                addr: c.endpoint().to_owned(),
+                source,
+            }),
+            other => other,
         }
     })
+}
+
+/// A body that notes whether reading it failed, so that a cut connection is told apart
+/// from a shard that is not a tar.
+struct Watched<R> {
+    inner: R,
+    failed: Arc<AtomicBool>,
+}
+
+impl<R: Read> Read for Watched<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.inner.read(buf).inspect_err(|_| {
+            self.failed.store(true, Ordering::Relaxed);
+        })
+    }
 }
 
 /// A run's samples, each with its output slot.
@@ -572,6 +601,77 @@ pub fn register(catalog: &Catalog, spec: &EpochSpec, settings: &ReadSettings) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_run_cut_mid_answer_is_read_whole_from_the_next_member() {
+        use super::super::catalog::ShardInfo;
+        use crate::fake::{tar_of, FakeServer, Reply};
+        use crate::{ClusterView, Member, MemberState};
+        use granary_proto::ring::{key_hash, Ring};
+        let tar = tar_of(&[
+            ("s/0.bin", &[7u8; 3000]),
+            ("s/1.bin", &[8u8; 3000]),
+            ("s/2.bin", &[9u8; 3000]),
+        ]);
+        // The owner stops halfway through the shard; the next member serves it whole.
+        let cut = Reply::ok(tar[..tar.len() / 2].to_vec())
+            .with_header("content-length", &tar.len().to_string())
+            .then_close();
+        let owner = FakeServer::start(vec![cut]);
+        let next = FakeServer::start(vec![Reply::ok(tar.clone())]);
+        let order = Ring::uniform(["a", "b"]).ranked(key_hash("bk", "d/s.tar"));
+        let urls = if order[0] == 0 {
+            [owner.endpoint(), next.endpoint()]
+        } else {
+            [next.endpoint(), owner.endpoint()]
+        };
+        let members = ["a", "b"]
+            .iter()
+            .zip(&urls)
+            .map(|(id, url)| Member {
+                id: (*id).into(),
+                url: url.clone(),
+                state: MemberState::Up,
+                weight: 100.0,
+            })
+            .collect();
+        let view = ClusterView {
+            node_id: "a".into(),
+            members,
+            owner: None,
+        };
+        let router = Router::from_view(&next.endpoint(), &view);
+        let catalog = Catalog {
+            bucket: "bk".into(),
+            prefix: "d/".into(),
+            shards: vec![ShardInfo {
+                key: "d/s.tar".into(),
+                etag: String::new(),
+                count: 3,
+                spans: None,
+                size: 0,
+            }],
+        };
+        let run = Run {
+            shard: 0,
+            first: 0,
+            last: 2,
+            take: vec![(0, 0), (2, 1)],
+            mark: None,
+        };
+        let mut clients = Clients::new(router, None, Duration::from_secs(5));
+        let got = fetch(&catalog, &run, &mut clients, false).unwrap();
+        let got: Vec<(usize, Vec<u8>)> = got
+            .into_iter()
+            .map(|(slot, d)| match d {
+                Delivered::Owned(s) => (slot, s.fields["bin"].clone()),
+                Delivered::Mapped(_) => panic!("mapped over TCP"),
+            })
+            .collect();
+        assert_eq!(got, vec![(0, vec![7u8; 3000]), (1, vec![9u8; 3000])]);
+        assert_eq!(owner.finish().len(), 1);
+        assert_eq!(next.finish().len(), 1);
+    }
 
     #[test]
     fn runs_join_near_samples_of_one_shard_and_split_at_gaps_and_limits() {
