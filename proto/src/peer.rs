@@ -2,11 +2,14 @@
 //! invalidations, prefetch parts, rebalance offers) carry
 //! `x-granary-peer-auth: NODE SECS NONCE HEX`, and every request a member sends another
 //! carries `x-granary-hop` in the same form. HEX is HMAC-SHA256 under the cluster's secret
-//! of the sending node, the receiving node, the time, a nonce, the method, the path with
-//! its query, and the SHA-256 of the body (declared in `x-granary-peer-sha256`; absent,
-//! the empty body's). So a captured request is good only at the member it was sent to,
-//! with the body it was sent with, within [`WINDOW`] of its time; the receiver keeps the
-//! nonces of requests that change something for that long and refuses a second use.
+//! of the sending node, the receiving node and its boot identity (a random id each
+//! process start, learned from its health answer), the time, a nonce, the method, the
+//! path with its query, and the SHA-256 of the body (declared in `x-granary-peer-sha256`;
+//! absent, the empty body's). So a captured request is good only at the member it was
+//! sent to, in the incarnation it was sent to, with the body it was sent with, within
+//! [`WINDOW`] of its time; the receiver keeps the nonces for that long and refuses a
+//! second use. Health probes, which change nothing, are signed for any incarnation
+//! ([`ANY_BOOT`]): they are how the boot identity is learned.
 //! Forwarded client requests keep their own signatures, and their hop proves membership
 //! with the body unbound ([`UNBOUND`]).
 
@@ -19,6 +22,10 @@ pub const WINDOW: Duration = Duration::from_secs(60);
 /// The body hash of a request whose body a signature does not cover (a client's
 /// forwarded request, signed by the client).
 pub const UNBOUND: &str = "UNSIGNED-PAYLOAD";
+/// The boot identity of a request signed for whichever incarnation of the receiver
+/// (health probes only).
+pub const ANY_BOOT: &str = "";
+
 /// The SHA-256 of no bytes: the body hash of a request without one.
 pub const EMPTY_SHA256: &str = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
 
@@ -53,6 +60,8 @@ pub struct Signing<'a> {
     pub node: &'a str,
     /// The member the request is for.
     pub to: &'a str,
+    /// Its boot identity, or [`ANY_BOOT`].
+    pub boot: &'a str,
     pub method: &'a str,
     /// Path and query.
     pub target: &'a str,
@@ -62,8 +71,8 @@ pub struct Signing<'a> {
 
 fn mac(s: &Signing<'_>, secret: &str, secs: u64, nonce: &str) -> String {
     let msg = format!(
-        "granary-peer-2\n{}\n{}\n{secs}\n{nonce}\n{}\n{}\n{}",
-        s.node, s.to, s.method, s.target, s.body_sha256
+        "granary-peer-3\n{}\n{}\n{}\n{secs}\n{nonce}\n{}\n{}\n{}",
+        s.node, s.to, s.boot, s.method, s.target, s.body_sha256
     );
     hex::encode(hmac_sha256(secret.as_bytes(), msg.as_bytes()))
 }
@@ -117,6 +126,7 @@ mod tests {
         Signing {
             node: "a",
             to,
+            boot: "b1",
             method,
             target,
             body_sha256: body,
@@ -124,7 +134,7 @@ mod tests {
     }
 
     #[test]
-    fn signatures_bind_node_receiver_time_method_target_and_body() {
+    fn signatures_bind_node_receiver_and_its_boot_time_method_target_and_body() {
         let now = SystemTime::now();
         let body = crate::sigv4::sha256_hex(b"[{\"bucket\":\"b\",\"key\":\"k\"}]");
         let s = req("b", "POST", "/_granary/invalidate", &body);
@@ -164,6 +174,19 @@ mod tests {
                 verify(secret, &changed, &v, now),
                 Err(PeerAuthError::Bad),
                 "another {what}"
+            );
+        }
+        // Signed for another incarnation of the receiver (it restarted since), or for
+        // any: refused where its own is required.
+        for boot in ["b2", ANY_BOOT] {
+            let other = Signing {
+                boot,
+                ..req("b", "POST", "/_granary/invalidate", &body)
+            };
+            assert_eq!(
+                verify("s", &other, &v, now),
+                Err(PeerAuthError::Bad),
+                "{boot}"
             );
         }
         // The sender named in the value is the one checked.

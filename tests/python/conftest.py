@@ -119,14 +119,17 @@ def _stop_process(proc: subprocess.Popen) -> None:
 
 def wait_members_up(endpoints: list[str], procs: list[subprocess.Popen], logs: list[Path],
                     verify: str | bool = True) -> None:
-    """Waits until every node's /_granary/cluster shows all members up; fails with the
+    """Waits until every node's /_granary/cluster shows all members up and itself trusted; fails with the
     log of a node that exited, or when STARTUP_TIMEOUT_S passes."""
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while True:
         try:
             views = [requests.get(f"{e}/_granary/cluster", timeout=2, verify=verify).json()
                      for e in endpoints]
-            if all(m["state"] == "up" for v in views for m in v["members"]):
+            # Up in every view, and trusting its copies (settled, within its lease):
+            # before that a node keeps nothing it reads.
+            if all(m["state"] == "up" for v in views for m in v["members"]) and all(
+                    v.get("trusted", True) for v in views):
                 return
         except requests.RequestException:
             pass

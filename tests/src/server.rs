@@ -320,17 +320,21 @@ impl Server {
         Err(last_err)
     }
 
-    /// Waits until every node's `GET /_granary/cluster` shows all its members `up`.
+    /// Waits until every node's `GET /_granary/cluster` shows all its members `up` and
+    /// itself trusted.
     pub fn wait_cluster_up(nodes: &[&Server], timeout: Duration) -> Result<()> {
         let deadline = Instant::now() + timeout;
         loop {
             let mut pending = Vec::new();
             for node in nodes {
                 let view = node.cluster_view(None);
+                // Every member up, and the node trusting its copies (settled, within
+                // its lease): before that it keeps nothing it reads.
                 let all_up = view.as_ref().is_ok_and(|v| {
                     v["members"]
                         .as_array()
                         .is_some_and(|ms| ms.iter().all(|m| m["state"] == "up"))
+                        && v["trusted"] != false
                 });
                 if !all_up {
                     pending.push(format!("{}: {view:?}", node.addr));

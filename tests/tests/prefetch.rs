@@ -265,10 +265,47 @@ fn with_credentials_a_prefetch_must_be_signed() -> Result<()> {
     )?;
     assert_eq!(r.status, 202, "{}", r.text());
     let id: Value = serde_json::from_slice(&r.body)?;
-    // Progress is a read: allowed unsigned with --anonymous-read.
-    let v = wait(&server, id["id"].as_str().unwrap())?;
+    let id = id["id"].as_str().unwrap();
+    // Jobs name prefixes and keys: signed whenever credentials are set, even with
+    // --anonymous-read.
+    for path in ["/_granary/jobs".to_owned(), format!("/_granary/jobs/{id}")] {
+        send(server.addr(), "GET", &path, b"")?.assert_s3_error(403, &["AccessDenied"]);
+    }
+    let signed_get = |path: &str| -> Result<Value> {
+        let sig = SignedRequest::new(
+            "GET",
+            path,
+            server.addr(),
+            &[],
+            &sha256_hex(b""),
+            ACCESS,
+            SECRET,
+            unix_now(),
+        );
+        let headers = sig.header_refs();
+        let r = raw_request_blocking(
+            server.addr(),
+            &request_bytes("GET", path, server.addr(), &headers, b""),
+        )?;
+        assert_eq!(r.status, 200, "{}", r.text());
+        Ok(serde_json::from_slice(&r.body)?)
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let v = loop {
+        let v = signed_get(&format!("/_granary/jobs/{id}"))?;
+        if v["state"] != "running" || Instant::now() > deadline {
+            break v;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
     assert_eq!(v["state"], "done");
     assert_eq!(v["objects_done"], 1);
+    let all = signed_get("/_granary/jobs")?;
+    assert!(
+        all.as_array()
+            .is_some_and(|a| a.iter().any(|j| j["id"] == id)),
+        "{all}"
+    );
     Ok(())
 }
 

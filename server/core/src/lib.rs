@@ -13,6 +13,7 @@
 pub mod archive;
 pub mod backend;
 pub mod cache;
+mod clock;
 pub mod cluster;
 pub mod io;
 pub mod jobs;

@@ -13,7 +13,8 @@ use serde_json::json;
 
 use super::error::{S3Code, S3Error};
 use super::{s3, AppState};
-use granary_core::cluster::calls::{PrefetchPart, ANNOUNCE, KNOWN};
+use granary_core::cluster::calls::{PrefetchPart, ANNOUNCE, KNOWN, KNOWN_DOWN};
+use granary_core::cluster::membership::Announced;
 use granary_core::stats::EXPOSITION_TYPE;
 
 /// A prefetch part names its objects: room for a few hundred thousand keys.
@@ -59,12 +60,10 @@ pub async fn handle(state: &Arc<AppState>, req: Request) -> Response {
             Ok(r) => r,
             Err(e) => e.into_response(),
         },
+        // Jobs name prefixes, keys and progress: signed whenever credentials are set,
+        // `--anonymous-read` or not.
         ("/_granary/jobs", true) => {
-            match s3::auth::authenticate(
-                state.creds.as_ref(),
-                state.anonymous_read,
-                &req.into_parts().0,
-            ) {
+            match s3::auth::authenticate(state.creds.as_ref(), false, &req.into_parts().0) {
                 Ok(_) => json_response(serde_json::Value::Array(node.jobs_json())),
                 Err(e) => e.into_response(),
             }
@@ -122,7 +121,11 @@ pub async fn health(state: &AppState, req: Request) -> Response {
     if let Some(known) = known {
         resp.headers_mut().insert(
             ANNOUNCE,
-            HeaderValue::from_static(if known { KNOWN } else { "unknown" }),
+            HeaderValue::from_static(match known {
+                Announced::Known => KNOWN,
+                Announced::Down => KNOWN_DOWN,
+                Announced::Unknown => "unknown",
+            }),
         );
     }
     resp
@@ -225,7 +228,7 @@ pub async fn plan(state: &Arc<AppState>, req: Request) -> Result<Response, S3Err
 /// unless a member asks.
 pub async fn job(state: &Arc<AppState>, req: Request) -> Result<Response, S3Error> {
     let (parts, _) = req.into_parts();
-    s3::auth::authenticate(state.creds.as_ref(), state.anonymous_read, &parts)?;
+    s3::auth::authenticate(state.creds.as_ref(), false, &parts)?;
     let path = parts.uri.path().trim_end_matches('/');
     let id = &path["/_granary/jobs/".len()..];
     let cancel = match parts.method {

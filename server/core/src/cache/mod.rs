@@ -202,6 +202,10 @@ pub struct Cache {
     /// Entries checked before this generation are checked against the source before
     /// they are served. 0 (nothing to check) on a single node.
     generation: AtomicU64,
+    /// Until when (`clock::now_ms`) this node has heard from its cluster recently
+    /// enough that no member can have written without telling it: past it, every hit is
+    /// checked against the source. `u64::MAX` on a single node.
+    lease_until: AtomicU64,
 }
 
 /// Entries up to this size are kept in memory once read whole.
@@ -297,6 +301,7 @@ impl Cache {
             source: std::sync::OnceLock::new(),
             trusted: AtomicBool::new(true),
             generation: AtomicU64::new(0),
+            lease_until: AtomicU64::new(u64::MAX),
         })
     }
 
@@ -326,16 +331,25 @@ impl Cache {
     /// copy is checked once more before its next hit: a check made while distrusted may
     /// predate a write nobody told this node of.
     pub fn set_trusted(&self, trusted: bool) {
-        if trusted && !self.trusted() {
+        if trusted && !self.trusted.load(Ordering::Acquire) {
             self.revalidate_all();
         }
         self.trusted.store(trusted, Ordering::Release);
     }
 
+    /// Extends (or ends) the lease: copies are trusted until `until_ms` on
+    /// `clock::now_ms`. A lease renewed after it lapsed checks nothing more: a member
+    /// that wrote without reaching this node meanwhile told it to check its copies
+    /// before renewing it (ARCHITECTURE.md, The lease).
+    pub fn set_lease(&self, until_ms: u64) {
+        self.lease_until.store(until_ms, Ordering::Release);
+    }
+
     /// Whether copies are served without a check against the source on every hit, and
-    /// new objects admitted.
+    /// new objects admitted: the cluster's trust, within the lease.
     pub fn trusted(&self) -> bool {
         self.trusted.load(Ordering::Acquire)
+            && crate::clock::now_ms() <= self.lease_until.load(Ordering::Acquire)
     }
 
     fn generation(&self) -> u64 {

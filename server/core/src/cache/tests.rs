@@ -413,3 +413,52 @@ async fn a_miss_fills_and_later_reads_are_hits() {
     assert_eq!(s.get(Metric::Hits), 2, "the whole read and the range");
     assert_eq!(s.get(Metric::BytesFromBackend), obj.len() as u64);
 }
+
+/// Past its lease, a node checks every hit against the source (a copy changed behind it
+/// is dropped and read anew) and keeps nothing new; renewed, it trusts its copies again.
+#[tokio::test]
+async fn past_its_lease_every_hit_is_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = cache(dir.path(), 1 << 30);
+    let old = data(100 << 10, 1);
+    let new = data(100 << 10, 2);
+    let src = Mem::with(&[("k", old.clone())]);
+    let now = crate::clock::now_ms();
+    c.set_lease(now + 60_000);
+    assert_eq!(
+        bytes(read(&c, &src, "k").await.unwrap()).await.unwrap(),
+        old
+    );
+    settled(&c, "k").await;
+    // Changed behind the cache while the lease holds: the copy is served.
+    src.objects.lock().unwrap().insert("k".into(), new.clone());
+    let hit = read(&c, &src, "k").await.unwrap();
+    assert_eq!(hit.origin, Origin::Hit);
+    assert_eq!(bytes(hit).await.unwrap(), old);
+    // The lease runs out (a pause, a partition): the next hit is checked.
+    c.set_lease(now);
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    assert!(!c.trusted());
+    let read_new = read(&c, &src, "k").await.unwrap();
+    assert_eq!(
+        read_new.origin,
+        Origin::Bypass,
+        "the old copy is dropped, the new one read through"
+    );
+    assert_eq!(bytes(read_new).await.unwrap(), new);
+    settled(&c, "k").await;
+    assert_eq!(
+        c.holds("b", "k"),
+        None,
+        "nothing is kept while out of lease"
+    );
+    // Renewed: trusted, and keeping again.
+    c.set_lease(crate::clock::now_ms() + 60_000);
+    assert!(c.trusted());
+    assert_eq!(
+        bytes(read(&c, &src, "k").await.unwrap()).await.unwrap(),
+        new
+    );
+    settled(&c, "k").await;
+    assert_eq!(c.holds("b", "k"), Some(new.len() as u64));
+}

@@ -40,8 +40,12 @@ use crate::jobs::{Counts, Obj};
 /// The header a round's probe announces its sender with, and the answer's header that
 /// says whether the sender is in the answering member's list ([`KNOWN`] or not).
 pub const ANNOUNCE: &str = "x-granary-announce";
-/// The value of [`ANNOUNCE`] in an answer from a member that lists the sender.
+/// The value of [`ANNOUNCE`] in an answer from a member that lists the sender and sees
+/// it up (which renews the sender's lease).
 pub const KNOWN: &str = "known";
+/// The value of [`ANNOUNCE`] in an answer from a member that lists the sender but does
+/// not see it up (it did not answer being probed back): no lease.
+pub const KNOWN_DOWN: &str = "down";
 /// The most of an answer's body read for a JSON reply or an error document.
 const MAX_REPLY: usize = 64 << 10;
 
@@ -50,7 +54,8 @@ const MAX_REPLY: usize = 64 << 10;
 pub enum Proof {
     /// `x-granary-peer-auth`, binding the body (where the cluster has a secret).
     Signed,
-    /// `x-granary-hop`, the body unbound: a probe, which anyone may also ask.
+    /// `x-granary-hop`, the body unbound and signed for any incarnation of the receiver:
+    /// a probe, which anyone may also ask, and which learns the receiver's boot identity.
     Hop,
 }
 
@@ -226,10 +231,17 @@ pub struct Health {
     /// Whether the cache admits new objects.
     #[serde(default = "admitting")]
     pub admitting: bool,
+    /// The node's boot identity: peer requests are signed for it.
+    #[serde(default)]
+    pub boot_id: String,
     /// Whether the node lists the prober (an announcing probe's answer only; not in the
     /// body).
     #[serde(skip)]
     pub knows_me: Option<bool>,
+    /// Whether the node also sees the prober up, so that it will not write without it
+    /// for a lease (an announcing probe's answer only).
+    #[serde(skip)]
+    pub sees_me_up: bool,
 }
 
 fn admitting() -> bool {
@@ -262,11 +274,9 @@ impl Call for Probe {
     async fn reply(answer: Answer<'_>) -> Result<Health, ClusterError> {
         // No answer to the announcement: a member from before announcements, which
         // takes every member's invalidations.
-        let knows_me = answer
-            .headers
-            .get(ANNOUNCE)
-            .and_then(|v| v.to_str().ok())
-            .is_none_or(|v| v == KNOWN);
+        let said = answer.headers.get(ANNOUNCE).and_then(|v| v.to_str().ok());
+        let knows_me = said.is_none_or(|v| v == KNOWN || v == KNOWN_DOWN);
+        let sees_me_up = said == Some(KNOWN);
         // A member still settling answers `503` with the same fields: alive, serving.
         let ok = answer.status;
         if ok != StatusCode::OK && ok != StatusCode::SERVICE_UNAVAILABLE {
@@ -274,6 +284,7 @@ impl Call for Probe {
         }
         let mut health: Health = answer.json(ok, Self::WHAT).await?;
         health.knows_me = Some(knows_me);
+        health.sees_me_up = sees_me_up;
         Ok(health)
     }
 }

@@ -27,6 +27,13 @@ pub const PROBE_EVERY: Duration = Duration::from_secs(1);
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 /// Failed probes in a row that mark a member down.
 pub const FAILS_TO_DOWN: u32 = 2;
+/// How long an announcing probe's answer, seeing this node up, lets it serve its copies
+/// without checking them: shorter than the time members take to mark it down (about
+/// 3 s: two probes after its last answer, each timing out after [`PROBE_TIMEOUT`]), and
+/// well over the time between probes, so that a busy member's lease does not lapse. A
+/// member that writes without this node's acknowledgment waits until the lease it last
+/// granted has run out (`peer.rs`).
+pub const LEASE: Duration = Duration::from_millis(2500);
 /// The longest a node waits for members that answer but do not list it before it
 /// settles anyway (a member whose list does not have this node is misconfigured).
 pub const SETTLE_LIMIT: Duration = Duration::from_secs(30);
@@ -108,8 +115,12 @@ impl Rounds {
 /// answered.
 pub async fn probe_member(c: &Cluster, m: &Arc<Member>, announce: bool) -> bool {
     use std::sync::atomic::Ordering;
+    let sent = crate::clock::now_ms();
     match probe(c, m, announce).await {
         Ok(h) => {
+            if m.set_boot(&h.boot_id) {
+                tracing::debug!(node = %m.id, boot = %h.boot_id, "a member's incarnation");
+            }
             if m.missed.swap(false, Ordering::AcqRel) {
                 if let Err(e) = c.tell_revalidate(m).await {
                     m.missed.store(true, Ordering::Release);
@@ -120,6 +131,9 @@ pub async fn probe_member(c: &Cluster, m: &Arc<Member>, announce: bool) -> bool 
             if announce {
                 if let Some(aware) = h.knows_me {
                     c.set_aware(m, aware);
+                }
+                if h.sees_me_up {
+                    m.renewed.fetch_max(sent, Ordering::AcqRel);
                 }
             }
             c.heard(m, h.capacity_bytes, !h.admitting, h.free_bytes);
@@ -133,23 +147,41 @@ pub async fn probe_member(c: &Cluster, m: &Arc<Member>, announce: bool) -> bool 
     }
 }
 
+/// What an announcing member is told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Announced {
+    /// This node does not list it.
+    Unknown,
+    /// Listed, but not up here (it did not answer being probed back): this node may
+    /// write without it, so it gets no lease from this answer.
+    Down,
+    /// Listed and up: its lease is renewed.
+    Known,
+}
+
 /// An announcement from member `id` (its probe): when this node does not see it up, or
 /// it may have missed changes, it is probed back now, so that it is up here before the
-/// announcing probe is answered. Whether this node lists it.
-pub async fn announced(c: &Cluster, id: &str) -> bool {
+/// announcing probe is answered. Seen up, its lease from this node runs from now.
+pub async fn announced(c: &Cluster, id: &str) -> Announced {
+    use std::sync::atomic::Ordering;
     let Some(m) = c.member(id) else {
-        return false;
+        return Announced::Unknown;
     };
     if c.is_me(&m) {
-        return true;
+        return Announced::Known;
     }
     // It probes the members it lists: this node is one.
     c.set_aware(&m, true);
-    if !m.is_up() || m.missed.load(std::sync::atomic::Ordering::Acquire) {
+    if !m.is_up() || m.missed.load(Ordering::Acquire) {
         probe_member(c, &m, false).await;
     }
     c.check_trust();
-    true
+    if !m.is_up() {
+        return Announced::Down;
+    }
+    m.granted
+        .fetch_max(crate::clock::now_ms(), Ordering::AcqRel);
+    Announced::Known
 }
 
 /// One probe: what the member says, or why it failed. The answer must come from the
@@ -175,18 +207,18 @@ mod tests {
     use http::StatusCode;
 
     use super::*;
-    use crate::cluster::calls::{ANNOUNCE, KNOWN};
+    use crate::cluster::calls::{ANNOUNCE, KNOWN, KNOWN_DOWN};
     use crate::cluster::testnet::{answer, Net};
     use crate::cluster::ClusterConfig;
     use crate::stats::Stats;
 
     /// A member that answers probes as `id`, listing the prober or not.
     #[derive(Clone)]
-    struct Scripted(Arc<Mutex<(String, bool)>>);
+    struct Scripted(Arc<Mutex<(String, &'static str)>>);
 
     impl Scripted {
         fn on(net: &Net, url: &str, id: &str) -> Scripted {
-            let s = Scripted(Arc::new(Mutex::new((id.to_owned(), true))));
+            let s = Scripted(Arc::new(Mutex::new((id.to_owned(), KNOWN))));
             s.plug(net, url);
             s
         }
@@ -196,12 +228,11 @@ mod tests {
             net.serve(
                 url,
                 Arc::new(move |req| {
-                    let (id, lists) = s.0.lock().unwrap().clone();
+                    let (id, known) = s.0.lock().unwrap().clone();
                     Box::pin(async move {
                         if req.uri().path() == "/_granary/revalidate" {
                             return answer(StatusCode::OK, &[], r#"{"revalidate":true}"#);
                         }
-                        let known = if lists { KNOWN } else { "unknown" };
                         let headers: &[(&str, &str)] = if req.headers().contains_key(ANNOUNCE) {
                             &[(ANNOUNCE, known)]
                         } else {
@@ -217,7 +248,11 @@ mod tests {
         }
 
         fn lists(&self, yes: bool) {
-            self.0.lock().unwrap().1 = yes;
+            self.0.lock().unwrap().1 = if yes { KNOWN } else { "unknown" };
+        }
+
+        fn says(&self, answer: &'static str) {
+            self.0.lock().unwrap().1 = answer;
         }
     }
 
@@ -370,12 +405,81 @@ mod tests {
         Scripted::on(&net, "http://b:1", "b");
         let c = cluster(&net, "a", &["a=http://a:1", "b=http://b:1"]);
         assert!(!c.member("b").unwrap().is_up());
-        assert!(announced(&c, "b").await, "b is listed");
+        assert_eq!(announced(&c, "b").await, Announced::Known, "b is listed");
         assert!(
             c.member("b").unwrap().is_up(),
             "probed back before answering"
         );
         assert_eq!(count(&net, "http://b:1", "/_granary/health"), 1);
-        assert!(!announced(&c, "z").await, "z is not listed");
+        assert_eq!(
+            announced(&c, "z").await,
+            Announced::Unknown,
+            "z is not listed"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_lease_runs_from_each_probe_answered_seeing_this_node_up() {
+        let net = Net::default();
+        let b = Scripted::on(&net, "http://b:1", "b");
+        let c = cluster(&net, "a", &["a=http://a:1", "b=http://b:1"]);
+        let lease = LEASE.as_millis() as u64;
+        assert_eq!(c.lease_until(), u64::MAX, "no member up: none to hear from");
+        let mut rounds = Rounds::new(Watch::Fixed);
+        let before = crate::clock::now_ms();
+        rounds.round(&c).await;
+        let until = c.lease_until();
+        assert!(
+            (before + lease..=crate::clock::now_ms() + lease).contains(&until),
+            "{until}"
+        );
+        // Listed but seen down by b: its answer grants nothing.
+        b.says(KNOWN_DOWN);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        rounds.round(&c).await;
+        assert_eq!(c.lease_until(), until);
+        assert!(c.member("b").unwrap().is_up());
+        b.says(KNOWN);
+        rounds.round(&c).await;
+        assert!(c.lease_until() > until);
+        // b stops answering: the lease runs out before b is marked down, and b, once
+        // down, is none to hear from.
+        let renewed = c.lease_until();
+        net.cut("http://b:1");
+        rounds.round(&c).await;
+        assert!(c.member("b").unwrap().is_up());
+        assert_eq!(c.lease_until(), renewed, "a failed probe renews nothing");
+        rounds.round(&c).await;
+        assert!(!c.member("b").unwrap().is_up());
+        assert_eq!(c.lease_until(), u64::MAX);
+    }
+
+    #[tokio::test]
+    async fn a_write_a_member_did_not_take_waits_out_the_lease_it_was_granted() {
+        let net = Net::default();
+        Scripted::on(&net, "http://b:1", "b");
+        let c = cluster(&net, "a", &["a=http://a:1", "b=http://b:1"]);
+        assert_eq!(announced(&c, "b").await, Announced::Known);
+        // b stops answering right after its lease was granted.
+        net.cut("http://b:1");
+        let t = std::time::Instant::now();
+        c.invalidate_members(&[("bk".into(), "k".into())]).await;
+        assert!(
+            t.elapsed() >= LEASE - Duration::from_millis(20),
+            "{:?}",
+            t.elapsed()
+        );
+        // Down long enough, a write does not wait for it.
+        c.member("b")
+            .unwrap()
+            .granted
+            .store(1, std::sync::atomic::Ordering::Release);
+        let t = std::time::Instant::now();
+        c.invalidate_members(&[("bk".into(), "k".into())]).await;
+        assert!(
+            t.elapsed() < Duration::from_millis(500),
+            "{:?}",
+            t.elapsed()
+        );
     }
 }

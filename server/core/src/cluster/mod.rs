@@ -61,6 +61,9 @@ fn target_of(parts: &http::request::Parts) -> &str {
 }
 
 /// Whether a request changes something (its nonce must not be used twice).
+/// The path members probe.
+const HEALTH: &str = "/_granary/health";
+
 fn changes(method: &http::Method) -> bool {
     !matches!(*method, http::Method::GET | http::Method::HEAD)
 }
@@ -99,6 +102,17 @@ pub struct Member {
     /// The member lists this node, as its answer to this node's last announcing probe
     /// said: writes made through it reach this node's copies.
     aware: AtomicBool,
+    /// Its boot identity, as its last health answer said: this node's requests to it are
+    /// signed for that incarnation only.
+    boot: std::sync::Mutex<String>,
+    /// When (`clock::now_ms`) this node sent its last announcing probe that the member
+    /// answered seeing it up: the member will not write without awaiting this node
+    /// before [`membership::LEASE`] after that, so this node's lease runs until then.
+    renewed: AtomicU64,
+    /// When this node last answered the member's announcement seeing it up: the
+    /// member's lease from this node runs until [`membership::LEASE`] after that at the
+    /// latest, so a write not acknowledged by it waits that long.
+    granted: AtomicU64,
 }
 
 impl Member {
@@ -113,7 +127,26 @@ impl Member {
             free: AtomicU64::new(0),
             missed: AtomicBool::new(true),
             aware: AtomicBool::new(false),
+            boot: std::sync::Mutex::new(String::new()),
+            renewed: AtomicU64::new(0),
+            granted: AtomicU64::new(0),
         }
+    }
+
+    /// Its boot identity as last heard (empty before its first health answer).
+    pub(crate) fn boot(&self) -> String {
+        self.boot.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Records its boot identity from a health answer; whether it changed (the member
+    /// restarted).
+    pub(crate) fn set_boot(&self, boot: &str) -> bool {
+        let mut b = self.boot.lock().unwrap_or_else(|p| p.into_inner());
+        if *b == boot {
+            return false;
+        }
+        *b = boot.to_owned();
+        true
     }
 
     /// The member's id in the cluster.
@@ -174,6 +207,9 @@ impl View {
 pub struct Cluster {
     /// This node's id.
     id: String,
+    /// This process's boot identity: members sign their requests to it for this
+    /// incarnation, so what was signed for an earlier one is refused.
+    boot: String,
     view: RwLock<Arc<View>>,
     pub(crate) route: RouteMode,
     /// What members prove membership with; `None`: an open cluster, whose members'
@@ -204,6 +240,10 @@ pub struct Cluster {
     /// Called with whether this node's cached copies can be trusted (see [`Cluster::trusted`]),
     /// each time that changes.
     on_trust: OnceLock<Box<dyn Fn(bool) + Send + Sync>>,
+    /// Called with [`Cluster::lease_until`] after every probe.
+    on_lease: OnceLock<Box<dyn Fn(u64) + Send + Sync>>,
+    /// Whether the lease was out when last told to `on_lease` (for the log).
+    lapsed: AtomicBool,
     /// Called when this node hears a member again after hearing none: it may have
     /// missed invalidations meanwhile.
     on_rejoin: OnceLock<Box<dyn Fn() + Send + Sync>>,
@@ -244,6 +284,7 @@ impl Cluster {
         let list = source::initial(config)?;
         let cluster = Cluster {
             id: node_id.to_owned(),
+            boot: uuid::Uuid::new_v4().simple().to_string(),
             view: RwLock::new(Arc::new(View::new(Vec::new(), 0))),
             route: config.route,
             secret: config.secret.clone(),
@@ -258,6 +299,8 @@ impl Cluster {
             trust_told: AtomicBool::new(false),
             departed: std::sync::Mutex::new(Vec::new()),
             on_trust: OnceLock::new(),
+            on_lease: OnceLock::new(),
+            lapsed: AtomicBool::new(false),
             on_rejoin: OnceLock::new(),
             on_change: OnceLock::new(),
         };
@@ -377,8 +420,48 @@ impl Cluster {
         let _ = self.on_trust.set(Box::new(f));
     }
 
-    /// Tells `on_trust` when [`Cluster::trusted`] changed since it was last told.
+    /// This process's boot identity (told in health answers).
+    pub fn boot(&self) -> &str {
+        &self.boot
+    }
+
+    /// Until when (`clock::now_ms`) no member can write without awaiting this node:
+    /// [`membership::LEASE`] after the oldest of the last renewals by the members seen
+    /// up (each its answer to an announcing probe, seeing this node up; see
+    /// ARCHITECTURE.md). `u64::MAX` while no other member is up: none of them is
+    /// routed to, and one that writes meanwhile tells this node to check its copies
+    /// before it sees it up again.
+    pub fn lease_until(&self) -> u64 {
+        let lease = membership::LEASE.as_millis() as u64;
+        self.others_up()
+            .iter()
+            .map(|m| m.renewed.load(Ordering::Acquire).saturating_add(lease))
+            .min()
+            .unwrap_or(u64::MAX)
+    }
+
+    /// What to do with [`Cluster::lease_until`] (told after every probe).
+    pub fn on_lease(&self, f: impl Fn(u64) + Send + Sync + 'static) {
+        let _ = self.on_lease.set(Box::new(f));
+    }
+
+    /// Tells `on_trust` when [`Cluster::trusted`] changed since it was last told, and
+    /// `on_lease` the lease.
     pub(crate) fn check_trust(&self) {
+        let until = self.lease_until();
+        let out = crate::clock::now_ms() > until;
+        if self.lapsed.swap(out, Ordering::AcqRel) != out && self.settled() {
+            if out {
+                tracing::warn!("lease out: a member seen up has not renewed it in time (or none is up); checking every hit against the backend");
+            } else {
+                tracing::info!(
+                    "lease renewed: every copy is checked once more before its next hit"
+                );
+            }
+        }
+        if let Some(f) = self.on_lease.get() {
+            f(until);
+        }
         let now = self.trusted();
         if self.trust_told.swap(now, Ordering::AcqRel) != now {
             if !now && self.settled() {
@@ -629,9 +712,11 @@ impl Cluster {
             .ok()?;
         match &self.secret {
             None => Some(value.to_owned()),
-            Some(secret) => self
-                .check_signed(secret, parts, value, granary_proto::peer::UNBOUND)
-                .ok(),
+            Some(secret) => {
+                let once = changes(&parts.method);
+                self.check_signed(secret, parts, value, granary_proto::peer::UNBOUND, once)
+                    .ok()
+            }
         }
     }
 
@@ -653,7 +738,9 @@ impl Cluster {
             Some(h) => h.to_str().map_err(|_| peer::PeerAuthError::Bad)?,
             None => peer::EMPTY_SHA256,
         };
-        let node = self.check_signed(secret, parts, value, body)?;
+        // A member's own request is good once, a read included: a peer fill answers
+        // without the client's credentials.
+        let node = self.check_signed(secret, parts, value, body, true)?;
         Ok(Some((node, body.to_owned())))
     }
 
@@ -663,21 +750,29 @@ impl Cluster {
         parts: &http::request::Parts,
         value: &str,
         body_sha256: &str,
+        once: bool,
     ) -> Result<String, granary_proto::peer::PeerAuthError> {
         use granary_proto::peer;
         let now = SystemTime::now();
-        let signing = peer::Signing {
+        let mut signing = peer::Signing {
             node: "",
             to: &self.id,
+            boot: &self.boot,
             method: parts.method.as_str(),
             target: target_of(parts),
             body_sha256,
         };
-        let signed = peer::verify(secret, &signing, value, now)?;
+        let mut signed = peer::verify(secret, &signing, value, now);
+        // A probe is signed for any incarnation: it is how members learn this one.
+        if signed.is_err() && parts.method == http::Method::GET && parts.uri.path() == HEALTH {
+            signing.boot = peer::ANY_BOOT;
+            signed = peer::verify(secret, &signing, value, now);
+        }
+        let signed = signed?;
         let now_secs = now
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
-        if changes(&parts.method)
+        if once
             && !self
                 .nonces
                 .first_use(signed.node, signed.nonce, signed.secs, now_secs)
@@ -705,13 +800,14 @@ impl Cluster {
 
     /// A signature of this node's for a request to member `to` (`x-granary-hop`,
     /// `x-granary-peer-auth`): its proof of membership. In an open cluster, its id.
-    pub(crate) fn sign_for(&self, to: &str, out: &Outgoing<'_>) -> String {
+    pub(crate) fn sign_for(&self, to: &str, boot: &str, out: &Outgoing<'_>) -> String {
         match &self.secret {
             Some(secret) => granary_proto::peer::sign(
                 secret,
                 &granary_proto::peer::Signing {
                     node: &self.id,
                     to,
+                    boot,
                     method: out.method.as_str(),
                     target: out.target,
                     body_sha256: out.body_sha256,
@@ -747,6 +843,9 @@ impl Cluster {
             "node_id": self.id,
             "route": self.route.as_str(),
             "settled": self.settled(),
+            // Whether hits are served without a check against the backend: settled,
+            // listed, every member seen up aware of this node, and within the lease.
+            "trusted": self.trusted() && crate::clock::now_ms() <= self.lease_until(),
             "members": members,
         });
         if let Some((bucket, key)) = key {

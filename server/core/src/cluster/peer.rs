@@ -10,6 +10,7 @@
 //! requests keep the client's `Host` and signature, which the owner checks as if it had
 //! been asked directly.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -78,26 +79,19 @@ impl Cluster {
     /// reply, or why none came within the call's wait.
     pub async fn call<C: Call>(&self, m: &Member, c: &C) -> Result<C::Reply, ClusterError> {
         let out = c.request();
-        let mut req = match out.proof {
-            Proof::Signed => self.own_request(m, out.method, &out.target, out.body),
-            Proof::Hop => self.request_to(m, &out.method, &out.target, full(out.body)),
-        };
-        let h = req.headers_mut();
-        h.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        for (k, v) in out.headers {
-            if let Ok(v) = HeaderValue::from_str(&v) {
-                h.insert(k, v);
+        let wait = c.wait();
+        let mut resp = self.send_call(m, &out, wait).await?;
+        // Refused as signed for another incarnation: the member restarted since it was
+        // last probed. Learn its boot identity and ask once more.
+        if resp.status() == http::StatusCode::FORBIDDEN
+            && out.proof == Proof::Signed
+            && self.secret.is_some()
+        {
+            let probe = Box::pin(self.call(m, &calls::Probe { announce: false })).await;
+            if probe.is_ok_and(|h| m.set_boot(&h.boot_id)) {
+                resp = self.send_call(m, &out, wait).await?;
             }
         }
-        let wait = c.wait();
-        let resp = match tokio::time::timeout(wait, self.transport.send(req)).await {
-            Ok(Ok(resp)) => resp,
-            Ok(Err(e)) => return Err(self.unreachable(m, &*e)),
-            Err(_) => return Err(self.timeout(m)),
-        };
         let (parts, body) = resp.into_parts();
         let answer = calls::Answer {
             node: &m.id,
@@ -113,6 +107,41 @@ impl Cluster {
         }
     }
 
+    /// Sends a call's request to member `m`, proven as the call says: the answer's
+    /// head, or why none came within `wait`.
+    async fn send_call(
+        &self,
+        m: &Member,
+        out: &calls::Request,
+        wait: Duration,
+    ) -> Result<Response<ReplyBody>, ClusterError> {
+        let mut req = match out.proof {
+            Proof::Signed => self.own_request(m, out.method.clone(), &out.target, out.body.clone()),
+            Proof::Hop => self.request_to(
+                m,
+                granary_proto::peer::ANY_BOOT,
+                &out.method,
+                &out.target,
+                full(out.body.clone()),
+            ),
+        };
+        let h = req.headers_mut();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        for (k, v) in &out.headers {
+            if let Ok(v) = HeaderValue::from_str(v) {
+                h.insert(*k, v);
+            }
+        }
+        match tokio::time::timeout(wait, self.transport.send(req)).await {
+            Ok(Ok(resp)) => Ok(resp),
+            Ok(Err(e)) => Err(self.unreachable(m, &*e)),
+            Err(_) => Err(self.timeout(m)),
+        }
+    }
+
     /// A request to member `m` made by this node, proving membership with
     /// `x-granary-peer-auth` over the body's hash where the cluster has a secret (which
     /// stands in for `x-granary-hop` too), else with `x-granary-hop`.
@@ -123,8 +152,9 @@ impl Cluster {
         target: &str,
         body: Bytes,
     ) -> Request<PeerBody> {
+        let boot = m.boot();
         if self.secret.is_none() {
-            return self.request_to(m, &method, target, full(body));
+            return self.request_to(m, &boot, &method, target, full(body));
         }
         let sha = if body.is_empty() {
             granary_proto::peer::EMPTY_SHA256.to_owned()
@@ -133,6 +163,7 @@ impl Cluster {
         };
         let value = self.sign_for(
             &m.id,
+            &boot,
             &super::Outgoing {
                 method: &method,
                 target,
@@ -151,17 +182,18 @@ impl Cluster {
         req
     }
 
-    /// A request to member `m` for `target` (path and query), marked as coming from a
-    /// member (`x-granary-hop`, with its proof).
+    /// A request to member `m` (in incarnation `boot`) for `target` (path and query),
+    /// marked as coming from a member (`x-granary-hop`, with its proof).
     fn request_to(
         &self,
         m: &Member,
+        boot: &str,
         method: &Method,
         target: &str,
         body: PeerBody,
     ) -> Request<PeerBody> {
         let mut req = bare_request(m, method, target, body);
-        if let Ok(v) = HeaderValue::from_str(&self.hop_value(&m.id, method, target)) {
+        if let Ok(v) = HeaderValue::from_str(&self.hop_value(&m.id, boot, method, target)) {
             req.headers_mut().insert(HOP, v);
         }
         req
@@ -169,9 +201,10 @@ impl Cluster {
 
     /// The `x-granary-hop` value of a request to member `to`: this node's proof of
     /// membership, the body unbound (a forwarded client request is the client's to sign).
-    fn hop_value(&self, to: &str, method: &Method, target: &str) -> String {
+    fn hop_value(&self, to: &str, boot: &str, method: &Method, target: &str) -> String {
         self.sign_for(
             to,
+            boot,
             &super::Outgoing {
                 method,
                 target,
@@ -190,7 +223,7 @@ impl Cluster {
         headers: &HeaderMap,
         body: PeerBody,
     ) -> Result<Response<ReplyBody>, ClusterError> {
-        let mut req = self.request_to(m, method, target, body);
+        let mut req = self.request_to(m, &m.boot(), method, target, body);
         let h = req.headers_mut();
         for (k, v) in headers {
             if !hop_by_hop(k) && k.as_str() != HOP && k.as_str() != PEER_AUTH {
@@ -312,26 +345,50 @@ impl Cluster {
                 .collect(),
         });
         let mut waits = Vec::new();
+        let mut unacknowledged = Vec::new();
         for m in targets {
             let wait = m.is_up();
             if !wait {
                 self.missed(&m);
+                unacknowledged.push(m.clone());
             }
-            let (cluster, call) = (self.clone(), call.clone());
+            let (cluster, call, member) = (self.clone(), call.clone(), m.clone());
             let told = tokio::spawn(async move {
-                if let Err(e) = cluster.call(&m, &*call).await {
-                    if m.is_up() {
-                        cluster.mark_down(&m, format!("it did not take an invalidation: {e}"));
-                    } else {
-                        cluster.missed(&m);
-                    }
+                let Err(e) = cluster.call(&m, &*call).await else {
+                    return true;
+                };
+                if m.is_up() {
+                    cluster.mark_down(&m, format!("it did not take an invalidation: {e}"));
+                } else {
+                    cluster.missed(&m);
                 }
+                false
             });
             if wait {
-                waits.push(told);
+                waits.push((member, told));
             }
         }
-        futures::future::join_all(waits).await;
+        for (m, told) in waits {
+            if !told.await.unwrap_or(false) {
+                unacknowledged.push(m);
+            }
+        }
+        // A member that did not take it may still be serving its copies on the lease
+        // this node last granted it: the write is acknowledged once that has run out.
+        let lease = super::membership::LEASE.as_millis() as u64;
+        let until = unacknowledged
+            .iter()
+            .map(|m| m.granted.load(Ordering::Acquire) + lease)
+            .max()
+            .unwrap_or(0);
+        let now = crate::clock::now_ms();
+        if until > now {
+            tracing::info!(
+                wait_ms = until - now,
+                "a member did not take an invalidation: waiting out the lease it holds"
+            );
+            tokio::time::sleep(Duration::from_millis(until - now)).await;
+        }
     }
 }
 

@@ -124,6 +124,9 @@ impl Node {
             let cache = self.cache.clone();
             self.cluster.on_trust(move |t| cache.set_trusted(t));
             self.cache.set_trusted(self.cluster.trusted());
+            let cache = self.cache.clone();
+            self.cluster.on_lease(move |until| cache.set_lease(until));
+            self.cache.set_lease(self.cluster.lease_until());
         }
         self.cache.watch_room();
         self.start_rebalancer();

@@ -31,13 +31,15 @@ impl Node {
             capacity_bytes: self.cache.usage().capacity,
             free_bytes: self.cache.free(),
             admitting: !self.cache.refusing(),
+            boot_id: self.cluster.boot().to_owned(),
             knows_me: None,
+            sees_me_up: false,
         }
     }
 
     /// A member's probe announced it: probed back first when this node does not see it
-    /// up. Whether this node lists it.
-    pub async fn announced(&self, member: &str) -> bool {
+    /// up. Whether this node lists it, and sees it up (which renews its lease).
+    pub async fn announced(&self, member: &str) -> crate::cluster::membership::Announced {
         crate::cluster::membership::announced(&self.cluster, member).await
     }
 
