@@ -57,6 +57,14 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Duration::try_from_secs_f64(secs).map_err(|_| bad())
 }
 
+/// A duration, or `never` (`None`).
+pub fn parse_duration_or_never(s: &str) -> Result<Option<Duration>, String> {
+    if s.trim().eq_ignore_ascii_case("never") {
+        return Ok(None);
+    }
+    parse_duration(s).map(Some)
+}
+
 /// Bytes with a binary suffix, for people: `512 B`, `1.5 GiB`.
 pub fn fmt_bytes(n: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];

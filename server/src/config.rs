@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use granary_core::cache::CachePolicy;
 use granary_core::cluster::{parse_peer, ClusterConfig, RouteMode};
 use granary_core::node::{BackendSpec, NodeConfig};
-use granary_proto::units::{parse_duration, parse_size};
+use granary_proto::units::{parse_duration, parse_duration_or_never, parse_size};
 use serde::{Deserialize, Deserializer};
 
 /// Everything `granary serve` needs to start.
@@ -83,6 +83,12 @@ pub struct Config {
     /// A job's plan is dropped after this long without a sign of progress.
     #[serde(deserialize_with = "de_duration")]
     pub plan_ttl: std::time::Duration,
+    /// A hit whose last check against the backend is older than this checks the
+    /// backend's ETag first; `None` (`never`): immutable data, never checked.
+    #[serde(deserialize_with = "de_opt_duration")]
+    pub revalidate_after: Option<std::time::Duration>,
+    /// Per-bucket settings (`[buckets.NAME]` in the TOML file).
+    pub buckets: std::collections::BTreeMap<String, BucketConfig>,
     /// Named on-node transforms (`[transforms.NAME]` in the TOML file).
     pub transforms: std::collections::BTreeMap<String, granary_core::transform::TransformSpec>,
 }
@@ -119,9 +125,20 @@ impl Default for Config {
             backend_rate: 0,
             idle_timeout: std::time::Duration::from_secs(120),
             plan_ttl: std::time::Duration::from_secs(60),
+            revalidate_after: None,
+            buckets: Default::default(),
             transforms: Default::default(),
         }
     }
+}
+
+/// A bucket's own settings.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BucketConfig {
+    /// `revalidate_after` for this bucket (a duration or `never`); unset: the node's.
+    #[serde(default, deserialize_with = "de_some_opt_duration")]
+    pub revalidate_after: Option<Option<std::time::Duration>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -222,6 +239,14 @@ impl Config {
             max_backend_fetches: self.max_backend_fetches,
             backend_rate: self.backend_rate,
             plan_ttl: self.plan_ttl,
+            revalidate: granary_core::cache::Revalidation {
+                default: self.revalidate_after,
+                buckets: self
+                    .buckets
+                    .iter()
+                    .filter_map(|(name, b)| Some((name.clone(), b.revalidate_after?)))
+                    .collect(),
+            },
             cache_capacity: self.cache_capacity,
             cache_policy: self.cache_policy,
             verify_reads: self.verify_reads,
@@ -307,6 +332,28 @@ fn de_duration<'de, D: Deserializer<'de>>(d: D) -> Result<std::time::Duration, D
         Dur::Secs(n) => Ok(std::time::Duration::from_secs(n)),
         Dur::Text(s) => parse_duration(&s).map_err(serde::de::Error::custom),
     }
+}
+
+/// A duration, or `never`.
+fn de_opt_duration<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<std::time::Duration>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Dur {
+        Secs(u64),
+        Text(String),
+    }
+    match Dur::deserialize(d)? {
+        Dur::Secs(n) => Ok(Some(std::time::Duration::from_secs(n))),
+        Dur::Text(s) => parse_duration_or_never(&s).map_err(serde::de::Error::custom),
+    }
+}
+
+fn de_some_opt_duration<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<Option<std::time::Duration>>, D::Error> {
+    de_opt_duration(d).map(Some)
 }
 
 fn de_size<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {

@@ -138,6 +138,19 @@ struct ServeArgs {
     /// `2m`) [default: 60s].
     #[arg(long, env = "GRANARY_PLAN_TTL", value_parser = parse_duration)]
     plan_ttl: Option<std::time::Duration>,
+    /// Check a hit against the backend's ETag when its last check is older than this
+    /// (`30s`, `10m`; `never` for immutable data); per bucket in the TOML as
+    /// `[buckets.NAME] revalidate_after` [default: never].
+    #[arg(long, env = "GRANARY_REVALIDATE_AFTER", value_parser = parse_revalidate)]
+    revalidate_after: Option<Revalidate>,
+}
+
+/// `--revalidate-after`: a duration, or never.
+#[derive(Debug, Clone, Copy)]
+struct Revalidate(Option<std::time::Duration>);
+
+fn parse_revalidate(s: &str) -> Result<Revalidate, String> {
+    granary_proto::units::parse_duration_or_never(s).map(Revalidate)
 }
 
 impl ServeArgs {
@@ -188,6 +201,9 @@ impl ServeArgs {
         }
         if self.anonymous_read {
             c.anonymous_read = true;
+        }
+        if let Some(Revalidate(after)) = self.revalidate_after {
+            c.revalidate_after = after;
         }
         c.validate()?;
         Ok(c)

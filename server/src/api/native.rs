@@ -223,6 +223,35 @@ pub async fn plan(state: &Arc<AppState>, req: Request) -> Result<Response, S3Err
     }
 }
 
+/// `POST /_granary/revalidate?bucket=&prefix=`: every cached copy under the prefix, on
+/// every member, is checked against the backend before its next hit (signed whenever
+/// credentials are set). `200` when every member took it; `202` when one did not (it
+/// checks all its copies before it is routed to again).
+pub async fn revalidate(state: &Arc<AppState>, req: Request) -> Result<Response, S3Error> {
+    let (parts, _) = req.into_parts();
+    s3::auth::authenticate(state.creds.as_ref(), false, &parts)?;
+    let q = granary_proto::encode::query_pairs(parts.uri.query().unwrap_or(""));
+    let arg = |n: &str| q.iter().find(|(k, _)| k == n).map(|(_, v)| v.as_str());
+    let Some(bucket) = arg("bucket").filter(|b| !b.is_empty()) else {
+        return Err(S3Error::new(
+            S3Code::InvalidArgument,
+            "name a bucket= to revalidate (and a prefix= within it)",
+        ));
+    };
+    let prefix = arg("prefix").unwrap_or("");
+    let (marked, all) = state.node.revalidate_everywhere(bucket, prefix).await;
+    let mut resp = json_response(json!({
+        "bucket": bucket,
+        "prefix": prefix,
+        "marked": marked,
+        "every_member": all,
+    }));
+    if !all {
+        *resp.status_mut() = StatusCode::ACCEPTED;
+    }
+    Ok(resp)
+}
+
 /// `GET|DELETE /_granary/jobs/{id}`: a job's progress, or its cancellation. A job this
 /// node does not know is looked for on the other members (it was taken by another),
 /// unless a member asks.

@@ -33,13 +33,24 @@ pub async fn serve(state: &Arc<AppState>, req: Request) -> Result<Response, Requ
     let answer = match (req.method().clone(), path) {
         // [`calls::Probe`]: the public health check, with the announcement's answer.
         (Method::GET | Method::HEAD, "/_granary/health") => Ok(native::health(state, req).await),
-        (Revalidate::METHOD, Revalidate::PATH) => {
-            json_call(state, req, |node, _: Revalidate| async move {
-                node.revalidate();
-                Ok(calls::Revalidated { revalidate: true })
+        (Revalidate::METHOD, Revalidate::PATH) if super::FromMember::of(&req).is_some() => {
+            json_call(state, req, |node, call: Revalidate| async move {
+                let marked = match &call.bucket {
+                    Some(bucket) => node.revalidate_prefix(bucket, &call.prefix),
+                    None => {
+                        node.revalidate();
+                        0
+                    }
+                };
+                Ok(calls::Revalidated {
+                    revalidate: true,
+                    marked,
+                })
             })
             .await
         }
+        // A user's forced revalidation of a prefix, cluster-wide.
+        (Revalidate::METHOD, Revalidate::PATH) => native::revalidate(state, req).await,
         (Invalidate::METHOD, Invalidate::PATH) => {
             json_call(state, req, |node, call: Invalidate| async move {
                 Ok(node.take_invalidation(&call))

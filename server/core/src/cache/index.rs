@@ -26,6 +26,9 @@ pub struct Entry {
     /// entry older than the cache's current generation is checked against the backend
     /// before it is served (see `Cache::revalidate_all`).
     pub checked: std::sync::atomic::AtomicU64,
+    /// When (`clock::now_ms`) it was last known to match the backend: its commit or
+    /// its last check; 0 for an entry loaded from disk.
+    pub checked_at: std::sync::atomic::AtomicU64,
 }
 
 impl Entry {

@@ -27,6 +27,7 @@ mod store;
 mod tests;
 mod write;
 
+use std::collections::HashMap;
 use std::fs::{self, File};
 use std::io;
 use std::path::{Path, PathBuf};
@@ -200,12 +201,38 @@ pub struct Cache {
     /// each hit against the source, and keeps nothing new, until it is.
     trusted: AtomicBool,
     /// Entries checked before this generation are checked against the source before
-    /// they are served. 0 (nothing to check) on a single node.
+    /// they are served. [`FIRST_GENERATION`] (nothing to check) on a single node; an
+    /// entry marked 0 is checked whatever the generation.
     generation: AtomicU64,
+    /// How old a check against the source may be before a hit checks again: per
+    /// bucket, else the default; `None`: never.
+    revalidate: Revalidation,
     /// Until when (`clock::now_ms`) this node has heard from its cluster recently
     /// enough that no member can have written without telling it: past it, every hit is
     /// checked against the source. `u64::MAX` on a single node.
     lease_until: AtomicU64,
+}
+
+/// The generation a cache starts in; entries marked below it are checked first.
+const FIRST_GENERATION: u64 = 1;
+
+/// How long a hit may go on a check against the source (`--revalidate-after`, and per
+/// bucket `[buckets.NAME] revalidate_after`); `None`: never (immutable data).
+#[derive(Debug, Clone, Default)]
+pub struct Revalidation {
+    pub default: Option<std::time::Duration>,
+    pub buckets: HashMap<String, Option<std::time::Duration>>,
+}
+
+impl Revalidation {
+    /// The longest a hit of `bucket` may go on its last check, in milliseconds.
+    fn after_ms(&self, bucket: &str) -> Option<u64> {
+        let after = match self.buckets.get(bucket) {
+            Some(a) => *a,
+            None => self.default,
+        };
+        after.map(|d| d.as_millis() as u64)
+    }
 }
 
 /// Entries up to this size are kept in memory once read whole.
@@ -243,8 +270,10 @@ impl Cache {
                             crcs: Arc::from(l.crcs),
                             verified: AtomicBool::new(false),
                             // Loaded from disk: checked against the source before its
-                            // first hit once the cache knows it is in a cluster.
-                            checked: AtomicU64::new(0),
+                            // first hit once the cache knows it is in a cluster (which
+                            // starts a new generation).
+                            checked: AtomicU64::new(FIRST_GENERATION),
+                            checked_at: AtomicU64::new(0),
                         },
                     );
                 }
@@ -300,9 +329,31 @@ impl Cache {
             room,
             source: std::sync::OnceLock::new(),
             trusted: AtomicBool::new(true),
-            generation: AtomicU64::new(0),
+            generation: AtomicU64::new(FIRST_GENERATION),
+            revalidate: Revalidation::default(),
             lease_until: AtomicU64::new(u64::MAX),
         })
+    }
+
+    /// How long a hit may go on its last check against the source.
+    pub fn with_revalidation(mut self, revalidate: Revalidation) -> Cache {
+        self.revalidate = revalidate;
+        self
+    }
+
+    /// Every entry of `bucket` whose key starts with `prefix` is checked against the
+    /// source before its next hit: the number marked.
+    pub fn revalidate_prefix(&self, bucket: &str, prefix: &str) -> usize {
+        let start = index::key_of(bucket, prefix);
+        let entries = self.lock_index().entries();
+        let mut marked = 0;
+        for (ikey, e) in entries {
+            if ikey.starts_with(&start) {
+                e.checked.store(0, Ordering::Release);
+                marked += 1;
+            }
+        }
+        marked
     }
 
     /// Whether large fills write their files around the page cache (`O_DIRECT`, where
@@ -534,12 +585,23 @@ impl Cache {
         entry: &Arc<Entry>,
     ) -> Result<bool, CacheError> {
         let generation = self.generation();
-        if entry.checked.load(Ordering::Acquire) >= generation && self.trusted() {
+        let fresh = || match self.revalidate.after_ms(bucket) {
+            None => true,
+            Some(after) => {
+                let at = entry.checked_at.load(Ordering::Acquire);
+                crate::clock::now_ms().saturating_sub(at) <= after
+            }
+        };
+        if entry.checked.load(Ordering::Acquire) >= generation && self.trusted() && fresh() {
             return Ok(true);
         }
+        self.stats.add(Metric::HitChecks, 1);
         match src.head_object(bucket, key).await {
             Ok(now) if now.etag == entry.meta.etag && now.size == entry.meta.size => {
                 entry.checked.store(generation, Ordering::Release);
+                entry
+                    .checked_at
+                    .store(crate::clock::now_ms(), Ordering::Release);
                 Ok(true)
             }
             Ok(_) | Err(BackendError::NoSuchKey(_)) => {

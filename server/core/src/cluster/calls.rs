@@ -292,13 +292,22 @@ impl Call for Probe {
 // --- invalidation and revalidation ------------------------------------------------
 
 /// Check every cached copy against the backend before its next hit (the receiver may
-/// have missed changes made through the sender).
+/// have missed changes made through the sender), or, naming a bucket, the copies under
+/// a prefix of it (a user's forced revalidation, passed on to every member).
 #[derive(Debug, Default, Serialize, Deserialize)]
-pub struct Revalidate {}
+pub struct Revalidate {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bucket: Option<String>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub prefix: String,
+}
 
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Revalidated {
     pub revalidate: bool,
+    /// Copies marked (under a prefix; not counted for all).
+    #[serde(default)]
+    pub marked: usize,
 }
 
 impl JsonCall for Revalidate {

@@ -309,7 +309,38 @@ impl Cluster {
     /// did not reach it), to check its cached copies against the backend before serving
     /// them.
     pub async fn tell_revalidate(&self, m: &Member) -> Result<(), ClusterError> {
-        self.call(m, &calls::Revalidate {}).await.map(|_| ())
+        self.call(m, &calls::Revalidate::default())
+            .await
+            .map(|_| ())
+    }
+
+    /// Tells every other member to check its copies under `bucket/prefix` before their
+    /// next hits: the copies they marked, and whether every member took it. One that
+    /// did not is marked `missed`, so it checks all its copies before it is routed to
+    /// again.
+    pub async fn revalidate_members(self: &Arc<Self>, bucket: &str, prefix: &str) -> (usize, bool) {
+        let mut targets = self.others();
+        targets.extend(self.departed());
+        let call = Arc::new(calls::Revalidate {
+            bucket: Some(bucket.to_owned()),
+            prefix: prefix.to_owned(),
+        });
+        let told = targets.into_iter().map(|m| {
+            let (cluster, call) = (self.clone(), call.clone());
+            async move {
+                match cluster.call(&m, &*call).await {
+                    Ok(r) => Some(r.marked),
+                    Err(e) => {
+                        tracing::info!(node = %m.id, error = %e, "a member did not take a revalidation; it checks every copy when back");
+                        cluster.missed(&m);
+                        None
+                    }
+                }
+            }
+        });
+        let answers = futures::future::join_all(told).await;
+        let marked = answers.iter().flatten().sum();
+        (marked, answers.iter().all(Option::is_some))
     }
 
     /// Tells the other members to drop their copies of these objects (written or

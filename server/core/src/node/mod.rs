@@ -145,6 +145,21 @@ impl Node {
 
     /// This node missed invalidations (it was down for another member): check every copy
     /// against the backend before its next hit.
+    /// Every copy under `bucket/prefix` here is checked against the backend before its
+    /// next hit: the number marked.
+    pub fn revalidate_prefix(&self, bucket: &str, prefix: &str) -> usize {
+        self.cache.revalidate_prefix(bucket, prefix)
+    }
+
+    /// A user's forced revalidation: every copy under `bucket/prefix`, on every member,
+    /// is checked before its next hit. The copies marked, and whether every member took
+    /// it (one that did not checks all its copies before it is routed to again).
+    pub async fn revalidate_everywhere(&self, bucket: &str, prefix: &str) -> (usize, bool) {
+        let here = self.cache.revalidate_prefix(bucket, prefix);
+        let (there, all) = self.cluster.revalidate_members(bucket, prefix).await;
+        (here + there, all)
+    }
+
     pub fn revalidate(&self) {
         self.cache.revalidate_all();
     }

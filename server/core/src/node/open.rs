@@ -39,6 +39,8 @@ pub struct NodeConfig {
     pub backend_rate: u64,
     /// A job's plan is dropped after this long without a sign of progress.
     pub plan_ttl: std::time::Duration,
+    /// How long a hit may go on its last check against the backend.
+    pub revalidate: crate::cache::Revalidation,
     /// Bytes the cache may hold; `None`: 90% of the free disk.
     pub cache_capacity: Option<u64>,
     pub cache_policy: CachePolicy,
@@ -148,7 +150,8 @@ impl Node {
             path: cache_dir.clone(),
             source,
         })?
-        .with_direct_fills(config.direct_fills);
+        .with_direct_fills(config.direct_fills)
+        .with_revalidation(config.revalidate.clone());
         let cluster = Arc::new(cluster::Cluster::new(
             &config.cluster,
             &config.node_id,

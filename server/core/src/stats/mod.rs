@@ -102,6 +102,8 @@ table! {
         "bytes fetched from the backend ahead of the plans that need them";
     PlannedFetches: Counter, "planned_fetches", "planned_fetches",
         "objects fetched ahead of the plans that need them (counted among the misses)";
+    HitChecks: Counter, "hit_checks", "cache_hit_checks",
+        "cached copies checked against the backend before a hit (revalidation, trust)";
     BytesEvicted: Counter, "bytes_evicted", "evicted_bytes",
         "bytes of planned entries dropped for ones needed sooner";
     /// Sampled.
