@@ -3,8 +3,10 @@
 //! to GETs of object keys can be spoiled on purpose — delayed, slowed, replaced by an S3
 //! error status, cut mid-body with a reset, or ended early with fewer bytes than their
 //! `Content-Length` promised. The fault applies to the next `times` object GETs, then the
-//! proxy passes answers on untouched again. Every request passed on is recorded, as a
-//! man in the middle would capture it.
+//! proxy passes answers on untouched again. Writes (PUTs with a body) can be held: taken
+//! whole, then sent on after a delay whatever became of their sender, as a store that
+//! commits a write after its client gave up would. Every request passed on is recorded,
+//! as a man in the middle would capture it.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -60,6 +62,9 @@ pub struct FaultProxy {
     gets: Arc<AtomicU64>,
     spoiled: Arc<AtomicU64>,
     recorded: Arc<Mutex<Vec<Recorded>>>,
+    hold: Arc<Mutex<Option<Duration>>>,
+    /// When each held write reached the upstream and was answered.
+    released: Arc<Mutex<Vec<std::time::Instant>>>,
 }
 
 impl FaultProxy {
@@ -78,6 +83,8 @@ impl FaultProxy {
             gets: Arc::new(AtomicU64::new(0)),
             spoiled: Arc::new(AtomicU64::new(0)),
             recorded: Arc::default(),
+            hold: Arc::default(),
+            released: Arc::default(),
         };
         let shared = Shared {
             upstream,
@@ -85,6 +92,8 @@ impl FaultProxy {
             gets: proxy.gets.clone(),
             spoiled: proxy.spoiled.clone(),
             recorded: proxy.recorded.clone(),
+            hold: proxy.hold.clone(),
+            released: proxy.released.clone(),
         };
         let stop = proxy.stop.clone();
         thread::spawn(move || {
@@ -112,6 +121,17 @@ impl FaultProxy {
     /// Spoils the next `times` object GETs with `fault`.
     pub fn inject(&self, fault: Fault, times: usize) {
         *self.plan.lock().unwrap() = Plan { fault, times };
+    }
+
+    /// Holds every write (a PUT with a body) for `d` once it is taken whole, then sends it
+    /// on; `None`: writes pass at once.
+    pub fn hold_writes(&self, d: Option<Duration>) {
+        *self.hold.lock().unwrap() = d;
+    }
+
+    /// When each held write was sent on and answered, so far.
+    pub fn released(&self) -> Vec<std::time::Instant> {
+        self.released.lock().unwrap().clone()
     }
 
     /// Object GETs seen so far.
@@ -149,6 +169,8 @@ struct Shared {
     gets: Arc<AtomicU64>,
     spoiled: Arc<AtomicU64>,
     recorded: Arc<Mutex<Vec<Recorded>>>,
+    hold: Arc<Mutex<Option<Duration>>>,
+    released: Arc<Mutex<Vec<std::time::Instant>>>,
 }
 
 /// One request's head as read: request line, header lines, and its body's length.
@@ -248,6 +270,17 @@ fn serve(client: TcpStream, s: &Shared) -> Result<()> {
                 "HTTP/1.1 {code} {reason}\r\ncontent-type: application/xml\r\ncontent-length: {}\r\n\r\n{xml}",
                 xml.len()
             )?;
+            continue;
+        }
+        let held = *s.hold.lock().unwrap();
+        if let Some(d) = held.filter(|_| head.line.starts_with("PUT ") && !body.is_empty()) {
+            // Sent on whatever became of the sender, as a store commits what it took.
+            thread::sleep(d);
+            let answer = exchange(s.upstream, &head, &body);
+            s.released.lock().unwrap().push(std::time::Instant::now());
+            let (resp_head, resp_body) = answer?;
+            out.write_all(&resp_head)?;
+            out.write_all(&resp_body)?;
             continue;
         }
         let (resp_head, resp_body) = exchange(s.upstream, &head, &body)?;

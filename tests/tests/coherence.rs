@@ -1,12 +1,15 @@
 //! Objects that change behind the cache, with real processes over moto: a copy is
 //! checked against the backend once its last check is older than `--revalidate-after`
-//! (per bucket in the TOML), and a forced revalidation of a prefix reaches every member.
+//! (per bucket in the TOML), a forced revalidation of a prefix reaches every member, and
+//! a write whose outcome a node never learned (killed while the backend held it) leaves
+//! no old version served once the backend commits it.
 
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use granary_tests::{
-    raw_request_blocking, request_bytes, Moto, Pattern, RawResponse, Server, ServerOpts,
+    raw_request_blocking, raw_request_with_timeout, request_bytes, FaultProxy, Moto, Pattern,
+    RawResponse, Server, ServerOpts,
 };
 
 fn send(node: &Server, method: &str, path: &str) -> RawResponse {
@@ -182,4 +185,136 @@ fn a_forced_revalidation_reaches_every_members_copies() -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// How long the store holds a write it took whole before committing it.
+const HOLD: Duration = Duration::from_secs(3);
+/// After the commit, the most a read may still see the old version.
+const BOUND: Duration = Duration::from_secs(3);
+
+/// A client's PUT of `new` through `nodes[writer]` reaches the store whole; the store
+/// holds it, and the writer is SIGKILLed 50 ms later and restarted: the write's outcome
+/// was never learned. Reads through every node until well after the store commits: none
+/// that starts more than [`BOUND`] after the commit returns the old version, and none
+/// after another restart of the writer.
+fn lost_write(
+    nodes: &mut [Server],
+    writer: usize,
+    proxy: &FaultProxy,
+    path: &str,
+    old: &[u8],
+    new: &[u8],
+) -> Result<()> {
+    let puts = || proxy.recorded("PUT", path).len();
+    let before = puts();
+    proxy.hold_writes(Some(HOLD));
+    let addr = nodes[writer].addr();
+    let req = request_bytes("PUT", path, addr, &[], new);
+    let client =
+        std::thread::spawn(move || raw_request_with_timeout(addr, &req, Duration::from_secs(30)));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while puts() == before {
+        assert!(
+            Instant::now() < deadline,
+            "the write never reached the store"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    nodes[writer].kill()?;
+    proxy.hold_writes(None);
+    assert!(
+        client.join().unwrap().is_err(),
+        "the client learned no outcome"
+    );
+    nodes[writer].restart(false)?;
+    let all: Vec<&Server> = nodes.iter().collect();
+    Server::wait_cluster_up(&all, Duration::from_secs(20))?;
+    let (mut old_before, mut old_late, mut reads_after) = (0, 0, 0);
+    loop {
+        let committed = proxy.released().first().copied();
+        if committed.is_some_and(|c| c.elapsed() > BOUND + Duration::from_secs(3)) {
+            break;
+        }
+        for n in nodes.iter() {
+            let started = Instant::now();
+            let r = send(n, "GET", path);
+            assert_eq!(r.status, 200, "{}", r.text());
+            assert!(r.body == old || r.body == new, "a whole version");
+            let late = committed.is_some_and(|c| started > c + BOUND);
+            if late {
+                reads_after += 1;
+            }
+            if r.body == old {
+                if late {
+                    old_late += 1;
+                } else {
+                    old_before += 1;
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!("old versions read before the commit and its bound: {old_before}");
+    assert!(reads_after > 0);
+    assert_eq!(
+        old_late, 0,
+        "old versions read more than {BOUND:?} after the store committed"
+    );
+    nodes[writer].restart(false)?;
+    let all: Vec<&Server> = nodes.iter().collect();
+    Server::wait_cluster_up(&all, Duration::from_secs(20))?;
+    for n in nodes.iter() {
+        assert!(
+            send(n, "GET", path).body == new,
+            "new after another restart"
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn a_lost_writes_commit_is_seen_on_one_node() -> Result<()> {
+    let moto = Moto::start()?;
+    let proxy = FaultProxy::start(moto.addr())?;
+    let (old, new) = (
+        Pattern::new(3).bytes(0, 8 << 20),
+        Pattern::new(4).bytes(0, 8 << 20),
+    );
+    put_behind(&moto, "data", "big.bin", &old)?;
+    let mut nodes = vec![Server::start(ServerOpts::s3_backend(&proxy.url()))?];
+    assert!(send(&nodes[0], "GET", "/data/big.bin").body == old);
+    Server::settle(&[&nodes[0]]);
+    assert_eq!(
+        send(&nodes[0], "GET", "/data/big.bin").header("x-granary-cache"),
+        Some("hit")
+    );
+    lost_write(&mut nodes, 0, &proxy, "/data/big.bin", &old, &new)
+}
+
+#[test]
+fn a_lost_writes_commit_is_seen_on_three_nodes() -> Result<()> {
+    let moto = Moto::start()?;
+    let proxy = FaultProxy::start(moto.addr())?;
+    let (old, new) = (
+        Pattern::new(5).bytes(0, 8 << 20),
+        Pattern::new(6).bytes(0, 8 << 20),
+    );
+    put_behind(&moto, "data", "big.bin", &old)?;
+    let mut nodes = Server::start_cluster(&["a", "b", "c"], &ServerOpts::s3_backend(&proxy.url()))?;
+    let all: Vec<&Server> = nodes.iter().collect();
+    Server::wait_cluster_up(&all, Duration::from_secs(20))?;
+    for n in &nodes {
+        assert!(send(n, "GET", "/data/big.bin").body == old);
+    }
+    Server::settle(&all);
+    let owner = nodes[0].cluster_view(Some(("data", "big.bin")))?["owner"]
+        .as_str()
+        .unwrap_or("")
+        .to_owned();
+    let writer = ["a", "b", "c"]
+        .iter()
+        .position(|id| *id == owner)
+        .expect("an owner");
+    lost_write(&mut nodes, writer, &proxy, "/data/big.bin", &old, &new)
 }

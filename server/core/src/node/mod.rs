@@ -11,6 +11,7 @@ mod batch;
 mod catalog;
 mod error;
 mod index;
+mod journal;
 mod objects;
 mod open;
 mod peer;
@@ -65,6 +66,8 @@ pub struct Node {
     /// Jobs' plans, and the planner that fetches and drops by them.
     plans: crate::plans::Plans,
     planner: planner::Planner,
+    /// Writes in flight, on disk until their outcome is known.
+    journal: journal::Journal,
 }
 
 /// The cluster as the cache sees it: members that may hold a copy.
@@ -109,6 +112,7 @@ impl Node {
             catalogs: Default::default(),
             plans: crate::plans::Plans::new(crate::plans::DEFAULT_TTL),
             planner: Default::default(),
+            journal: Default::default(),
         })
     }
 
@@ -129,6 +133,7 @@ impl Node {
             self.cache.set_lease(self.cluster.lease_until());
         }
         self.cache.watch_room();
+        self.start_settling();
         self.start_rebalancer();
         self.rebalance_soon();
         self.start_planner();
@@ -143,8 +148,6 @@ impl Node {
         self.cluster.invalidate_members(objects).await;
     }
 
-    /// This node missed invalidations (it was down for another member): check every copy
-    /// against the backend before its next hit.
     /// Every copy under `bucket/prefix` here is checked against the backend before its
     /// next hit: the number marked.
     pub fn revalidate_prefix(&self, bucket: &str, prefix: &str) -> usize {
@@ -160,6 +163,8 @@ impl Node {
         (here + there, all)
     }
 
+    /// This node missed invalidations (it was down for another member): check every copy
+    /// against the backend before its next hit.
     pub fn revalidate(&self) {
         self.cache.revalidate_all();
     }

@@ -176,6 +176,21 @@ impl Node {
         );
         *node.watch.lock().unwrap_or_else(|p| p.into_inner()) = Some(watch);
         node.plans.set_ttl(config.plan_ttl);
+        let journal = config.data_dir.join("journal");
+        let unsettled = node
+            .journal
+            .keep_in(&journal)
+            .map_err(|source| OpenError::Dir {
+                what: "the write journal",
+                path: journal,
+                source,
+            })?;
+        if unsettled > 0 {
+            tracing::warn!(
+                writes = unsettled,
+                "writes in flight when the node stopped: watching the backend's version of each"
+            );
+        }
         let catalogs = config.data_dir.join("catalogs");
         node.catalogs
             .keep_in(catalogs.clone())

@@ -1,11 +1,14 @@
 //! Writes through the node: objects (put, copy, multipart), deletes. Every change is
 //! cached or invalidated here and told to the other members, so that no node serves an
-//! older version after it.
+//! older version after it. Each write's keys are journaled before the backend sees it;
+//! a key whose outcome the node does not learn is watched until the backend's version
+//! holds still ([`super::journal`], [`Node::settle`]).
 
 use std::sync::Arc;
 
 use md5::{Digest, Md5};
 
+use super::journal::Pending;
 use super::{etag_matches, Node, NodeError};
 use crate::backend::{
     check_key, BackendError, ByteRange, ByteStream, ObjectMeta, PartInfo, PutOptions, RangeFn,
@@ -47,6 +50,38 @@ impl WriteConditions {
     }
 }
 
+/// Whether the backend cannot have taken a write that failed so: it refused it, or it
+/// was never sent. Otherwise (the backend unreachable or failing mid-request, the body
+/// cut, the disk) it may commit it still.
+fn outcome_known(e: &NodeError) -> bool {
+    match e {
+        NodeError::Backend(b) => !matches!(
+            b,
+            BackendError::Unavailable(_) | BackendError::Io(_) | BackendError::Body(_)
+        ),
+        NodeError::Cache(crate::cache::CacheError::Refused(_)) => true,
+        _ => false,
+    }
+}
+
+/// `e`, the write's keys settled when its outcome is known (else left to be watched).
+fn failed(pending: Pending<'_>, e: impl Into<NodeError>) -> NodeError {
+    let e = e.into();
+    if outcome_known(&e) {
+        pending.settle();
+    }
+    e
+}
+
+/// A journal that cannot be written: the write is not sent.
+fn unjournaled(e: std::io::Error) -> NodeError {
+    tracing::error!(error = %e, "the write journal cannot be written; refusing writes");
+    NodeError::Backend(BackendError::Io(e))
+}
+
+/// How often the versions of unsettled keys are asked at once, at most.
+const SETTLING_PARALLEL: usize = 16;
+
 /// The ETag S3 gives an object completed from parts with these ETags.
 fn multipart_etag(parts: &[(u32, String)]) -> Option<String> {
     let mut md5s = Md5::new();
@@ -69,12 +104,18 @@ impl Node {
         check_key(key)?;
         let _held = self.hold_if_conditional(bucket, key, cond).await;
         self.check_write(bucket, key, cond).await?;
-        let meta = self
+        let pending = self.journal.begin(&[(bucket, key)]).map_err(unjournaled)?;
+        let meta = match self
             .cache
             .put_through(&*self.backend, bucket, key, body, opts)
-            .await?;
+            .await
+        {
+            Ok(meta) => meta,
+            Err(e) => return Err(failed(pending, e)),
+        };
         self.stats.add(Metric::BytesReceived, meta.size);
         self.changed(&[(bucket.to_owned(), key.to_owned())]).await;
+        pending.settle();
         Ok(meta)
     }
 
@@ -94,35 +135,65 @@ impl Node {
             expected_md5: None,
             size: Some(src.meta.size),
         };
-        let meta = self
+        let pending = self.journal.begin(&[(bucket, key)]).map_err(unjournaled)?;
+        let meta = match self
             .cache
             .put_through(&*self.backend, bucket, key, src.body, opts)
-            .await?;
+            .await
+        {
+            Ok(meta) => meta,
+            Err(e) => return Err(failed(pending, e)),
+        };
         self.changed(&[(bucket.to_owned(), key.to_owned())]).await;
+        pending.settle();
         Ok(meta)
     }
 
     /// DeleteObject (a missing key is not an error).
     pub async fn delete(&self, bucket: &str, key: &str) -> Result<(), NodeError> {
-        self.backend.delete_object(bucket, key).await?;
+        let pending = self.journal.begin(&[(bucket, key)]).map_err(unjournaled)?;
+        if let Err(e) = self.backend.delete_object(bucket, key).await {
+            return Err(failed(pending, e));
+        }
         self.cache.invalidate(bucket, key);
         self.changed(&[(bucket.to_owned(), key.to_owned())]).await;
+        pending.settle();
         Ok(())
     }
 
     /// DeleteObjects: each key's outcome, in order.
     pub async fn delete_many(&self, bucket: &str, keys: &[String]) -> Vec<Result<(), NodeError>> {
+        let objects: Vec<(&str, &str)> = keys.iter().map(|k| (bucket, k.as_str())).collect();
+        let pending = match self.journal.begin(&objects) {
+            Ok(p) => p,
+            Err(e) => {
+                let e = unjournaled(e);
+                return keys
+                    .iter()
+                    .map(|_| {
+                        let io = std::io::Error::other(e.to_string());
+                        Err(NodeError::Backend(BackendError::Io(io)))
+                    })
+                    .collect();
+            }
+        };
         let mut outcomes = Vec::with_capacity(keys.len());
         let mut changed = Vec::new();
+        let mut unknown = std::collections::HashSet::new();
         for key in keys {
             let done = self.backend.delete_object(bucket, key).await;
             if done.is_ok() {
                 self.cache.invalidate(bucket, key);
                 changed.push((bucket.to_owned(), key.clone()));
             }
-            outcomes.push(done.map_err(NodeError::from));
+            let done = done.map_err(NodeError::from);
+            if done.as_ref().is_err_and(|e| !outcome_known(e)) {
+                unknown.insert(key.as_str());
+            }
+            outcomes.push(done);
         }
         self.changed(&changed).await;
+        pending.settle_where(|_, k| !unknown.contains(k));
         outcomes
     }
 
@@ -178,6 +249,7 @@ impl Node {
     ) -> Result<ObjectMeta, NodeError> {
         let _held = self.hold_if_conditional(bucket, key, cond).await;
         self.check_write(bucket, key, cond).await?;
+        let pending = self.journal.begin(&[(bucket, key)]).map_err(unjournaled)?;
         let meta = match self
             .backend
             .complete_multipart(bucket, key, upload_id, parts, headers)
@@ -185,16 +257,18 @@ impl Node {
         {
             Ok(meta) => meta,
             Err(BackendError::NoSuchUpload(id)) => {
+                pending.settle();
                 let current = self.backend.head_object(bucket, key).await.ok();
                 return match (current, multipart_etag(parts)) {
                     (Some(m), Some(etag)) if m.etag == etag => Ok(m),
                     _ => Err(BackendError::NoSuchUpload(id).into()),
                 };
             }
-            Err(e) => return Err(e.into()),
+            Err(e) => return Err(failed(pending, e)),
         };
         self.cache.invalidate(bucket, key);
         self.changed(&[(bucket.to_owned(), key.to_owned())]).await;
+        pending.settle();
         let node = self.clone();
         let (b, k) = (bucket.to_owned(), key.to_owned());
         tokio::spawn(async move {
@@ -203,6 +277,68 @@ impl Node {
             }
         });
         Ok(meta)
+    }
+
+    /// Starts the watcher of unsettled keys (writes whose outcome the node did not
+    /// learn): each is watched by [`Node::settle`], [`SETTLING_PARALLEL`] at once.
+    pub(super) fn start_settling(self: &Arc<Self>) {
+        let Some(mut unsettled) = self.journal.take_unsettled() else {
+            return;
+        };
+        let node = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let room = Arc::new(tokio::sync::Semaphore::new(SETTLING_PARALLEL));
+            while let Some((id, bucket, key)) = unsettled.recv().await {
+                let Some(node) = node.upgrade() else {
+                    return;
+                };
+                let Ok(place) = room.clone().acquire_owned().await else {
+                    return;
+                };
+                tokio::spawn(async move {
+                    node.settle(&bucket, &key).await;
+                    node.journal.end(&[id]);
+                    drop(place);
+                });
+            }
+        });
+    }
+
+    /// Watches a key whose write's outcome was not learned until the backend's version
+    /// of it has held for [`super::journal::SETTLED_AFTER`]: its copies are dropped on every
+    /// member at the first look and at each change, so no version older than the
+    /// backend's is served more than about [`super::journal::POLL`] after the backend commits.
+    pub(super) async fn settle(&self, bucket: &str, key: &str) {
+        use super::journal::{POLL, SETTLED_AFTER};
+        let mut seen: Option<Option<(String, u64)>> = None;
+        let mut since = std::time::Instant::now();
+        loop {
+            let now = match self.backend.head_object(bucket, key).await {
+                Ok(m) => Some((m.etag, m.size)),
+                Err(BackendError::NoSuchKey(_) | BackendError::NoSuchBucket(_)) => None,
+                Err(e) => {
+                    tracing::debug!(bucket, key, error = %e, "an unsettled key's version not known yet");
+                    tokio::time::sleep(POLL).await;
+                    continue;
+                }
+            };
+            if seen.as_ref() != Some(&now) {
+                if seen.is_some() {
+                    tracing::info!(
+                        bucket,
+                        key,
+                        "the backend committed a write whose outcome was not known: copies dropped"
+                    );
+                }
+                self.cache.invalidate(bucket, key);
+                self.changed(&[(bucket.to_owned(), key.to_owned())]).await;
+                seen = Some(now);
+                since = std::time::Instant::now();
+            } else if since.elapsed() >= SETTLED_AFTER {
+                return;
+            }
+            tokio::time::sleep(POLL).await;
+        }
     }
 
     /// The key's lock for a conditional write; an unconditional one takes none (no lock
