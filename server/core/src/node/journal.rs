@@ -44,6 +44,8 @@ pub type Unsettled = (u64, String, String);
 
 struct Log {
     file: File,
+    /// The same file, synced outside the lock, so that concurrent writes share syncs.
+    sync: std::sync::Arc<File>,
     path: PathBuf,
     /// Bytes written since the last rewrite.
     size: u64,
@@ -101,6 +103,7 @@ impl Journal {
         }
         let (file, size) = rewrite(&path, &open)?;
         let log = Log {
+            sync: std::sync::Arc::new(file.try_clone()?),
             file,
             path,
             size,
@@ -122,14 +125,35 @@ impl Journal {
     }
 
     /// Records `objects` as being written, durably, before the write is sent: what
-    /// settles them, or leaves them to be watched when dropped unsettled.
-    pub fn begin(&self, objects: &[(&str, &str)]) -> io::Result<Pending<'_>> {
+    /// settles them, or leaves them to be watched when dropped unsettled. The records
+    /// are appended under the lock and synced outside it (on the blocking pool), so that
+    /// writes at once share a sync.
+    pub async fn begin(&self, objects: &[(&str, &str)]) -> io::Result<Pending<'_>> {
         let Some(log) = self.log.get() else {
             return Ok(Pending {
                 journal: self,
                 open: Vec::new(),
             });
         };
+        let (open, sync) = self.append(log, objects)?;
+        // Unsettled from here on, whatever happens to the sync or the write.
+        let pending = Pending {
+            journal: self,
+            open,
+        };
+        tokio::task::spawn_blocking(move || sync.sync_data())
+            .await
+            .map_err(io::Error::other)??;
+        Ok(pending)
+    }
+
+    /// Appends `objects`' records to the log (not yet synced): their ids, and the file
+    /// to sync.
+    fn append(
+        &self,
+        log: &Mutex<Log>,
+        objects: &[(&str, &str)],
+    ) -> io::Result<(Vec<Unsettled>, std::sync::Arc<File>)> {
         let mut log = log.lock().unwrap_or_else(|p| p.into_inner());
         let mut lines = String::new();
         let mut open = Vec::with_capacity(objects.len());
@@ -146,15 +170,11 @@ impl Journal {
             open.push((id, (*bucket).to_owned(), (*key).to_owned()));
         }
         log.file.write_all(lines.as_bytes())?;
-        log.file.sync_data()?;
         log.size += lines.len() as u64;
         for (id, b, k) in &open {
             log.open.insert(*id, (b.clone(), k.clone()));
         }
-        Ok(Pending {
-            journal: self,
-            open,
-        })
+        Ok((open, log.sync.clone()))
     }
 
     /// Marks these keys done (not synced: a done mark lost to a crash costs a watch).
@@ -180,8 +200,10 @@ impl Journal {
         }
         log.size += lines.len() as u64;
         if log.size >= COMPACT_AT {
-            match rewrite(&log.path, &log.open) {
-                Ok((file, size)) => {
+            match rewrite(&log.path, &log.open).and_then(|(f, size)| Ok((f.try_clone()?, f, size)))
+            {
+                Ok((sync, file, size)) => {
+                    log.sync = std::sync::Arc::new(sync);
                     log.file = file;
                     log.size = size;
                 }
@@ -275,19 +297,20 @@ mod tests {
         out
     }
 
-    #[test]
-    fn writes_whose_outcome_was_never_learned_are_found_again() {
+    #[tokio::test]
+    async fn writes_whose_outcome_was_never_learned_are_found_again() {
         let dir = tempfile::tempdir().unwrap();
         let j = Journal::default();
         assert_eq!(j.keep_in(dir.path()).unwrap(), 0);
         let mut rx = j.take_unsettled().unwrap();
         // Settled, left by an error, settled in part, and in flight when killed.
-        j.begin(&[("b", "done")]).unwrap().settle();
-        drop(j.begin(&[("b", "failed")]).unwrap());
+        j.begin(&[("b", "done")]).await.unwrap().settle();
+        drop(j.begin(&[("b", "failed")]).await.unwrap());
         j.begin(&[("b", "x\n\"odd\""), ("b", "gone")])
+            .await
             .unwrap()
             .settle_where(|_, k| k == "gone");
-        let killed = j.begin(&[("c", "in flight")]).unwrap();
+        let killed = j.begin(&[("c", "in flight")]).await.unwrap();
         std::mem::forget(killed);
         assert_eq!(
             drain(&mut rx),
@@ -316,7 +339,7 @@ mod tests {
             ]
         );
         // New ids do not reuse old ones, and done marks survive another restart.
-        let p = again.begin(&[("d", "new")]).unwrap();
+        let p = again.begin(&[("d", "new")]).await.unwrap();
         assert!(p.open[0].0 > 5);
         p.settle();
         again.end(&[1, 2, 3, 4, 5]);
@@ -324,11 +347,11 @@ mod tests {
         assert_eq!(third.keep_in(dir.path()).unwrap(), 0);
     }
 
-    #[test]
-    fn without_a_directory_nothing_is_kept() {
+    #[tokio::test]
+    async fn without_a_directory_nothing_is_kept() {
         let j = Journal::default();
         let mut rx = j.take_unsettled().unwrap();
-        drop(j.begin(&[("b", "k")]).unwrap());
+        drop(j.begin(&[("b", "k")]).await.unwrap());
         assert!(rx.try_recv().is_err());
         assert_eq!(j.open_count(), 0);
     }

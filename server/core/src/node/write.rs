@@ -104,7 +104,11 @@ impl Node {
         check_key(key)?;
         let _held = self.hold_if_conditional(bucket, key, cond).await;
         self.check_write(bucket, key, cond).await?;
-        let pending = self.journal.begin(&[(bucket, key)]).map_err(unjournaled)?;
+        let pending = self
+            .journal
+            .begin(&[(bucket, key)])
+            .await
+            .map_err(unjournaled)?;
         let meta = match self
             .cache
             .put_through(&*self.backend, bucket, key, body, opts)
@@ -135,7 +139,11 @@ impl Node {
             expected_md5: None,
             size: Some(src.meta.size),
         };
-        let pending = self.journal.begin(&[(bucket, key)]).map_err(unjournaled)?;
+        let pending = self
+            .journal
+            .begin(&[(bucket, key)])
+            .await
+            .map_err(unjournaled)?;
         let meta = match self
             .cache
             .put_through(&*self.backend, bucket, key, src.body, opts)
@@ -151,7 +159,11 @@ impl Node {
 
     /// DeleteObject (a missing key is not an error).
     pub async fn delete(&self, bucket: &str, key: &str) -> Result<(), NodeError> {
-        let pending = self.journal.begin(&[(bucket, key)]).map_err(unjournaled)?;
+        let pending = self
+            .journal
+            .begin(&[(bucket, key)])
+            .await
+            .map_err(unjournaled)?;
         if let Err(e) = self.backend.delete_object(bucket, key).await {
             return Err(failed(pending, e));
         }
@@ -164,7 +176,7 @@ impl Node {
     /// DeleteObjects: each key's outcome, in order.
     pub async fn delete_many(&self, bucket: &str, keys: &[String]) -> Vec<Result<(), NodeError>> {
         let objects: Vec<(&str, &str)> = keys.iter().map(|k| (bucket, k.as_str())).collect();
-        let pending = match self.journal.begin(&objects) {
+        let pending = match self.journal.begin(&objects).await {
             Ok(p) => p,
             Err(e) => {
                 let e = unjournaled(e);
@@ -249,7 +261,11 @@ impl Node {
     ) -> Result<ObjectMeta, NodeError> {
         let _held = self.hold_if_conditional(bucket, key, cond).await;
         self.check_write(bucket, key, cond).await?;
-        let pending = self.journal.begin(&[(bucket, key)]).map_err(unjournaled)?;
+        let pending = self
+            .journal
+            .begin(&[(bucket, key)])
+            .await
+            .map_err(unjournaled)?;
         let meta = match self
             .backend
             .complete_multipart(bucket, key, upload_id, parts, headers)
