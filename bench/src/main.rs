@@ -149,6 +149,16 @@ struct SoakArgs {
     /// With --cluster: kill and restart a member, add one, remove one, under the load.
     #[arg(long, requires = "cluster")]
     churn: bool,
+    /// Also write straight to the backend at this S3 endpoint (as a pipeline would, not
+    /// through Granary), --direct-pct of the requests.
+    #[arg(long)]
+    direct_endpoint: Option<String>,
+    #[arg(long, default_value_t = 5, requires = "direct_endpoint")]
+    direct_pct: u32,
+    /// How long after a write straight to the backend a read may still return the
+    /// key's earlier state: the nodes' --revalidate-after and a second.
+    #[arg(long, value_parser = parse_duration, default_value = "2s")]
+    direct_bound: Duration,
     /// Write the report as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -577,10 +587,15 @@ fn rebalance(a: &RebalanceArgs) -> anyhow::Result<()> {
 
 fn soak(a: &SoakArgs) -> anyhow::Result<()> {
     use granary_bench::cluster::ClusterCmd;
-    use granary_bench::soak::{run, ClusterPlan, NodeCmd, SoakPlan};
+    use granary_bench::soak::{run, ClusterPlan, DirectPlan, NodeCmd, SoakPlan};
+    let direct_pct = if a.direct_endpoint.is_some() {
+        a.direct_pct
+    } else {
+        0
+    };
     anyhow::ensure!(
-        a.pct_put + a.pct_delete <= 100,
-        "--pct-put + --pct-delete > 100"
+        a.pct_put + a.pct_delete + direct_pct <= 100,
+        "--pct-put + --pct-delete + --direct-pct > 100"
     );
     let plan = SoakPlan {
         endpoint: a.endpoint.clone(),
@@ -611,6 +626,11 @@ fn soak(a: &SoakArgs) -> anyhow::Result<()> {
             }),
             _ => None,
         },
+        direct: a.direct_endpoint.clone().map(|endpoint| DirectPlan {
+            endpoint,
+            pct: direct_pct,
+            bound: a.direct_bound,
+        }),
     };
     let r = run(&plan)?;
     println!(
@@ -627,6 +647,12 @@ fn soak(a: &SoakArgs) -> anyhow::Result<()> {
         "mismatched reads {}, lost acknowledged writes {}, unavailable {}, other errors {}",
         r.mismatches, r.lost_writes, r.unavailable, r.errors
     );
+    if plan.direct.is_some() {
+        println!(
+            "writes straight to the backend {}; reads of the state before one, within its bound {}",
+            r.direct_writes, r.stale_within_bound
+        );
+    }
     if r.rss_max_kib > 0 {
         println!(
             "node RSS: {} MiB after the first minute, {} MiB at most; per-minute highs (MiB): {:?}",

@@ -21,6 +21,12 @@
 //! failure is counted. At the end, once rebalance has settled, the members' cached bytes
 //! are compared with the bytes of the distinct objects the bucket holds, and every key is
 //! read once more through the cluster.
+//!
+//! With `--direct-endpoint URL --direct-pct N`, N% of the requests are writes made
+//! straight to the backend (the S3 server behind the nodes), as a pipeline would make
+//! them, not through Granary: a read that starts more than `--direct-bound` after one
+//! (the nodes' `--revalidate-after` and a second) must not return what the key held
+//! before it; earlier, it may.
 
 use std::io::{self, Write};
 use std::path::PathBuf;
@@ -62,6 +68,19 @@ pub struct SoakPlan {
     pub restart_every: Option<Duration>,
     /// A cluster the bench starts and changes instead of one node.
     pub cluster: Option<ClusterPlan>,
+    /// Writes straight to the backend, beside the ones through Granary.
+    pub direct: Option<DirectPlan>,
+}
+
+/// Writes made straight to the backend.
+#[derive(Debug, Clone)]
+pub struct DirectPlan {
+    /// The backend's S3 endpoint.
+    pub endpoint: String,
+    /// Percentage of requests (taken from the GETs' share).
+    pub pct: u32,
+    /// How long after such a write a read may still return the key's earlier state.
+    pub bound: Duration,
 }
 
 /// The cluster mode.
@@ -116,6 +135,10 @@ pub struct SoakReport {
     pub settle_seconds: f64,
     /// Cluster mode: keys read in the final sweep.
     pub swept: u64,
+    /// Writes made straight to the backend, and reads that returned the state before
+    /// one within its bound (allowed; after the bound they count as lost writes).
+    pub direct_writes: u64,
+    pub stale_within_bound: u64,
     pub first_problems: Vec<String>,
 }
 
@@ -138,6 +161,9 @@ enum State {
 struct Expect {
     possible: Vec<State>,
     older: Vec<State>,
+    /// After a write straight to the backend: the states before it, which reads that
+    /// start before the instant may still return.
+    stale: Option<(Vec<State>, Instant)>,
 }
 
 impl Expect {
@@ -145,13 +171,35 @@ impl Expect {
         Expect {
             possible: vec![State::Absent],
             older: Vec::new(),
+            stale: None,
         }
     }
 
-    /// A write or delete was acknowledged: the key holds `s`.
+    /// A write or delete was acknowledged: the key holds `s` (a write through Granary
+    /// drops every copy, so no earlier state may be read after it).
     fn acked(&mut self, s: State) {
         let before = std::mem::replace(&mut self.possible, vec![s]);
         self.remember(before);
+        self.stale = None;
+    }
+
+    /// A write straight to the backend: the key holds `s`; reads starting before
+    /// `until` may still return what it held before.
+    fn behind(&mut self, s: State, until: Instant) {
+        let mut before = std::mem::replace(&mut self.possible, vec![s]);
+        if let Some((earlier, _)) = self.stale.take() {
+            before.extend(earlier);
+        }
+        self.remember(before.clone());
+        self.stale = Some((before, until));
+    }
+
+    /// Whether a read that started at `started` may return `s` as a state from before a
+    /// write straight to the backend.
+    fn stale_ok(&self, s: &State, started: Instant) -> bool {
+        self.stale
+            .as_ref()
+            .is_some_and(|(states, until)| started < *until && states.contains(s))
     }
 
     /// A write or delete whose answer was lost: `s` becomes possible too.
@@ -249,6 +297,8 @@ struct Counters {
     errors: AtomicU64,
     failed_reads: AtomicU64,
     swept: AtomicU64,
+    direct_writes: AtomicU64,
+    stale_within_bound: AtomicU64,
     problems: Mutex<Vec<String>>,
 }
 
@@ -338,6 +388,10 @@ fn worker(plan: &SoakPlan, w: usize, t: &Targets, flags: &Flags, c: &Counters) {
         rng
     };
     let mut version = 0u64;
+    let mut direct = plan
+        .direct
+        .as_ref()
+        .and_then(|d| Client::new(&d.endpoint).ok().map(|c| (d, c)));
     while !flags.stop.load(Ordering::Relaxed) {
         let i = (next() % mine.len() as u64) as usize;
         let Some(client) = client_for(&mut clients, t, next(), c) else {
@@ -383,6 +437,29 @@ fn worker(plan: &SoakPlan, w: usize, t: &Targets, flags: &Flags, c: &Counters) {
                     } else {
                         c.problem(&c.errors, format!("DELETE {key}: {err}"));
                     }
+                }
+            }
+        } else if let Some((d, backend)) = direct
+            .as_mut()
+            .filter(|(d, _)| roll < plan.pct_put + plan.pct_delete + d.pct)
+        {
+            version += 1;
+            let v = (w as u64) << 40 | version;
+            let span = plan.max_size - plan.min_size + 1;
+            let size = plan.min_size + next() % span;
+            let mut src = Source { k, v, pos: 0, size };
+            let new = State::Written { v, size };
+            match backend.put(&plan.bucket, &key, &mut src, size) {
+                Ok(_) => {
+                    c.direct_writes.fetch_add(1, Ordering::Relaxed);
+                    e.behind(new, Instant::now() + d.bound);
+                }
+                Err(err) => {
+                    e.maybe(new);
+                    c.problem(
+                        &c.errors,
+                        format!("PUT {key} straight to the backend: {err}"),
+                    );
                 }
             }
         } else {
@@ -512,6 +589,8 @@ fn read(
     };
     if e.possible.contains(&seen) {
         e.settle(seen);
+    } else if e.stale_ok(&seen, started) {
+        c.stale_within_bound.fetch_add(1, Ordering::Relaxed);
     } else if e.older.contains(&seen) {
         c.problem(
             &c.lost,
@@ -674,6 +753,8 @@ pub fn run(plan: &SoakPlan) -> anyhow::Result<SoakReport> {
     report.bytes_written = r(&c.bytes_written);
     report.mismatches = r(&c.mismatches);
     report.lost_writes = r(&c.lost);
+    report.direct_writes = r(&c.direct_writes);
+    report.stale_within_bound = r(&c.stale_within_bound);
     report.unavailable = r(&c.unavailable);
     report.errors = r(&c.errors);
     report.failed_reads = r(&c.failed_reads);

@@ -54,7 +54,9 @@ fn a_short_soak_with_restarts_reads_back_every_acknowledged_write() {
 /// joins through the peers file and one leaves. No read returns bytes that were not the
 /// last acknowledged write, no acknowledged write is lost, no read fails but in the
 /// moments after the kill, every key reads back right at the end, and once rebalance has
-/// settled the members cache about one copy of each object.
+/// settled the members cache about one copy of each object. 5% of the requests are
+/// writes straight to the bucket in moto, with the members revalidating after 1 s: no
+/// read that starts 2 s after one returns the key's earlier state.
 #[test]
 fn a_short_cluster_soak_through_churn_and_backend_faults() {
     let moto = Moto::start().expect("moto");
@@ -83,6 +85,11 @@ fn a_short_cluster_soak_through_churn_and_backend_faults() {
             "--serve-arg=--s3-endpoint",
         ])
         .arg(format!("--serve-arg={}", proxy.url()))
+        // Writes straight to the bucket too, seen within a second of revalidation.
+        .args(["--serve-arg=--revalidate-after", "--serve-arg=1s"])
+        .arg("--direct-endpoint")
+        .arg(moto.url())
+        .args(["--direct-pct", "5", "--direct-bound", "2s"])
         .arg("--json")
         .arg(&json)
         .env("AWS_ACCESS_KEY_ID", "testing")
@@ -127,6 +134,7 @@ fn a_short_cluster_soak_through_churn_and_backend_faults() {
         "{text}"
     );
     assert!(proxy.spoiled() > 0, "faults were injected");
+    assert!(r["direct_writes"].as_u64() > Some(0), "{text}");
     eprintln!(
         "{text}membership: {}\nbackend object GETs {}, spoiled by the fault proxy {}",
         r["events"],
