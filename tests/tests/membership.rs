@@ -866,13 +866,23 @@ fn members_headers_mean_nothing_from_others() -> Result<()> {
         assert_eq!(r.status, 200, "{name}: {}", r.text());
         assert_eq!(r.body, b"held?");
         // Members' routes.
-        for path in [
-            "/_granary/invalidate",
-            "/_granary/revalidate",
-            "/_granary/take",
-        ] {
+        for path in ["/_granary/invalidate", "/_granary/take"] {
             let r = send(&nodes[0], "POST", path, &[("x-granary-hop", "b")], b"[]");
             r.assert_s3_error(403, &["AccessDenied"]);
+        }
+        // A member's revalidation of every copy is a user's request from anyone else:
+        // refused unsigned where credentials are set, and otherwise made to name a bucket.
+        let r = send(
+            &nodes[0],
+            "POST",
+            "/_granary/revalidate",
+            &[("x-granary-hop", "b")],
+            b"{}",
+        );
+        if opts.credentials {
+            r.assert_s3_error(403, &["AccessDenied"]);
+        } else {
+            r.assert_s3_error(400, &["InvalidArgument"]);
         }
     }
     Ok(())
