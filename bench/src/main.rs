@@ -150,7 +150,8 @@ struct SoakArgs {
     #[arg(long, requires = "cluster")]
     churn: bool,
     /// Also write straight to the backend at this S3 endpoint (as a pipeline would, not
-    /// through Granary), --direct-pct of the requests.
+    /// through Granary), --direct-pct of the requests; signed with `AWS_ACCESS_KEY_ID`
+    /// and `AWS_SECRET_ACCESS_KEY` when they are set.
     #[arg(long)]
     direct_endpoint: Option<String>,
     #[arg(long, default_value_t = 5, requires = "direct_endpoint")]
@@ -630,6 +631,18 @@ fn soak(a: &SoakArgs) -> anyhow::Result<()> {
             endpoint,
             pct: direct_pct,
             bound: a.direct_bound,
+            // The store's keys, as the nodes' S3 client takes them.
+            credentials: match (
+                std::env::var("AWS_ACCESS_KEY_ID"),
+                std::env::var("AWS_SECRET_ACCESS_KEY"),
+            ) {
+                (Ok(access), Ok(secret)) => Some(granary_client::Credentials::new(
+                    &access,
+                    &secret,
+                    &std::env::var("AWS_REGION").unwrap_or_else(|_| "us-east-1".into()),
+                )),
+                _ => None,
+            },
         }),
     };
     let r = run(&plan)?;

@@ -81,6 +81,9 @@ pub struct DirectPlan {
     pub pct: u32,
     /// How long after such a write a read may still return the key's earlier state.
     pub bound: Duration,
+    /// What the writes are signed with (the store refuses an unsigned overwrite of an
+    /// object the nodes wrote).
+    pub credentials: Option<granary_client::Credentials>,
 }
 
 /// The cluster mode.
@@ -388,10 +391,10 @@ fn worker(plan: &SoakPlan, w: usize, t: &Targets, flags: &Flags, c: &Counters) {
         rng
     };
     let mut version = 0u64;
-    let mut direct = plan
-        .direct
-        .as_ref()
-        .and_then(|d| Client::new(&d.endpoint).ok().map(|c| (d, c)));
+    let mut direct = plan.direct.as_ref().and_then(|d| {
+        let c = Client::new(&d.endpoint).ok()?;
+        Some((d, c.with_credentials_opt(d.credentials.clone())))
+    });
     while !flags.stop.load(Ordering::Relaxed) {
         let i = (next() % mine.len() as u64) as usize;
         let Some(client) = client_for(&mut clients, t, next(), c) else {
