@@ -321,13 +321,15 @@ impl Config {
     }
 }
 
+/// A duration as the TOML gives it: seconds, or text (`30s`, `2m`).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Dur {
+    Secs(u64),
+    Text(String),
+}
+
 fn de_duration<'de, D: Deserializer<'de>>(d: D) -> Result<std::time::Duration, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Dur {
-        Secs(u64),
-        Text(String),
-    }
     match Dur::deserialize(d)? {
         Dur::Secs(n) => Ok(std::time::Duration::from_secs(n)),
         Dur::Text(s) => parse_duration(&s).map_err(serde::de::Error::custom),
@@ -338,12 +340,6 @@ fn de_duration<'de, D: Deserializer<'de>>(d: D) -> Result<std::time::Duration, D
 fn de_opt_duration<'de, D: Deserializer<'de>>(
     d: D,
 ) -> Result<Option<std::time::Duration>, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Dur {
-        Secs(u64),
-        Text(String),
-    }
     match Dur::deserialize(d)? {
         Dur::Secs(n) => Ok(Some(std::time::Duration::from_secs(n))),
         Dur::Text(s) => parse_duration_or_never(&s).map_err(serde::de::Error::custom),

@@ -223,6 +223,19 @@ pub async fn plan(state: &Arc<AppState>, req: Request) -> Result<Response, S3Err
     }
 }
 
+/// A query's `bucket=` (required: `InvalidArgument` naming what it is `for`) and
+/// `prefix=` (default empty).
+fn bucket_prefix<'q>(q: &'q [(String, String)], what: &str) -> Result<(&'q str, &'q str), S3Error> {
+    let arg = |n: &str| q.iter().find(|(k, _)| k == n).map(|(_, v)| v.as_str());
+    let Some(bucket) = arg("bucket").filter(|b| !b.is_empty()) else {
+        return Err(S3Error::new(
+            S3Code::InvalidArgument,
+            format!("name a bucket= {what}"),
+        ));
+    };
+    Ok((bucket, arg("prefix").unwrap_or("")))
+}
+
 /// `POST /_granary/revalidate?bucket=&prefix=`: every cached copy under the prefix, on
 /// every member, is checked against the backend before its next hit (signed whenever
 /// credentials are set). `200` when every member took it; `202` when one did not (it
@@ -231,14 +244,7 @@ pub async fn revalidate(state: &Arc<AppState>, req: Request) -> Result<Response,
     let (parts, _) = req.into_parts();
     s3::auth::authenticate(state.creds.as_ref(), false, &parts)?;
     let q = granary_proto::encode::query_pairs(parts.uri.query().unwrap_or(""));
-    let arg = |n: &str| q.iter().find(|(k, _)| k == n).map(|(_, v)| v.as_str());
-    let Some(bucket) = arg("bucket").filter(|b| !b.is_empty()) else {
-        return Err(S3Error::new(
-            S3Code::InvalidArgument,
-            "name a bucket= to revalidate (and a prefix= within it)",
-        ));
-    };
-    let prefix = arg("prefix").unwrap_or("");
+    let (bucket, prefix) = bucket_prefix(&q, "to revalidate (and a prefix= within it)")?;
     let (marked, all) = state.node.revalidate_everywhere(bucket, prefix).await;
     let mut resp = json_response(json!({
         "bucket": bucket,
@@ -283,13 +289,7 @@ async fn catalog(state: &Arc<AppState>, req: Request) -> Result<Response, S3Erro
     s3::auth::authenticate(state.creds.as_ref(), state.anonymous_read, &parts)?;
     let q = granary_proto::encode::query_pairs(parts.uri.query().unwrap_or(""));
     let arg = |n: &str| q.iter().find(|(k, _)| k == n).map(|(_, v)| v.as_str());
-    let Some(bucket) = arg("bucket").filter(|b| !b.is_empty()) else {
-        return Err(S3Error::new(
-            S3Code::InvalidArgument,
-            "name a bucket= for the catalog",
-        ));
-    };
-    let prefix = arg("prefix").unwrap_or("");
+    let (bucket, prefix) = bucket_prefix(&q, "for the catalog")?;
     let use_index = match arg("index") {
         None | Some("use") => true,
         Some("ignore") => false,

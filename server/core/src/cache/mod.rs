@@ -227,6 +227,9 @@ pub struct Revalidation {
 impl Revalidation {
     /// The longest a hit of `bucket` may go on its last check, in milliseconds.
     fn after_ms(&self, bucket: &str) -> Option<u64> {
+        if self.buckets.is_empty() {
+            return self.default.map(|d| d.as_millis() as u64);
+        }
         let after = match self.buckets.get(bucket) {
             Some(a) => *a,
             None => self.default,
@@ -399,8 +402,12 @@ impl Cache {
     /// Whether copies are served without a check against the source on every hit, and
     /// new objects admitted: the cluster's trust, within the lease.
     pub fn trusted(&self) -> bool {
-        self.trusted.load(Ordering::Acquire)
-            && crate::clock::now_ms() <= self.lease_until.load(Ordering::Acquire)
+        if !self.trusted.load(Ordering::Acquire) {
+            return false;
+        }
+        // A single node, or one with no member up, holds no lease: no clock read.
+        let until = self.lease_until.load(Ordering::Acquire);
+        until == u64::MAX || crate::clock::now_ms() <= until
     }
 
     fn generation(&self) -> u64 {

@@ -104,6 +104,20 @@ impl Node {
         check_key(key)?;
         let _held = self.hold_if_conditional(bucket, key, cond).await;
         self.check_write(bucket, key, cond).await?;
+        let meta = self.put_journaled(bucket, key, body, opts).await?;
+        self.stats.add(Metric::BytesReceived, meta.size);
+        Ok(meta)
+    }
+
+    /// A body written through to the backend and cached on the way, its key journaled
+    /// until the members have dropped their copies.
+    async fn put_journaled(
+        &self,
+        bucket: &str,
+        key: &str,
+        body: ByteStream,
+        opts: PutOptions,
+    ) -> Result<ObjectMeta, NodeError> {
         let pending = self
             .journal
             .begin(&[(bucket, key)])
@@ -117,7 +131,6 @@ impl Node {
             Ok(meta) => meta,
             Err(e) => return Err(failed(pending, e)),
         };
-        self.stats.add(Metric::BytesReceived, meta.size);
         self.changed(&[(bucket.to_owned(), key.to_owned())]).await;
         pending.settle();
         Ok(meta)
@@ -139,22 +152,7 @@ impl Node {
             expected_md5: None,
             size: Some(src.meta.size),
         };
-        let pending = self
-            .journal
-            .begin(&[(bucket, key)])
-            .await
-            .map_err(unjournaled)?;
-        let meta = match self
-            .cache
-            .put_through(&*self.backend, bucket, key, src.body, opts)
-            .await
-        {
-            Ok(meta) => meta,
-            Err(e) => return Err(failed(pending, e)),
-        };
-        self.changed(&[(bucket.to_owned(), key.to_owned())]).await;
-        pending.settle();
-        Ok(meta)
+        self.put_journaled(bucket, key, src.body, opts).await
     }
 
     /// DeleteObject (a missing key is not an error).
