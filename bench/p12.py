@@ -25,16 +25,13 @@ build of `granary` (target/release/granary, or $GRANARY_BIN).
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import resource
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -42,9 +39,10 @@ from pathlib import Path
 import boto3
 import requests
 import torch
-from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from torch.utils.data import DataLoader, IterableDataset
 
 import granary
+from datalib import free_port, Ceiling, make_shards, tar_samples, worker_split
 
 ROOT = Path(__file__).resolve().parent.parent
 BUCKET = "train"
@@ -54,30 +52,8 @@ PER_SHARD = 80
 SOCKET = ""  # the node's Unix socket, set in main
 
 
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 def make_dataset(origin: Path, shards: int) -> int:
-    d = origin / BUCKET / PREFIX
-    d.mkdir(parents=True)
-    total = 0
-    for i in range(shards):
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
-            for j in range(PER_SHARD):
-                for ext, data in (("bin", os.urandom(SAMPLE - 512 + (j % 7) * 73)),
-                                  ("cls", str(j % 10).encode())):
-                    info = tarfile.TarInfo(f"s{i:04}/{j:04}.{ext}")
-                    info.size = len(data)
-                    tar.addfile(info, io.BytesIO(data))
-        (d / f"shard-{i:06}.tar").write_bytes(buf.getvalue())
-        total += PER_SHARD
-    return total
+    return make_shards(origin / BUCKET / PREFIX, shards, PER_SHARD, SAMPLE)
 
 
 def cpu_of(pid: int) -> float:
@@ -91,32 +67,12 @@ def own_cpu() -> float:
     return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
 
 
-def tar_samples(stream, url: str):
-    """WebDataset-style samples out of a tar stream, with tarfile (what a boto3 or
-    s3torchconnector user writes)."""
-    current, key = {}, None
-    with tarfile.open(fileobj=stream, mode="r|") as tar:
-        for m in tar:
-            if not m.isfile():
-                continue
-            base, _, ext = m.name.partition(".")
-            if key is not None and base != key:
-                yield current
-                current = {}
-            key = base
-            current["__key__"], current["__url__"] = base, url
-            current[ext] = tar.extractfile(m).read()
-    if current:
-        yield current
-
-
 class Boto3Shards(IterableDataset):
     def __init__(self, endpoint: str, keys: list[str]):
         self.endpoint, self.keys = endpoint, keys
 
     def __iter__(self):
-        info = get_worker_info()
-        w, k = (info.id, info.num_workers) if info else (0, 1)
+        w, k = worker_split()
         s3 = boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
                           aws_access_key_id="k", aws_secret_access_key="s")
         for key in self.keys[w::k]:
@@ -136,22 +92,6 @@ class S3tcShards(IterableDataset):
             yield from tar_samples(reader, reader.key)
 
 
-class Ceiling(IterableDataset):
-    """The DataLoader's own ceiling: samples of the same sizes made in memory, split over
-    the workers, no reading or parsing at all."""
-
-    def __init__(self, total: int):
-        self.total = total
-
-    def __iter__(self):
-        info = get_worker_info()
-        w, k = (info.id, info.num_workers) if info else (0, 1)
-        # Distinct objects (a batch pickles each once, as it would read ones).
-        blobs = [os.urandom(SAMPLE) for _ in range(64)]
-        for j in range(w, self.total, k):
-            yield {"__key__": str(j), "__url__": "", "bin": blobs[j % 64], "cls": b"1"}
-
-
 def to_bytes(sample: dict) -> dict:
     return {k: bytes(v) if isinstance(v, memoryview) else v for k, v in sample.items()}
 
@@ -165,7 +105,7 @@ def loader_for(name: str, endpoint: str, keys: list[str], workers: int, epoch: i
                                   map=to_bytes if workers else None)
         ds.set_epoch(epoch)
     elif name == "ceiling":
-        ds = Ceiling(len(keys) * PER_SHARD)
+        ds = Ceiling(len(keys) * PER_SHARD, SAMPLE)
     elif name == "granary":
         ds = granary.ShardDataset(endpoint, BUCKET, PREFIX, seed=0, rank=0, world_size=1,
                                   batch_size=32, read_ahead=2)

@@ -28,4 +28,5 @@ pub mod soak;
 pub mod stall;
 pub mod stats;
 pub mod transforms;
+pub mod wire;
 pub mod workload;

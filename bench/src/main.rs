@@ -55,6 +55,10 @@ enum Command {
     /// the node's Unix socket, and a local read (a descriptor of the cache file, mapped),
     /// with `--direct FILE` the page-cache ceiling: MB/s and CPU seconds per GiB.
     Local(LocalArgs),
+    /// A warm object read into this process's memory by the client (`Client::get`,
+    /// `Client::get_to_slice`) against a plain socket's `read(2)` into a preallocated
+    /// buffer and against curl, the ways taking turns: MB/s and CPU seconds per GiB.
+    Wire(WireArgs),
     /// A bounded soak: GETs, PUTs and DELETEs over a key space while the node (started
     /// by the bench with --granary) is killed and restarted; every byte read is checked
     /// against what was written, and the node's memory is sampled.
@@ -183,6 +187,19 @@ struct LocalArgs {
     /// page cache as the ceiling.
     #[arg(long)]
     direct: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct WireArgs {
+    #[command(flatten)]
+    common: Common,
+    #[arg(long)]
+    bucket: String,
+    #[arg(long)]
+    key: String,
+    /// Timed reads per way.
+    #[arg(long, default_value_t = 5)]
+    rounds: usize,
 }
 
 #[derive(Args)]
@@ -389,6 +406,7 @@ fn main() -> anyhow::Result<()> {
         Command::Get(a) => a.common.threads,
         Command::Ring(a) => return ring(a),
         Command::Local(a) => return local(a),
+        Command::Wire(a) => return wire(a),
         Command::Soak(a) => return soak(a),
         Command::Rebalance(a) => return rebalance(a),
         Command::Batch(a) => a.common.threads,
@@ -404,7 +422,11 @@ fn main() -> anyhow::Result<()> {
         match cli.command {
             Command::Run(a) => run(a).await,
             Command::Get(a) => get(a).await,
-            Command::Ring(_) | Command::Local(_) | Command::Soak(_) | Command::Rebalance(_) => {
+            Command::Ring(_)
+            | Command::Local(_)
+            | Command::Wire(_)
+            | Command::Soak(_)
+            | Command::Rebalance(_) => {
                 unreachable!("handled before the runtime starts")
             }
             Command::Batch(a) => {
@@ -498,19 +520,20 @@ fn local(a: &LocalArgs) -> anyhow::Result<()> {
             .map(|(k, s)| (k, s, c.region.clone())),
     };
     let r = run(&t, a.rounds)?;
+    print_ways(r.object_bytes, r.rounds, &r.ways);
     println!(
-        "{} bytes, {} rounds each:\n{:<46} {:>9} {:>9} {:>9} {:>12} {:>12} {:>12}",
-        r.object_bytes,
-        r.rounds,
-        "way",
-        "MB/s",
-        "min",
-        "max",
-        "client s/GiB",
-        "node s/GiB",
-        "total s/GiB"
+        "local / TCP = {:.2}, local / Unix HTTP = {:.2}, Unix HTTP / TCP = {:.2}; CPU per GiB, TCP / local = {:.2}",
+        r.local_over_tcp, r.local_over_unix, r.unix_over_tcp, r.tcp_cpu_over_local
     );
-    for w in &r.ways {
+    write_json(c, &r)
+}
+
+fn print_ways(bytes: u64, rounds: usize, ways: &[granary_bench::local::Way]) {
+    println!(
+        "{bytes} bytes, {rounds} rounds each:\n{:<46} {:>9} {:>9} {:>9} {:>12} {:>12} {:>12}",
+        "way", "MB/s", "min", "max", "client s/GiB", "node s/GiB", "total s/GiB"
+    );
+    for w in ways {
         println!(
             "{:<46} {:>9.0} {:>9.0} {:>9.0} {:>12.3} {:>12.3} {:>12.3}",
             w.name,
@@ -522,10 +545,24 @@ fn local(a: &LocalArgs) -> anyhow::Result<()> {
             w.total_cpu_s_per_gib
         );
     }
-    println!(
-        "local / TCP = {:.2}, local / Unix HTTP = {:.2}, Unix HTTP / TCP = {:.2}; CPU per GiB, TCP / local = {:.2}",
-        r.local_over_tcp, r.local_over_unix, r.unix_over_tcp, r.tcp_cpu_over_local
+}
+
+fn wire(a: &WireArgs) -> anyhow::Result<()> {
+    let c = &a.common;
+    anyhow::ensure!(
+        c.access_key.is_none(),
+        "wire reads an unsigned node (the plain socket does not sign)"
     );
+    let r = granary_bench::wire::run(&c.endpoint, &a.bucket, &a.key, a.rounds)?;
+    print_ways(r.object_bytes, r.rounds, &r.ways);
+    print!(
+        "Client::get / wire = {:.2}, get_to_slice / wire = {:.2}",
+        r.get_over_wire, r.slice_over_wire
+    );
+    match r.get_over_curl {
+        Some(x) => println!(", Client::get / curl = {x:.2}"),
+        None => println!(" (no curl here)"),
+    }
     write_json(c, &r)
 }
 

@@ -1,27 +1,35 @@
-//! P7: delivery into GPU memory. Against a live node, measures
+//! P7: delivery into GPU memory, measured against the wire. Against a live node, times
 //!
-//! - (a) `read_object`: objects read from the node straight into device memory, the
+//! - (a) `read_object`: an object read from the node straight into device memory, the
 //!   network receive overlapped with double-buffered pinned copies;
-//! - (b) `copy_from_host`: the same bytes, already in host memory, copied to the device
-//!   through the same pinned buffers (the ceiling (a) can reach);
+//! - (b) the wire: the same bytes received from the node into one preallocated pinned
+//!   host buffer by a plain socket's `read(2)` (no device; `granary_client::wire`), the
+//!   most any delivery from the node can reach;
+//! - a plain host-to-device copy of the object from that pinned buffer (the copy
+//!   engine's own speed);
+//! - `Client::get` (a new host buffer per read) and `Client::get_to_slice` (into the
+//!   pinned buffer), the host reads held against (b);
 //!
-//! each as MB/s (1 MB = 10^6 bytes) over all the objects, median of `--rounds`, and prints
-//! the ratio (a)/(b). The plain network read into host memory is shown for context. Every
-//! object is checked byte for byte on the device once, before timing.
+//! each as MB/s (1 MB = 10^6 bytes) over all the objects, median of `--rounds`, the ways
+//! taking turns every round, and prints (a)/(b), (a) over the plain copy, and each host
+//! read over (b). Every object is checked byte for byte on the device once, before timing.
 //!
 //! ```text
 //! cargo run --release -p granary-client --features cuda --example p7 -- \
 //!     --endpoint http://127.0.0.1:7070 --bucket BUCKET --key KEY --rounds 5
 //! ```
 //!
-//! `--prefix P` instead of `--key` reads every object under `P` (all of them are held in
-//! host memory for (b)). Exits with status 2 and a message when no CUDA device is usable.
+//! `--prefix P` instead of `--key` reads every object under `P`. The node must not ask
+//! for signatures (the plain socket does not sign). Exits with status 2 and a message
+//! when no CUDA device is usable.
 
 use std::time::Instant;
 
 use anyhow::{bail, ensure, Context, Result};
 use clap::Parser;
+use granary_client::cuda::cudarc::driver::PinnedHostSlice;
 use granary_client::cuda::{self, DeviceReader};
+use granary_client::wire::PlainGet;
 use granary_client::{Client, GetOptions};
 
 #[derive(Parser)]
@@ -171,10 +179,25 @@ fn print_table(paths: &[&Path], bytes: u64, objects: usize) {
     }
 }
 
+/// One pinned host buffer of `len` bytes (ordinary cached page-locked memory), zeroed.
+fn pinned(gpu: &DeviceReader, len: usize) -> Result<PinnedHostSlice<u8>> {
+    let ctx = gpu.stream().context();
+    // SAFETY: uninitialised page-locked bytes, zeroed at once below before any is read.
+    let mut buf = unsafe { ctx.alloc_pinned_with_flags::<u8>(len.max(1), 0) }?;
+    let ptr = buf.as_mut_ptr()?;
+    // SAFETY: `ptr` is the buffer's own, `len.max(1)` bytes long.
+    unsafe { std::ptr::write_bytes(ptr, 0, len.max(1)) };
+    Ok(buf)
+}
+
 fn main() -> Result<()> {
     let args = Args::parse();
     ensure!(args.rounds > 0, "--rounds must be at least 1");
     ensure!(args.chunk_mib > 0, "--chunk-mib must be at least 1");
+    ensure!(
+        args.access_key.is_none(),
+        "P7 reads an unsigned node (the wire's plain socket does not sign)"
+    );
     if !cuda::available() {
         eprintln!(
             "P7 needs a CUDA device: no NVIDIA driver (libcuda) could be loaded, or it reports no GPU"
@@ -186,7 +209,7 @@ fn main() -> Result<()> {
     let bucket = args.bucket.clone();
     let keys = keys(&args, &mut c)?;
 
-    // The host copies for (b); this also warms the node's cache for every path.
+    // The objects' bytes, for the check; this also warms the node's cache for every way.
     let mut host = Vec::with_capacity(keys.len());
     for k in &keys {
         host.push(c.get(&bucket, k).with_context(|| format!("{bucket}/{k}"))?);
@@ -196,10 +219,31 @@ fn main() -> Result<()> {
         bail!("the objects are empty: nothing to measure");
     }
     check(&mut gpu, &mut c, &bucket, &keys, &host)?;
+    let largest = host.iter().map(Vec::len).max().unwrap_or(0);
+    let targets: Vec<String> = keys
+        .iter()
+        .map(|k| format!("/{bucket}/{}", granary_proto::encode::path(k)))
+        .collect();
+    let mut wire = PlainGet::connect(&args.endpoint)?;
+    let mut landing = pinned(&gpu, largest)?;
+    {
+        let buf = landing.as_mut_slice()?;
+        for (t, want) in targets.iter().zip(&host) {
+            let n = wire.get_into(t, buf)?;
+            ensure!(buf[..n] == want[..], "{t}: the wire's bytes differ");
+        }
+    }
+    let sizes: Vec<usize> = host.iter().map(Vec::len).collect();
+    drop(host);
+    let stream = gpu.stream().clone();
+    // SAFETY: uninitialised device bytes, only ever written by the timed copies.
+    let mut device_copy = unsafe { stream.alloc::<u8>(largest.max(1)) }?;
 
     let mut device = Path::new("(a) node -> device (read_object)");
-    let mut pinned = Path::new("(b) host -> device (copy_from_host)");
-    let mut network = Path::new("    node -> host memory (get)");
+    let mut ceiling = Path::new("(b) node -> pinned host (socket read)");
+    let mut htod = Path::new("    pinned host -> device (one copy)");
+    let mut get = Path::new("    node -> host (Client::get)");
+    let mut slice = Path::new("    node -> pinned host (get_to_slice)");
     let opts = GetOptions::default();
     for _ in 0..args.rounds {
         device.time(bytes, || {
@@ -208,22 +252,44 @@ fn main() -> Result<()> {
             }
             Ok(())
         })?;
-        pinned.time(bytes, || {
-            for h in &host {
-                gpu.copy_from_host(h)?;
+        ceiling.time(bytes, || {
+            let buf = landing.as_mut_slice()?;
+            for t in &targets {
+                wire.get_into(t, buf)?;
             }
             Ok(())
         })?;
-        network.time(bytes, || {
+        htod.time(bytes, || {
+            // Each object's length from the front of the pinned buffer (the driver sees
+            // page-locked memory and copies it asynchronously).
+            let src = landing.as_slice()?;
+            for &len in &sizes {
+                let mut dst = device_copy.slice_mut(..len.max(1));
+                stream.memcpy_htod(&src[..len.max(1)], &mut dst)?;
+            }
+            stream.synchronize()?;
+            Ok(())
+        })?;
+        get.time(bytes, || {
             for k in &keys {
                 c.get(&bucket, k)?;
             }
             Ok(())
         })?;
+        slice.time(bytes, || {
+            let buf = landing.as_mut_slice()?;
+            for k in &keys {
+                c.get_to_slice(&bucket, k, &opts, buf)?;
+            }
+            Ok(())
+        })?;
     }
 
-    print_table(&[&device, &pinned, &network], bytes, keys.len());
-    let ratio = device.median() / pinned.median().max(1e-9);
-    println!("ratio (a)/(b): {ratio:.3}");
+    print_table(&[&device, &ceiling, &htod, &get, &slice], bytes, keys.len());
+    let of = |p: &Path, q: &Path| p.median() / q.median().max(1e-9);
+    println!("ratio (a)/(b): {:.3}", of(&device, &ceiling));
+    println!("ratio (a)/plain copy: {:.3}", of(&device, &htod));
+    println!("ratio Client::get/(b): {:.3}", of(&get, &ceiling));
+    println!("ratio get_to_slice/(b): {:.3}", of(&slice, &ceiling));
     Ok(())
 }

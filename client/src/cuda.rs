@@ -57,7 +57,7 @@ use cudarc::driver::{
     PinnedHostSlice,
 };
 
-use crate::{BatchItem, Client, Error, GetOptions, Missing, TarReader};
+use crate::{BatchItem, Client, Error, GetOptions, Missing, ObjectReader, TarReader};
 
 /// The cudarc version this module is built with, for handing [`DeviceBuf`]s to kernels.
 pub use cudarc;
@@ -290,7 +290,11 @@ impl DeviceReader {
     ) -> Result<DeviceBuf, GpuError> {
         let mut reader = client.open_with(bucket, key, opts)?;
         let size = reader.meta().size;
-        self.read_stream(&mut reader, size, &format!("object {bucket}/{key}"))
+        self.read_stream(
+            &mut Filling(&mut reader),
+            size,
+            &format!("object {bucket}/{key}"),
+        )
     }
 
     /// Reads `src` to its end into device memory. `size` is the expected length (the
@@ -355,6 +359,16 @@ impl Drop for DeviceReader {
         // Copies out of the pinned buffers may still run after a failed read: they must end
         // before the buffers are freed.
         let _ = self.stream.synchronize();
+    }
+}
+
+/// An object's body read a staging buffer at a time: each read waits for the whole
+/// buffer in one receive ([`ObjectReader::read_full`]).
+struct Filling<'r>(&'r mut ObjectReader);
+
+impl Read for Filling<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.0.read_full(buf)
     }
 }
 

@@ -304,6 +304,40 @@ pub(crate) struct BodyReader {
     keep_alive: bool,
 }
 
+/// Bodies at least this large land in memory faulted in ahead of the receive.
+const PREFAULT_FROM: usize = 32 << 20;
+/// The stripe each helper faults in at a time.
+const PREFAULT_STEP: usize = 8 << 20;
+
+/// How many threads fault a large destination in ahead of its receive: one per four
+/// cores, one to four.
+fn prefault_helpers() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| (n.get() / 4).clamp(1, 4))
+}
+
+/// Faults in helper `i` of `n`'s stripes of `len` bytes at `addr` (memory about to be
+/// written): stripes `i`, `i + n`, … of [`PREFAULT_STEP`] bytes, front to back
+/// (`MADV_POPULATE_WRITE`; nothing where the kernel lacks it), until done or `stop`.
+///
+/// Run beside a receive into the same memory, the helpers take the page faults of a
+/// buffer never touched before (a new buffer per read), which the kernel must zero
+/// before the copy may write it: on one thread that costs about as much as the copy
+/// itself. The helpers do it ahead of the receive, side by side; pages the receive got
+/// to first are left as they are.
+fn prefault(addr: usize, len: usize, i: usize, n: usize, stop: &std::sync::atomic::AtomicBool) {
+    let end = addr + len;
+    let first = addr.next_multiple_of(4096);
+    let mut at = first + i * PREFAULT_STEP;
+    while at < end && !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let step = PREFAULT_STEP.min(end - at);
+        // SAFETY: populating pages of memory the caller owns for writing; no byte changes.
+        if unsafe { libc::madvise(at as *mut libc::c_void, step, libc::MADV_POPULATE_WRITE) } != 0 {
+            return;
+        }
+        at += n * PREFAULT_STEP;
+    }
+}
+
 fn cut_short() -> io::Error {
     io::Error::new(
         io::ErrorKind::UnexpectedEof,
@@ -348,6 +382,106 @@ impl BodyReader {
             ));
         }
         Ok(out)
+    }
+
+    /// The bytes the body still holds, where the answer said (`Content-Length`).
+    pub(crate) fn remaining(&self) -> Option<u64> {
+        match self.framing {
+            Framing::Length(n) => Some(n),
+            _ => None,
+        }
+    }
+
+    /// Reads exactly `len` bytes of a body of known length into `dst`: what the
+    /// connection's buffer already holds, then straight from the socket, waiting for all
+    /// of the rest in as few calls as the network allows. The bytes are copied once, by
+    /// the kernel, into their place.
+    ///
+    /// # Safety
+    ///
+    /// `dst` must be valid for writes of `len` bytes (they need not be initialised).
+    pub(crate) unsafe fn fill_raw(&mut self, dst: *mut u8, len: usize) -> io::Result<()> {
+        let left = match self.framing {
+            Framing::Length(n) if len as u64 <= n => n,
+            _ => {
+                return Err(io::Error::other(
+                    "fill_raw needs a body of known length, at least as long",
+                ))
+            }
+        };
+        if len < PREFAULT_FROM {
+            // SAFETY: the caller vouches for `dst..dst + len`.
+            return unsafe { self.fill_into(dst, len, left) };
+        }
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let addr = dst as usize;
+        std::thread::scope(|scope| {
+            let n = prefault_helpers();
+            for i in 0..n {
+                let stop = &stop;
+                scope.spawn(move || prefault(addr, len, i, n, stop));
+            }
+            // SAFETY: the caller vouches for `dst..dst + len`; the helpers only advise
+            // on it, and end before the scope does.
+            let result = unsafe { self.fill_into(dst, len, left) };
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            result
+        })
+    }
+
+    /// [`Self::fill_raw`]'s receive, `left` the body's bytes before it.
+    ///
+    /// # Safety
+    ///
+    /// As for [`Self::fill_raw`].
+    unsafe fn fill_into(&mut self, dst: *mut u8, len: usize, left: u64) -> io::Result<()> {
+        let stream = self.stream()?;
+        let buffered = stream.buffer();
+        let mut got = buffered.len().min(len);
+        // SAFETY: `got` bytes of the buffer into `dst`, which holds `len >= got`; the
+        // buffer is ours, not the caller's, so they do not overlap.
+        unsafe { std::ptr::copy_nonoverlapping(buffered.as_ptr(), dst, got) };
+        stream.consume(got);
+        let sock = stream.get_mut();
+        let mut result = Ok(());
+        while got < len {
+            // SAFETY: `dst + got .. dst + len` is inside what the caller vouches for.
+            match unsafe { sock.recv_all_raw(dst.add(got), len - got) } {
+                Ok(0) => {
+                    result = Err(cut_short());
+                    break;
+                }
+                Ok(n) => got += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        self.framing = Framing::Length(left - got as u64);
+        result
+    }
+
+    /// Reads until `buf` is full or the body ends; the bytes read. For a body of known
+    /// length this waits on the socket for all of them at once ([`Self::fill_raw`]).
+    pub(crate) fn read_full(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if let Some(left) = self.remaining() {
+            let n = buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+            // SAFETY: `buf[..n]` is a live, writable slice.
+            unsafe { self.fill_raw(buf.as_mut_ptr(), n)? };
+            return Ok(n);
+        }
+        let mut got = 0;
+        while got < buf.len() {
+            match self.read(&mut buf[got..]) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(got)
     }
 
     fn stream(&mut self) -> io::Result<&mut Stream> {

@@ -29,6 +29,7 @@ mod objects;
 mod sign;
 mod sock;
 mod tarstream;
+pub mod wire;
 
 pub use client::{Client, Response};
 pub use dataset::{Dataset, DatasetBuilder, Epoch, Sample};

@@ -114,6 +114,18 @@ impl ObjectReader {
     }
 }
 
+impl ObjectReader {
+    /// Reads until `buf` is full or the body ends; the bytes read. Where the answer's
+    /// length is known this waits on the socket for all of them in one call, where
+    /// `read` returns each burst as it arrives: fewer wake-ups for a caller that wants
+    /// large pieces anyway.
+    pub fn read_full(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.body
+            .read_full(buf)
+            .map_err(|e| io::Error::new(e.kind(), format!("reading from {}: {e}", self.addr)))
+    }
+}
+
 impl Read for ObjectReader {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         self.body
@@ -285,11 +297,99 @@ impl Client {
         self.get_with(bucket, key, &opts)
     }
 
-    /// Reads what `opts` asks for into memory.
+    /// Reads what `opts` asks for into memory: one buffer sized from the answer's
+    /// `Content-Length`, which the kernel copies the bytes into straight from the socket
+    /// (no buffer in between, no regrowth).
     pub fn get_with(&mut self, bucket: &str, key: &str, opts: &GetOptions) -> Result<Vec<u8>> {
         let mut out = Vec::new();
-        self.get_with_into(bucket, key, opts, &mut out)?;
+        let mut room = |n: usize| {
+            out.try_reserve_exact(n).map_err(|_| {
+                Error::Invalid(format!("{bucket}/{key}: {n} bytes do not fit in memory"))
+            })?;
+            Ok(out.as_mut_ptr())
+        };
+        // SAFETY: the pointer is `out`'s, with room for `n` bytes, and `out` is not
+        // touched again until the call returns.
+        let n = unsafe { self.get_with_alloc(bucket, key, opts, &mut room)? };
+        // SAFETY: the call wrote all `n` bytes.
+        unsafe { out.set_len(n) };
         Ok(out)
+    }
+
+    /// Reads what `opts` asks for into memory that `alloc` hands out once the answer's
+    /// length `n` is known (a Python `bytes`, a pinned buffer), straight from the socket;
+    /// returns `n`. An answer of unknown length (chunked) is read first and copied in.
+    ///
+    /// # Safety
+    ///
+    /// The pointer `alloc(n)` returns must be valid for writes of `n` bytes until this
+    /// call returns; the bytes are all written only if it returns `Ok`.
+    pub unsafe fn get_with_alloc(
+        &mut self,
+        bucket: &str,
+        key: &str,
+        opts: &GetOptions,
+        alloc: &mut dyn FnMut(usize) -> Result<*mut u8>,
+    ) -> Result<usize> {
+        let (_, mut body) = self.call(get_request(bucket, key, opts)?)?;
+        let n = match body.remaining() {
+            Some(n) => {
+                let n = usize::try_from(n).map_err(|_| {
+                    Error::Invalid(format!("{bucket}/{key}: {n} bytes do not fit in memory"))
+                })?;
+                let dst = alloc(n)?;
+                // SAFETY: the caller vouches for `dst..dst + n`.
+                unsafe { body.fill_raw(dst, n) }.map_err(|e| self.io(e))?;
+                n
+            }
+            None => {
+                let mut all = Vec::new();
+                copy(self, &mut body, &mut all)?;
+                let dst = alloc(all.len())?;
+                // SAFETY: as above, for `all.len()` bytes, which are not the caller's.
+                unsafe { std::ptr::copy_nonoverlapping(all.as_ptr(), dst, all.len()) };
+                all.len()
+            }
+        };
+        self.done(body);
+        Ok(n)
+    }
+
+    /// Reads what `opts` asks for into `buf` (memory the caller brings: pinned, reused),
+    /// straight from the socket; the bytes written. An answer larger than `buf` is
+    /// [`Error::Invalid`], before any byte is read.
+    pub fn get_to_slice(
+        &mut self,
+        bucket: &str,
+        key: &str,
+        opts: &GetOptions,
+        buf: &mut [u8],
+    ) -> Result<usize> {
+        let (_, mut body) = self.call(get_request(bucket, key, opts)?)?;
+        let room = buf.len();
+        let too_large = |n: Option<u64>| {
+            let size = n.map_or_else(|| format!("more than {room}"), |n| n.to_string());
+            Error::Invalid(format!(
+                "{bucket}/{key}: the answer is {size} bytes; the buffer holds {room}"
+            ))
+        };
+        let n = match body.remaining() {
+            Some(n) if n > buf.len() as u64 => return Err(too_large(Some(n))),
+            Some(n) => {
+                let n = n as usize;
+                body.read_full(&mut buf[..n]).map_err(|e| self.io(e))?;
+                n
+            }
+            None => {
+                let n = body.read_full(buf).map_err(|e| self.io(e))?;
+                if !body.is_done() && body.read(&mut [0u8; 1]).map_err(|e| self.io(e))? > 0 {
+                    return Err(too_large(None));
+                }
+                n
+            }
+        };
+        self.done(body);
+        Ok(n)
     }
 
     /// Streams a whole object into `sink`; returns its headers.
@@ -357,6 +457,69 @@ impl Client {
 mod tests {
     use super::*;
     use crate::fake::{FakeServer, Reply};
+
+    fn pattern(n: usize) -> Vec<u8> {
+        (0..n).map(|i| (i * 7 % 253) as u8).collect()
+    }
+
+    #[test]
+    fn get_lands_bodies_whole_however_they_are_framed() {
+        // Large enough to be received ahead-faulted; one sent by length, one chunked,
+        // one cut short.
+        let big = pattern(40 << 20);
+        let small = pattern(1000);
+        let server = FakeServer::start(vec![
+            Reply::ok(big.clone()),
+            Reply::ok(small.clone()).chunked(333),
+            Reply::ok(small.clone()),
+            Reply::raw(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nonly ten b").then_close(),
+        ]);
+        let mut c = Client::new(&server.endpoint()).unwrap();
+        assert!(c.get("b", "big").unwrap() == big);
+        assert_eq!(c.get("b", "chunked").unwrap(), small);
+        assert_eq!(
+            c.get("b", "again").unwrap(),
+            small,
+            "the connection is reused"
+        );
+        let err = c.get("b", "cut").unwrap_err();
+        assert!(matches!(err, Error::Io { .. }), "{err}");
+        let reqs = server.finish();
+        assert_eq!(reqs[2].connection, 0);
+    }
+
+    #[test]
+    fn get_to_slice_fills_the_callers_buffer_or_refuses_it() {
+        let body = pattern(300_000);
+        let server = FakeServer::start(vec![
+            Reply::ok(body.clone()),
+            Reply::ok(body.clone()).chunked(4096),
+            Reply::ok(body.clone()).chunked(4096),
+            Reply::ok(body.clone()).then_close(),
+        ]);
+        let mut c = Client::new(&server.endpoint()).unwrap();
+        let opts = GetOptions::default();
+        let mut buf = vec![0xAAu8; 400_000];
+        assert_eq!(
+            c.get_to_slice("b", "k", &opts, &mut buf).unwrap(),
+            body.len()
+        );
+        assert!(buf[..body.len()] == body[..] && buf[body.len()..].iter().all(|&b| b == 0xAA));
+        buf.fill(0);
+        assert_eq!(
+            c.get_to_slice("b", "k", &opts, &mut buf).unwrap(),
+            body.len()
+        );
+        assert!(buf[..body.len()] == body[..]);
+        // Too small: refused, by length before a byte is read, or as the chunks overflow.
+        let mut small = vec![0u8; 1000];
+        let err = c.get_to_slice("b", "k", &opts, &mut small).unwrap_err();
+        assert!(err.to_string().contains("more than 1000 bytes"), "{err}");
+        let err = c.get_to_slice("b", "k", &opts, &mut small).unwrap_err();
+        assert!(err.to_string().contains("is 300000 bytes"), "{err}");
+        assert!(matches!(err, Error::Invalid(_)), "{err}");
+        server.finish();
+    }
 
     fn page(keys: &[&str], next: Option<&str>) -> Vec<u8> {
         let mut s =

@@ -82,25 +82,64 @@ impl Sock {
     }
 }
 
-/// `recvmsg` into `buf`, keeping any descriptors that arrive in `fds`.
-fn recv_with_fds(sock: RawFd, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> io::Result<usize> {
+impl Sock {
+    /// Receives up to `len` bytes into `dst`, waiting for all of them (`MSG_WAITALL`: one
+    /// call and one wake-up where `read` takes one per burst the network delivers); fewer
+    /// only when the peer closes, the read timeout passes, a signal comes, or (on a Unix
+    /// socket) descriptors arrive.
+    ///
+    /// # Safety
+    ///
+    /// `dst` must be valid for writes of `len` bytes (they need not be initialised).
+    pub(crate) unsafe fn recv_all_raw(&mut self, dst: *mut u8, len: usize) -> io::Result<usize> {
+        match self {
+            Sock::Tcp(s) => {
+                // SAFETY: the caller vouches for `dst..dst + len`.
+                let n = unsafe { libc::recv(s.as_raw_fd(), dst.cast(), len, libc::MSG_WAITALL) };
+                if n < 0 {
+                    Err(io::Error::last_os_error())
+                } else {
+                    Ok(n as usize)
+                }
+            }
+            Sock::Unix { stream, fds } => {
+                // SAFETY: as above.
+                unsafe { recv_with_fds(stream.as_raw_fd(), dst, len, libc::MSG_WAITALL, fds) }
+            }
+        }
+    }
+}
+
+/// `recvmsg` of up to `len` bytes into `dst`, keeping any descriptors that arrive in `fds`.
+///
+/// # Safety
+///
+/// `dst` must be valid for writes of `len` bytes.
+unsafe fn recv_with_fds(
+    sock: RawFd,
+    dst: *mut u8,
+    len: usize,
+    flags: libc::c_int,
+    fds: &mut Vec<OwnedFd>,
+) -> io::Result<usize> {
     // SAFETY: CMSG_SPACE only computes a size.
     let space = unsafe { libc::CMSG_SPACE((MAX_FDS * std::mem::size_of::<RawFd>()) as u32) };
     let mut control = vec![0u64; (space as usize).div_ceil(8)];
     let mut iov = libc::iovec {
-        iov_base: buf.as_mut_ptr().cast(),
-        iov_len: buf.len(),
+        iov_base: dst.cast(),
+        iov_len: len,
     };
-    // SAFETY: every pointer in `msg` outlives the call; the kernel writes at most
-    // `msg_controllen` bytes of control data, and the descriptors are read out of the
-    // SCM_RIGHTS messages it wrote, each taken once (MSG_CMSG_CLOEXEC: not inherited).
+    // SAFETY: every pointer in `msg` outlives the call (the caller vouches for `dst`); the
+    // kernel writes at most `msg_controllen` bytes of control data, and the descriptors
+    // are read out of the SCM_RIGHTS messages it wrote, each taken once
+    // (MSG_CMSG_CLOEXEC: not inherited).
     unsafe {
         let mut msg: libc::msghdr = std::mem::zeroed();
         msg.msg_iov = &mut iov;
         msg.msg_iovlen = 1;
         msg.msg_control = control.as_mut_ptr().cast();
         msg.msg_controllen = space as _;
-        let n = libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC);
+        let n = libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC | flags);
         if n < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -123,7 +162,10 @@ impl Read for Sock {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         match self {
             Sock::Tcp(s) => s.read(buf),
-            Sock::Unix { stream, fds } => recv_with_fds(stream.as_raw_fd(), buf, fds),
+            // SAFETY: `buf` is a live, writable slice.
+            Sock::Unix { stream, fds } => unsafe {
+                recv_with_fds(stream.as_raw_fd(), buf.as_mut_ptr(), buf.len(), 0, fds)
+            },
         }
     }
 }

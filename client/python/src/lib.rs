@@ -155,8 +155,76 @@ impl Client {
             range: range_of(range)?,
             ..GetOptions::default()
         };
-        let data = self.call(py, |c| c.get_with(bucket, key, &opts))?;
-        Ok(PyBytes::new(py, &data))
+        // The `bytes` is made once the answer's length is known, and the kernel copies
+        // the body into it straight from the socket, the interpreter let go meanwhile.
+        let mut out: Option<Py<PyBytes>> = None;
+        let mut alloc = |n: usize| -> granary_client::Result<*mut u8> {
+            Python::attach(|py| {
+                let len = isize::try_from(n).map_err(|_| {
+                    granary_client::Error::Invalid(format!("{n} bytes do not fit in memory"))
+                })?;
+                // SAFETY: a new `bytes` of `len` bytes, contents to be written; owned here
+                // until it is handed to Python whole.
+                let (obj, ptr) = unsafe {
+                    let obj = pyo3::ffi::PyBytes_FromStringAndSize(std::ptr::null(), len);
+                    if obj.is_null() {
+                        PyErr::fetch(py);
+                        return Err(granary_client::Error::Invalid(format!(
+                            "{n} bytes do not fit in memory"
+                        )));
+                    }
+                    let ptr = pyo3::ffi::PyBytes_AsString(obj).cast::<u8>();
+                    (
+                        Bound::from_owned_ptr(py, obj)
+                            .cast_into_unchecked::<PyBytes>()
+                            .unbind(),
+                        ptr,
+                    )
+                };
+                out = Some(obj);
+                Ok(ptr)
+            })
+        };
+        // SAFETY: the pointer is the new `bytes`' own buffer of `n` bytes, which nothing
+        // else sees until the call returns.
+        self.call(py, |c| unsafe {
+            c.get_with_alloc(bucket, key, &opts, &mut alloc)
+        })?;
+        let out = out.ok_or_else(|| PyValueError::new_err("no answer was read"))?;
+        Ok(out.into_bound(py))
+    }
+
+    /// Reads an object (or `range`) into writable memory at `address`, `len` bytes long
+    /// (`Client.get_into` passes a buffer's); the bytes written.
+    #[pyo3(signature = (bucket, key, address, len, range=None))]
+    fn _get_into(
+        &self,
+        py: Python<'_>,
+        bucket: &str,
+        key: &str,
+        address: usize,
+        len: usize,
+        range: Option<(u64, u64)>,
+    ) -> PyResult<usize> {
+        let opts = GetOptions {
+            range: range_of(range)?,
+            ..GetOptions::default()
+        };
+        if address == 0 && len > 0 {
+            return Err(PyValueError::new_err("a null buffer"));
+        }
+        let mut scratch = [0u8; 0];
+        let addr = if len == 0 {
+            scratch.as_mut_ptr() as usize
+        } else {
+            address
+        };
+        self.call(py, |c| {
+            // SAFETY: `Client.get_into` passes the address and length of a writable
+            // buffer it holds exported (a ctypes view of it) until this returns.
+            let buf = unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len) };
+            c.get_to_slice(bucket, key, &opts, buf)
+        })
     }
 
     /// One file of a tar shard (`?archpath=`).

@@ -11,6 +11,7 @@ release the GIL.
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -42,6 +43,30 @@ def _cuda_ordinal(device) -> int:
 
 class Client(_granary.Client):
     """A client of one node: ``http://host:port``, or ``unix:PATH`` on its machine."""
+
+    def get_into(self, bucket: str, key: str, buf,
+                 range: Optional[Tuple[int, int]] = None) -> int:
+        """Reads an object (or ``range``) into ``buf``, any writable C-contiguous buffer
+        (``bytearray``, a numpy array, a pinned tensor's ``.numpy()``, ``mmap``),
+        straight from the socket; returns the bytes written. An object larger than
+        ``buf`` raises ``GranaryError`` and leaves ``buf``'s contents unspecified."""
+        view = memoryview(buf)
+        if view.readonly:
+            raise TypeError("get_into needs a writable buffer")
+        if not view.c_contiguous:
+            raise ValueError("get_into needs a C-contiguous buffer")
+        view = view.cast("B")
+        n = view.nbytes
+        if n == 0:
+            return super()._get_into(bucket, key, 0, 0, range)
+        # A ctypes view holds the buffer exported (it cannot move or shrink) while the
+        # bytes are written into it.
+        held = (ctypes.c_char * n).from_buffer(view)
+        try:
+            return super()._get_into(bucket, key, ctypes.addressof(held), n, range)
+        finally:
+            del held
+            view.release()
 
     def get_to_device(self, bucket: str, key: str, device="cuda",
                       range: Optional[Tuple[int, int]] = None):
