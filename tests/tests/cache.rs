@@ -332,11 +332,6 @@ fn walk_entries(cache: &Path) -> Vec<std::path::PathBuf> {
     out
 }
 
-/// A block of a cache entry damaged on disk after the entry was read (and checked) is
-/// never sent: with `--verify-reads true` every hit checks what it sends, however the
-/// bytes leave (mapped and copied, or `--sendfile`); with `false`, every hit of an entry
-/// not yet read whole since the node started. The read is cut short before the block,
-/// the entry is dropped and the next read refetches it.
 /// A node with `--sendfile` and `--verify-reads` as given, holding one object of `size`
 /// bytes it has just read cold and committed: the node, the mode in words, the key and
 /// the object's MD5.
@@ -359,6 +354,12 @@ fn one_object_in_mode(
     Ok((server, how, key, want))
 }
 
+/// A block of a cache entry damaged in place after the entry was read (and checked) is
+/// never sent: with `--verify-reads true` every hit checks what came from the disk or was
+/// written since it was last checked, however the bytes leave (mapped and copied, or
+/// `--sendfile`); with `false`, every hit of an entry not yet read whole since the node
+/// started. The read is cut short before the block, the entry is dropped and the next
+/// read refetches it.
 #[test]
 fn corrupt_entry_is_cut_short_dropped_and_refetched() -> Result<()> {
     use std::os::unix::fs::FileExt;
@@ -400,6 +401,75 @@ fn corrupt_entry_is_cut_short_dropped_and_refetched() -> Result<()> {
         assert_eq!((status, source.as_str()), (200, "miss"), "{how}: refetched");
         assert_eq!(md5, want, "{how}");
     }
+    Ok(())
+}
+
+/// Checked hits check what comes from the disk, not what memory holds: a warm object
+/// read twice is checked once (the node's `bytes_checked` and `bytes_checked_earlier`
+/// say so); a block then damaged on the disk around the page cache (`O_DIRECT`), its
+/// pages dropped from memory, is read in again, checked and never sent.
+#[test]
+fn a_block_damaged_on_the_disk_after_its_pages_left_memory_is_never_sent() -> Result<()> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::{FileExt, OpenOptionsExt};
+    const SIZE: usize = 12 << 20;
+    const DAMAGE: u64 = (9 << 20) + 77;
+    let (server, how, key, want) = one_object_in_mode("false", "true", SIZE)?;
+    let (checked0, earlier0) = (
+        stat(&server, "bytes_checked"),
+        stat(&server, "bytes_checked_earlier"),
+    );
+    for _ in 0..2 {
+        let (status, source, md5, _) = get(&server, &key)?;
+        assert_eq!(
+            (status, source.as_str(), md5.as_str()),
+            (200, "hit", want.as_str()),
+            "{how}"
+        );
+    }
+    let checked = stat(&server, "bytes_checked") - checked0;
+    let earlier = stat(&server, "bytes_checked_earlier") - earlier0;
+    assert_eq!(
+        (checked, earlier),
+        (SIZE as u64, SIZE as u64),
+        "checked once, sent twice"
+    );
+
+    let entries = walk_entries(&server.data_dir().join("cache"));
+    let [entry] = entries.as_slice() else {
+        bail!("one entry expected, found {entries:?}")
+    };
+    let Ok(f) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(entry)
+    else {
+        eprintln!("this filesystem refuses O_DIRECT: nothing to damage around the page cache");
+        return Ok(());
+    };
+    let mut buf = vec![0u8; 8192];
+    let off = buf.as_ptr().align_offset(4096);
+    let page = &mut buf[off..off + 4096];
+    let base = DAMAGE / 4096 * 4096;
+    f.read_exact_at(page, base)?;
+    page[(DAMAGE - base) as usize] ^= 0xff;
+    f.write_all_at(page, base)?;
+    // SAFETY: advice on an open descriptor.
+    unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    drop(f);
+    let path = format!("/{BUCKET}/{key}");
+    let req = request_bytes("GET", &path, server.addr(), &[], b"");
+    if let Ok(r) = raw_request_blocking(server.addr(), &req) {
+        assert!(
+            r.body.len() as u64 <= DAMAGE,
+            "{} bytes of a damaged hit sent",
+            r.body.len()
+        );
+    }
+    let (status, source, md5, _) = get(&server, &key)?;
+    assert_eq!((status, source.as_str()), (200, "miss"), "refetched");
+    assert_eq!(md5, want);
     Ok(())
 }
 

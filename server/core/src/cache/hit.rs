@@ -1,15 +1,20 @@
 //! Hits: a committed entry's bytes, from memory for a small hot object; else from its
 //! file, in one of two ways, chosen by what was measured cheaper (BENCHMARKS.md, "Warm
 //! hits: how the bytes leave"):
-//! - read into buffers through the read engine, each 64 KiB block checked against its
-//!   CRC32C there, the next read running on the engine's thread meanwhile: checked reads
-//!   (`--verify-reads`, or an entry not yet read whole since the node started), small
-//!   objects (the memory tier keeps them) and small ranges (shard members);
-//! - as slices of a read-only mapping of the file, a window at a time, so no byte is
-//!   copied in user space: the kernel copies each from the page cache into the socket,
-//!   or with `--sendfile` sends the pages themselves (`io::sendfile`). Unchecked large
-//!   reads, and with `--sendfile` checked ones too, their blocks checked through the
-//!   mapping just before they are handed on.
+//! - small objects (the memory tier keeps them) and small ranges (shard members): read
+//!   into buffers through the read engine, each 64 KiB block checked against its CRC32C
+//!   there where reads are checked, the next read running on the engine's thread
+//!   meanwhile;
+//! - larger reads: as slices of a read-only mapping of the file, a window at a time, so
+//!   no byte is copied in user space: the kernel copies each from the page cache into
+//!   the socket, or with `--sendfile` sends the pages themselves (`io::sendfile`).
+//!
+//! Where reads are checked (`--verify-reads`, or an entry not yet read whole since the
+//! node started), a mapped window's blocks are checked just before they are handed on,
+//! unless the window was checked whole since its pages last came in from the disk and
+//! they are all resident now ([`Residency`](super::resident::Residency)): the disk is
+//! where damage comes from, and memory that was checked is sent as it is. With
+//! `--sendfile` every block is checked.
 //!
 //! A block that fails its check drops the entry, so the next read refetches it, and the
 //! read fails before the bad bytes are sent. For a client on this machine the file itself
@@ -39,11 +44,12 @@ use crate::io::mapped::Mapped;
 use crate::io::sendfile::FileBytes;
 use crate::stats::Metric;
 
-/// What a mapped hit maps at a time: 4 MiB costs a quarter less CPU per byte than 1 MiB
-/// here (fewer mappings set up and torn down), and larger windows no less. Mapped pages
-/// count in the node's RSS while they are mapped: a window per stream (and the one the
-/// socket is still taking) bounds that.
-const WINDOW: u64 = 4 << 20;
+/// What a mapped hit maps at a time ([`WINDOW`]): 4 MiB costs a quarter less CPU per byte
+/// than 1 MiB here (fewer mappings set up and torn down), and larger windows no less.
+/// Mapped pages count in the node's RSS while they are mapped: a window per stream (and
+/// the one the socket is still taking) bounds that. It is also what a checked hit's
+/// record of checked pages covers per mark.
+use super::resident::WINDOW;
 /// Where blocks are checked, the bytes checked and handed on at a time: the kernel's
 /// copy into the socket then reads them from the CPU's cache.
 const CHECK_STEP: u64 = 1 << 20;
@@ -105,6 +111,8 @@ impl Cache {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(e.into()),
         };
+        // The client reads the file itself, unseen: what it reads in is never trusted.
+        entry.resident.share(entry.meta.size);
         if self.verify_reads || !entry.verified.load(Ordering::Relaxed) {
             let (cache, e2, ik) = (self.clone(), entry.clone(), ikey.to_owned());
             let f2 = file.try_clone()?;
@@ -145,6 +153,7 @@ impl Cache {
             self.drop_entry(ikey, entry);
             return Err(io::Error::other("cache entry is shorter than its size"));
         }
+        let _reading = entry.resident.reading_in(size, from);
         // Blocks are 64 KiB or 1 MiB: multiples of the page size.
         let bytes = match Mapped::new(file, from, (stop - from) as usize) {
             Ok(m) => m,
@@ -165,6 +174,7 @@ impl Cache {
     fn check_crcs(&self, ikey: &str, entry: &Arc<Entry>, pos: u64, bytes: &[u8]) -> io::Result<()> {
         let block = entry.block();
         let first = (pos / block) as usize;
+        self.stats.add(Metric::BytesChecked, bytes.len() as u64);
         for (i, chunk) in bytes.chunks(block as usize).enumerate() {
             if entry.crcs.get(first + i) != Some(&crc32c::crc32c(chunk)) {
                 tracing::error!(key = %ikey, block = first + i, "cache entry failed its checksum; dropping it");
@@ -192,52 +202,80 @@ impl Cache {
         range: Option<ByteRange>,
     ) -> ByteStream {
         let span = Span::of(&entry, range, self.verify_reads);
-        let mapped = crate::io::sendfile::enabled() || !span.verify;
-        if span.size <= HOT_MAX_OBJECT || span.end - span.start <= SMALL_READ || !mapped {
+        if span.size <= HOT_MAX_OBJECT || span.end - span.start <= SMALL_READ {
             self.read_stream(ikey, entry, span)
         } else {
             self.mapped_stream(ikey, entry, span)
         }
     }
 
-    /// A hit as slices of mappings of its file, a [`WINDOW`] at a time. Each window is in
-    /// the page cache before its bytes are touched or handed on (else read in on the
-    /// blocking pool), so neither the check nor the socket's copy waits on the disk in
-    /// the runtime.
+    /// A hit as slices of mappings of its file, a [`WINDOW`] at a time (windows aligned
+    /// to [`WINDOW`] in the file). Each window is in the page cache before its bytes are
+    /// touched or handed on (else read in on the blocking pool), so neither the check nor
+    /// the socket's copy waits on the disk in the runtime. A checked hit checks a window
+    /// only where its pages came from the disk since it was last checked whole
+    /// ([`Residency`](super::resident::Residency)); with `--sendfile` the kernel reads the
+    /// file itself, and every block is checked.
     fn mapped_stream(self: Arc<Self>, ikey: String, entry: Arc<Entry>, span: Span) -> ByteStream {
         let stream = async_stream::try_stream! {
             if span.start < span.end {
                 let file = Arc::new(File::open(&entry.path)?);
                 // A mapping read past the end of its file faults: the node never shortens
                 // an entry file, only damage does, so check once here.
-                if file.metadata()?.len() < span.stop {
+                let meta = file.metadata()?;
+                if meta.len() < span.stop {
                     self.drop_entry(&ikey, &entry);
                     Err(io::Error::other("cache entry is shorter than its size"))?;
                 }
+                let trust = span.verify && !crate::io::sendfile::enabled();
+                let (res, size) = (&entry.resident, span.size);
+                if trust {
+                    res.observe(size, &meta);
+                }
                 // Blocks are 64 KiB or 1 MiB: the step and the window are multiples.
-                let step = if span.verify { CHECK_STEP.max(span.block) } else { WINDOW };
                 let mut pos = span.first_block();
                 while pos < span.end {
-                    let len = (span.stop - pos).min(WINDOW.max(span.block));
-                    let window = FileBytes::resident(file.clone(), pos, len as usize)
-                        .await?
-                        .into_bytes();
+                    let w = pos / WINDOW;
+                    let full_end = ((w + 1) * WINDOW).min(size);
+                    let window_end = full_end.min(span.stop);
+                    let map = FileBytes::new(file.clone(), pos, (window_end - pos) as usize)?;
+                    let resident = map.mapped().resident();
+                    let map = if resident {
+                        map
+                    } else {
+                        let _reading = trust.then(|| res.reading_in(size, pos));
+                        map.faulted_in().await?
+                    };
+                    if trust {
+                        map.mapped().advise_random();
+                    }
+                    let earlier = trust && resident && res.checked(size, w as usize);
+                    let check = span.verify && !earlier;
+                    let generation = if check && trust { res.begin_check() } else { 0 };
+                    let step = if check { CHECK_STEP } else { WINDOW };
+                    let window = map.into_bytes();
                     let mut at = pos;
-                    let window_end = pos + len;
                     while at < window_end && at < span.end {
                         let to = (at + step).min(window_end);
                         let part = window.slice((at - pos) as usize..(to - pos) as usize);
-                        if span.verify {
+                        if check {
                             self.check_crcs(&ikey, &entry, at, &part)?;
+                        } else if earlier {
+                            self.stats.add(Metric::BytesCheckedEarlier, part.len() as u64);
+                        }
+                        // Recorded before the last yield: the body may be dropped as soon
+                        // as its last byte is taken.
+                        if check && trust && pos == w * WINDOW && to == full_end {
+                            res.mark(size, w as usize, generation);
+                        }
+                        if to >= span.end && span.verify && span.whole() {
+                            entry.verified.store(true, Ordering::Relaxed);
                         }
                         let (lo, hi) = (span.start.max(at) - at, span.end.min(to) - at);
                         yield part.slice(lo as usize..hi as usize);
                         at = to;
                     }
                     pos = window_end;
-                }
-                if span.verify && span.whole() {
-                    entry.verified.store(true, Ordering::Relaxed);
                 }
             }
         };
@@ -250,6 +288,8 @@ impl Cache {
         let stream = async_stream::try_stream! {
             if span.start < span.end {
                 let file = Arc::new(File::open(&entry.path)?);
+                // What these reads (and their readahead) bring in is checked here only.
+                let _reading = entry.resident.reading_in(span.size, span.first_block());
                 // Reads of up to 1 MiB over the span's whole blocks, each checked on
                 // arrival.
                 let read = |pos: u64| {
@@ -281,12 +321,13 @@ impl Cache {
                     if span.size <= HOT_MAX_OBJECT && span.whole() {
                         self.hot.insert(ikey.clone(), (entry.clone(), buf.clone()));
                     }
+                    // Before the last yield: the body may be dropped once it is taken.
+                    if next >= span.end && span.whole() {
+                        entry.verified.store(true, Ordering::Relaxed);
+                    }
                     let piece: Bytes = buf.slice(lo..hi);
                     yield piece;
                     pos = next;
-                }
-                if span.whole() {
-                    entry.verified.store(true, Ordering::Relaxed);
                 }
             }
         };

@@ -21,6 +21,7 @@ mod hit;
 mod index;
 mod local;
 mod miss;
+mod resident;
 mod room;
 mod store;
 #[cfg(test)]
@@ -272,6 +273,7 @@ impl Cache {
                             meta: l.meta,
                             crcs: Arc::from(l.crcs),
                             verified: AtomicBool::new(false),
+                            resident: Default::default(),
                             // Loaded from disk: checked against the source before its
                             // first hit once the cache knows it is in a cluster (which
                             // starts a new generation).

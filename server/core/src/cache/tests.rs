@@ -12,7 +12,7 @@ use super::{Body, Cache, CacheError, Mode, Origin, Read};
 use crate::backend::mem::Mem;
 use crate::backend::{ByteRange, ByteStream, ObjectMeta, PutOptions};
 use crate::cache::CachePolicy;
-use crate::stats::Stats;
+use crate::stats::{Metric, Stats};
 
 fn cache(dir: &std::path::Path, capacity: u64) -> Arc<Cache> {
     let engine = crate::io::engine(crate::io::EngineChoice::Std).unwrap();
@@ -306,6 +306,118 @@ async fn a_corrupt_block_is_never_served_and_the_entry_is_dropped() {
     }
     assert!(
         failed && sent < 2 << 16,
+        "sent {sent} bytes, then failed: {failed}"
+    );
+    assert_eq!(c.holds("b", "k"), None, "the entry is dropped");
+    let again = read(&c, &src, "k").await.unwrap();
+    assert_eq!(again.origin, Origin::Miss, "the next read refetches");
+    assert_eq!(bytes(again).await.unwrap(), obj);
+}
+
+/// Drops a file's pages from the page cache; whether they are gone.
+fn evict(path: &std::path::Path, len: usize) -> bool {
+    use std::os::fd::AsRawFd;
+    let file = std::fs::File::open(path).unwrap();
+    // SAFETY: advice on an open descriptor.
+    unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    !crate::io::mapped::Mapped::new(&file, 0, len)
+        .unwrap()
+        .resident()
+}
+
+/// Flips byte `at` of a file on the disk around the page cache (`O_DIRECT`); false where
+/// the filesystem refuses direct I/O.
+fn damage_on_disk(path: &std::path::Path, at: u64) -> bool {
+    use std::os::unix::fs::{FileExt, OpenOptionsExt};
+    const ALIGN: usize = 4096;
+    let Ok(f) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+    else {
+        return false;
+    };
+    let mut buf = vec![0u8; 2 * ALIGN];
+    let off = buf.as_ptr().align_offset(ALIGN);
+    let page = &mut buf[off..off + ALIGN];
+    let base = at / ALIGN as u64 * ALIGN as u64;
+    if f.read_exact_at(page, base).is_err() {
+        return false;
+    }
+    page[(at - base) as usize] ^= 0xff;
+    f.write_all_at(page, base).is_ok()
+}
+
+/// A checked hit checks a window only where its pages came from the disk since it was
+/// last checked: the same warm object twice is checked once; a block damaged on the disk
+/// after its pages left the page cache is read in again, checked, and never sent.
+#[tokio::test]
+async fn checks_cover_what_comes_from_the_disk_not_what_memory_holds() {
+    const SIZE: usize = (12 << 20) + 5;
+    const DAMAGE: u64 = (9 << 20) + 77;
+    let dir = tempfile::tempdir().unwrap();
+    let c = cache(dir.path(), 1 << 30);
+    let obj = data(SIZE, 3);
+    let src = Mem::with(&[("k", obj.clone())]);
+    assert_eq!(
+        bytes(read(&c, &src, "k").await.unwrap()).await.unwrap(),
+        obj
+    );
+    settled(&c, "k").await;
+    let checked = || c.stats.get(Metric::BytesChecked);
+    let earlier = || c.stats.get(Metric::BytesCheckedEarlier);
+    let hit = |c: &Arc<Cache>| {
+        let c = c.clone();
+        let src = src.clone();
+        async move {
+            let r = read(&c, &src, "k").await.unwrap();
+            assert_eq!(r.origin, Origin::Hit);
+            bytes(r).await
+        }
+    };
+    assert_eq!(hit(&c).await.unwrap(), obj);
+    let (checked1, earlier1) = (checked(), earlier());
+    assert!(
+        checked1 >= SIZE as u64,
+        "the first hit checks it all: {checked1}"
+    );
+    assert_eq!(hit(&c).await.unwrap(), obj);
+    assert_eq!(checked(), checked1, "the second hit checks nothing again");
+    assert_eq!(
+        earlier() - earlier1,
+        SIZE as u64,
+        "and sends it all as checked before"
+    );
+
+    let path = super::store::entry_path(&c.objects, "b", "k");
+    if !damage_on_disk(&path, DAMAGE) {
+        eprintln!("this filesystem refuses O_DIRECT; the damage part is skipped");
+        return;
+    }
+    if !evict(&path, SIZE) {
+        eprintln!("the page cache kept the file's pages; the damage part is skipped");
+        return;
+    }
+    // Bit rot leaves the file's times alone: the entry sees them as they are now, so
+    // only the page cache's word (the pages are not resident) can bring the check.
+    let entry = c.lock_index().get(&super::index::key_of("b", "k")).unwrap();
+    entry
+        .resident
+        .overlook_times(&std::fs::metadata(&path).unwrap());
+    let r = read(&c, &src, "k").await.unwrap();
+    let Body::Stream(mut s) = r.body else {
+        panic!("a stream");
+    };
+    let (mut sent, mut failed) = (0u64, false);
+    while let Some(chunk) = s.next().await {
+        match chunk {
+            Ok(b) => sent += b.len() as u64,
+            Err(_) => failed = true,
+        }
+    }
+    assert!(
+        failed && sent <= DAMAGE,
         "sent {sent} bytes, then failed: {failed}"
     );
     assert_eq!(c.holds("b", "k"), None, "the entry is dropped");

@@ -54,6 +54,15 @@ impl Mapped {
         self.base as usize
     }
 
+    /// Touching the mapping reads nothing ahead (`MADV_RANDOM`): for pages already in
+    /// the page cache, whose neighbours must not come in from the disk unseen.
+    pub fn advise_random(&self) {
+        if self.len > 0 {
+            // SAFETY: advice on this live mapping; failure is harmless.
+            unsafe { libc::madvise(self.base, self.len, libc::MADV_RANDOM) };
+        }
+    }
+
     /// Whether every page of the mapping is in the page cache now: then touching it
     /// never waits on the disk.
     pub fn resident(&self) -> bool {

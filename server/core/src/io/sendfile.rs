@@ -104,9 +104,14 @@ impl FileBytes {
         if map.map.resident() {
             return Ok(map);
         }
+        map.faulted_in().await
+    }
+
+    /// The same mapping, its pages read in (on the blocking pool) where they are not.
+    pub async fn faulted_in(self) -> io::Result<FileBytes> {
         tokio::task::spawn_blocking(move || {
-            map.map.fault_in();
-            map
+            self.map.fault_in();
+            self
         })
         .await
         .map_err(io::Error::other)

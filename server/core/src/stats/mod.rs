@@ -104,6 +104,10 @@ table! {
         "objects fetched ahead of the plans that need them (counted among the misses)";
     HitChecks: Counter, "hit_checks", "cache_hit_checks",
         "cached copies checked against the backend before a hit (revalidation, trust)";
+    BytesChecked: Counter, "bytes_checked", "hit_checked_bytes",
+        "bytes of hits checked against their CRC32C as they left";
+    BytesCheckedEarlier: Counter, "bytes_checked_earlier", "hit_checked_earlier_bytes",
+        "bytes of checked hits sent from memory checked since it came from the disk";
     BytesEvicted: Counter, "bytes_evicted", "evicted_bytes",
         "bytes of planned entries dropped for ones needed sooner";
     /// Sampled.
