@@ -169,7 +169,13 @@ fn planned_epochs_read_the_same_samples_while_the_node_fetches_ahead_and_drops()
         std::thread::sleep(Duration::from_millis(200));
     };
     assert!(p.reads_ready + p.reads_waited > 0, "{p:?}");
-    assert!(p.fetched_bytes > 0, "{p:?}");
+    // What the planner fetched for this registration (the last epoch): on a loaded
+    // machine the readers may have reached every shard of it first; then what it
+    // fetched over the job shows in the node's count, checked below.
+    assert!(
+        p.fetched_bytes > 0 || node.stat("bytes_planned") > 0,
+        "{p:?}"
+    );
 
     // A dataset twice the cache: the planner dropped planned entries for ones needed
     // sooner, and never held more than the cache.
