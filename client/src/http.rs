@@ -395,12 +395,19 @@ impl BodyReader {
     /// Reads exactly `len` bytes of a body of known length into `dst`: what the
     /// connection's buffer already holds, then straight from the socket, waiting for all
     /// of the rest in as few calls as the network allows. The bytes are copied once, by
-    /// the kernel, into their place.
+    /// the kernel, into their place. `fresh`: the memory was never touched (a new
+    /// buffer), and a large one is faulted in ahead of the receive by helper threads;
+    /// memory the caller brings is in use already and needs none.
     ///
     /// # Safety
     ///
     /// `dst` must be valid for writes of `len` bytes (they need not be initialised).
-    pub(crate) unsafe fn fill_raw(&mut self, dst: *mut u8, len: usize) -> io::Result<()> {
+    pub(crate) unsafe fn fill_raw(
+        &mut self,
+        dst: *mut u8,
+        len: usize,
+        fresh: bool,
+    ) -> io::Result<()> {
         let left = match self.framing {
             Framing::Length(n) if len as u64 <= n => n,
             _ => {
@@ -409,7 +416,7 @@ impl BodyReader {
                 ))
             }
         };
-        if len < PREFAULT_FROM {
+        if !fresh || len < PREFAULT_FROM {
             // SAFETY: the caller vouches for `dst..dst + len`.
             return unsafe { self.fill_into(dst, len, left) };
         }
@@ -469,7 +476,7 @@ impl BodyReader {
         if let Some(left) = self.remaining() {
             let n = buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
             // SAFETY: `buf[..n]` is a live, writable slice.
-            unsafe { self.fill_raw(buf.as_mut_ptr(), n)? };
+            unsafe { self.fill_raw(buf.as_mut_ptr(), n, false)? };
             return Ok(n);
         }
         let mut got = 0;

@@ -339,7 +339,7 @@ impl Client {
                 })?;
                 let dst = alloc(n)?;
                 // SAFETY: the caller vouches for `dst..dst + n`.
-                unsafe { body.fill_raw(dst, n) }.map_err(|e| self.io(e))?;
+                unsafe { body.fill_raw(dst, n, true) }.map_err(|e| self.io(e))?;
                 n
             }
             None => {
