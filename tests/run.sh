@@ -7,7 +7,8 @@
 #      start moto from it too
 #   4. Ceph's S3 conformance suite (s3-tests, vendored) on the operations Granary serves
 # Needs: a Rust toolchain, python3 with venv. Installs the Python packages it uses, and
-# dnsmasq (Debian's dnsmasq-base, with apt-get) for the member-list-from-DNS test.
+# with apt-get: dnsmasq (Debian's dnsmasq-base) for the member-list-from-DNS test, and
+# Debian's prometheus for the dashboard and alert-rule tests (they skip without it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -92,6 +93,23 @@ if ! command -v dnsmasq >/dev/null 2>&1 && [ ! -x /usr/sbin/dnsmasq ]; then
   sudo_=""; [ "$(id -u)" = 0 ] || sudo_=sudo
   $sudo_ apt-get update -qq
   $sudo_ apt-get install -y -qq dnsmasq-base >/dev/null
+fi
+
+step "Prometheus for the dashboard and alert-rule tests (Debian's prometheus)"
+if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then
+  sudo_=""; [ "$(id -u)" = 0 ] || sudo_=sudo
+  # The package would start a service of its own: policy-rc.d keeps it from starting
+  # (made here only where the machine has none, and removed after).
+  made_policy=""
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' | $sudo_ tee /usr/sbin/policy-rc.d >/dev/null
+    $sudo_ chmod +x /usr/sbin/policy-rc.d
+    made_policy=1
+  fi
+  { $sudo_ apt-get update -qq \
+      && $sudo_ apt-get install -y -qq --no-install-recommends prometheus >/dev/null; } \
+    || echo "prometheus could not be installed: the tests that need it skip"
+  if [ -n "$made_policy" ]; then $sudo_ rm -f /usr/sbin/policy-rc.d; fi
 fi
 
 step "Rust unit and integration tests"

@@ -215,15 +215,20 @@ impl Cluster {
         Ok(took)
     }
 
+    /// A counter of member `i`'s `/_granary/stats`.
+    pub fn stat(&self, i: usize, field: &str) -> anyhow::Result<u64> {
+        let stats = Client::new(&self.endpoint(i))?
+            .with_timeout(Duration::from_secs(5))
+            .stats()
+            .with_context(|| format!("stats of {}", self.members[i].id))?;
+        Ok(stats[field].as_u64().unwrap_or(0))
+    }
+
     /// A counter of `/_granary/stats`, summed over the running members.
     pub fn stat_sum(&self, field: &str) -> anyhow::Result<u64> {
         let mut sum = 0;
         for i in self.running() {
-            let stats = Client::new(&self.endpoint(i))?
-                .with_timeout(Duration::from_secs(5))
-                .stats()
-                .with_context(|| format!("stats of {}", self.members[i].id))?;
-            sum += stats[field].as_u64().unwrap_or(0);
+            sum += self.stat(i, field)?;
         }
         Ok(sum)
     }

@@ -612,12 +612,27 @@ fn rebalance(a: &RebalanceArgs) -> anyhow::Result<()> {
             l.reads, l.p50_ms, l.p99_ms, l.mb_per_s
         );
     }
+    for (what, l) in [
+        ("drained, then stopped", &r.drain),
+        ("stopped with no drain", &r.plain_leave),
+    ] {
+        println!(
+            "a member leaves, {what}: it held {:.1} MB; the backend served {:.1} MB for the leave ({:.3} of it), peers {:.1} MB; {:.1} s; {} failed reads",
+            l.held_bytes as f64 / 1e6,
+            l.backend_bytes as f64 / 1e6,
+            l.backend_over_held,
+            l.peer_bytes as f64 / 1e6,
+            l.seconds,
+            l.failed_reads
+        );
+    }
     println!("failed reads: {}", r.failed_reads);
+    let failed = r.failed_reads + r.drain.failed_reads + r.plain_leave.failed_reads;
     if let Some(path) = &a.json {
         std::fs::write(path, serde_json::to_string_pretty(&r)? + "\n")
             .with_context(|| format!("writing {}", path.display()))?;
     }
-    if r.failed_reads > 0 {
+    if failed > 0 {
         anyhow::bail!("reads failed");
     }
     Ok(())

@@ -9,6 +9,12 @@
 //!    first pass starts (the new member fills its keys from their old owners as they are
 //!    read), and while the passes run.
 //!
+//! 4. two members leave, under the same reads: one drained first (`POST
+//!    /_granary/cluster/drain`: it hands its copies to their new owners, then it is
+//!    stopped and taken out of the list), one stopped and taken out with no drain. After each,
+//!    every object is read once more: the bytes the backend served for the leave, against
+//!    what the leaving member held.
+//!
 //! It reports the figures, and the cached bytes over the data set's before the joins and
 //! after the rebalances.
 
@@ -66,6 +72,26 @@ pub struct RebalanceReport {
     /// While passes run.
     pub during_rebalance: Latency,
     /// Reads that failed or returned the wrong length.
+    pub failed_reads: u64,
+    /// A member drained, then stopped: what it held, how long the drain took, and the
+    /// bytes the backend served from the drain's start until every object was read again.
+    pub drain: Leave,
+    /// A member stopped and taken out of the list with no drain: the same figures (its
+    /// keys' new owners refill them).
+    pub plain_leave: Leave,
+}
+
+/// What one member's leave cost.
+#[derive(Debug, Default, Serialize)]
+pub struct Leave {
+    pub held_bytes: u64,
+    pub seconds: f64,
+    pub backend_bytes: u64,
+    /// Bytes the remaining members filled from peers meanwhile (the leaving member while
+    /// it still answered, or one another).
+    pub peer_bytes: u64,
+    /// `backend_bytes` over `held_bytes`.
+    pub backend_over_held: f64,
     pub failed_reads: u64,
 }
 
@@ -286,12 +312,90 @@ pub fn run(plan: &RebalancePlan) -> anyhow::Result<RebalanceReport> {
     )?;
     report.moved_bytes_under_reads = sum_u64(&passes, "bytes_done");
     report.failed_reads = readers.stop();
+
+    // 4. Two leaves under reads: a drain, then a plain one.
+    report.drain = leave(&mut cluster, plan, true)?;
+    report.plain_leave = leave(&mut cluster, plan, false)?;
     let settle = Instant::now();
     while cluster.stat_sum("reserved_bytes")? > 0 && settle.elapsed() < Duration::from_secs(30) {
         std::thread::sleep(Duration::from_millis(100));
     }
     report.cached_over_dataset_after = cluster.stat_sum("used_bytes")? as f64 / dataset as f64;
     Ok(report)
+}
+
+/// The first running member leaves, under reads through the others: drained first with
+/// `drain`, else stopped first. Every object is read once after, through another member.
+fn leave(cluster: &mut Cluster, plan: &RebalancePlan, drain: bool) -> anyhow::Result<Leave> {
+    let running = cluster.running();
+    anyhow::ensure!(running.len() >= 2, "no member would be left");
+    let (gone, rest) = (running[0], running[1..].to_vec());
+    let settle = Instant::now();
+    while cluster.stat_sum("reserved_bytes")? > 0 && settle.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let backend = |cluster: &Cluster, who: &[usize]| -> anyhow::Result<u64> {
+        who.iter()
+            .map(|&i| cluster.stat(i, "bytes_from_backend"))
+            .sum()
+    };
+    let mut out = Leave {
+        held_bytes: cluster.stat(gone, "used_bytes")?,
+        ..Leave::default()
+    };
+    let rest_before = backend(cluster, &rest)?;
+    let peers_before: u64 = rest
+        .iter()
+        .map(|&i| cluster.stat(i, "bytes_from_peers"))
+        .sum::<anyhow::Result<u64>>()?;
+    let gone_before = backend(cluster, &[gone])?;
+    let endpoints = rest.iter().map(|&i| cluster.endpoint(i)).collect();
+    let readers = Readers::start(plan.readers, endpoints, plan.objects, plan.object_size);
+    let started = Instant::now();
+    let mut gone_during = 0;
+    if drain {
+        let id = cluster.id(gone).to_owned();
+        let mut c = Client::new(&cluster.endpoint(rest[0]))?.with_timeout(Duration::from_secs(10));
+        c.drain(&id)?;
+        loop {
+            let drained = c
+                .cluster()?
+                .members
+                .iter()
+                .any(|m| m.id == id && m.state == granary_client::MemberState::Drained);
+            if drained {
+                break;
+            }
+            anyhow::ensure!(
+                started.elapsed() < plan.limit,
+                "{id} not drained in {:?}",
+                plan.limit
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        gone_during = backend(cluster, &[gone])? - gone_before;
+    } else {
+        // Stopped first, as a member is decommissioned without a drain (or lost): its
+        // copies go with it.
+        cluster.kill(gone)?;
+    }
+    cluster.remove(gone, Duration::from_secs(30))?;
+    out.failed_reads = readers.stop();
+    let mut c = Client::new(&cluster.endpoint(rest[0]))?.with_timeout(Duration::from_secs(60));
+    let mut sink = Vec::new();
+    for i in 0..plan.objects {
+        sink.clear();
+        c.get_into(BUCKET, &object_key(i), &mut sink)?;
+    }
+    out.seconds = started.elapsed().as_secs_f64();
+    out.backend_bytes = backend(cluster, &rest)? - rest_before + gone_during;
+    out.peer_bytes = rest
+        .iter()
+        .map(|&i| cluster.stat(i, "bytes_from_peers"))
+        .sum::<anyhow::Result<u64>>()?
+        - peers_before;
+    out.backend_over_held = out.backend_bytes as f64 / out.held_bytes.max(1) as f64;
+    Ok(out)
 }
 
 fn sum_u64(jobs: &[serde_json::Value], field: &str) -> u64 {

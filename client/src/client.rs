@@ -286,6 +286,18 @@ impl Client {
         }
         let text = body.read_all(MAX_ERROR_BODY).unwrap_or_default();
         self.conn.put_back(body.finish());
+        // A HEAD's error has no body: the node (and S3) name it in headers.
+        if let (true, Some(code)) = (text.is_empty(), h.header("x-amz-error-code")) {
+            return Err(Error::S3 {
+                status: h.status,
+                code: code.to_owned(),
+                message: h
+                    .header("x-amz-error-message")
+                    .unwrap_or("(no message: the answer has no body)")
+                    .to_owned(),
+                path: target,
+            });
+        }
         Err(status_error(h.status, &target, &text))
     }
 
@@ -462,6 +474,33 @@ mod tests {
         assert!(err
             .to_string()
             .contains("The specified key does not exist."));
+        server.finish();
+    }
+
+    /// A HEAD's error has no body: its code and message come from the headers.
+    #[test]
+    fn a_heads_error_is_named_from_its_headers() {
+        let server = FakeServer::start(vec![
+            Reply::status(404, Vec::new())
+                .with_header("x-amz-error-code", "NoSuchKey")
+                .with_header("x-amz-error-message", "The specified key does not exist.")
+                .head_only(),
+            Reply::status(403, Vec::new())
+                .with_header("x-amz-error-code", "AccessDenied")
+                .head_only(),
+        ]);
+        let mut c = Client::new(&server.endpoint()).unwrap();
+        let err = c.stat("b", "k").unwrap_err();
+        assert_eq!((err.status(), err.code()), (Some(404), Some("NoSuchKey")));
+        assert_eq!(
+            err.to_string(),
+            "404 NoSuchKey from /b/k: The specified key does not exist."
+        );
+        let err = c.stat("b", "k").unwrap_err();
+        assert_eq!(
+            (err.status(), err.code()),
+            (Some(403), Some("AccessDenied"))
+        );
         server.finish();
     }
 

@@ -36,7 +36,7 @@ pub use dataset::{Dataset, DatasetBuilder, Epoch, Sample};
 pub use dates::format_time;
 pub use local::{Local, LocalBytes, LocalFile, Mapping};
 pub use native::{
-    ArchiveList, BatchItem, ClusterView, Job, JobState, Member, MemberState, Missing,
+    ArchiveList, BatchItem, ClusterView, Handover, Job, JobState, Member, MemberState, Missing,
     MISSING_PREFIX,
 };
 pub use objects::{GetOptions, Listing, ObjectInfo, ObjectMeta, ObjectReader};

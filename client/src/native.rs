@@ -26,17 +26,23 @@ pub enum MemberState {
     Up,
     /// Not answering: its keys go to the next owner.
     Down,
+    /// Leaving by a drain: it owns no key and hands its copies to their owners.
+    Draining,
+    /// Drained: it holds nothing; it may be stopped.
+    Drained,
     /// A state this client does not know.
     #[serde(other)]
     Unknown,
 }
 
 impl MemberState {
-    /// `up`, `down` or `unknown`.
+    /// `up`, `down`, `draining`, `drained` or `unknown`.
     pub fn as_str(&self) -> &'static str {
         match self {
             MemberState::Up => "up",
             MemberState::Down => "down",
+            MemberState::Draining => "draining",
+            MemberState::Drained => "drained",
             MemberState::Unknown => "unknown",
         }
     }
@@ -55,7 +61,12 @@ pub struct Member {
     /// Its share of the keys, relative to the others.
     #[serde(default)]
     pub weight: f64,
+    /// Its latest hand-over of copies to their owners (a rebalance pass, or its drain).
+    #[serde(default)]
+    pub handover: Option<Handover>,
 }
+
+pub use granary_proto::cluster::Handover;
 
 /// `GET /_granary/cluster`: the members as the answering node sees them.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -253,6 +264,22 @@ impl Client {
     /// `GET /_granary/cluster`: the members and their states.
     pub fn cluster(&mut self) -> Result<ClusterView> {
         self.json(Req::new("GET", "/_granary/cluster".into()))
+    }
+
+    /// `POST /_granary/cluster/drain`: member `node` hands every copy it holds to the
+    /// members that own them without it, then takes no new fills; its state now
+    /// (`draining`, or `drained`).
+    pub fn drain(&mut self, node: &str) -> Result<MemberState> {
+        #[derive(Deserialize)]
+        struct Answer {
+            state: MemberState,
+        }
+        let body = serde_json::json!({ "node": node }).to_string();
+        let req = Req::new("POST", "/_granary/cluster/drain".into())
+            .header("content-type", "application/json")
+            .body(Body::Bytes(body.as_bytes()));
+        let a: Answer = self.json(req)?;
+        Ok(a.state)
     }
 
     /// `GET /_granary/cluster?bucket=&key=`: the view, with the key's owner.

@@ -269,13 +269,12 @@ fn header_v4(creds: &Credentials, parts: &Parts, auth: &str) -> Result<Verdict, 
             "the Credential is malformed",
         )
     })?;
-    check_access_key(creds, scope.access_key)?;
     // The signed time: `x-amz-date`, or else the `Date` header (as S3 accepts), which
     // the string to sign writes in the same basic ISO 8601 form.
     let dated = match header(&parts.headers, "x-amz-date") {
         Some(d) => d.to_owned(),
         None => header(&parts.headers, "date")
-            .and_then(|d| httpdate::parse_http_date(d).ok())
+            .and_then(sigv4::parse_request_date)
             .map(sigv4::amz_date)
             .ok_or_else(|| {
                 err(
@@ -290,6 +289,7 @@ fn header_v4(creds: &Credentials, parts: &Parts, auth: &str) -> Result<Verdict, 
         return Err(malformed());
     }
     check_skew(at)?;
+    check_access_key(creds, scope.access_key)?;
     let content_sha =
         header(&parts.headers, "x-amz-content-sha256").unwrap_or(sigv4::UNSIGNED_PAYLOAD);
     if !signed_headers.split(';').any(|h| h == "host") {
@@ -436,7 +436,8 @@ fn header_v2(creds: &Credentials, parts: &Parts, v2: &str) -> Result<Verdict, Au
             "the Authorization header is malformed: AWS KEY:SIGNATURE",
         ));
     };
-    check_access_key(creds, ak)?;
+    // The date first: a request far off in time is `RequestTimeTooSkewed` whatever its
+    // key and signature, as S3 answers.
     let amz_date = header(&parts.headers, "x-amz-date");
     let date = amz_date
         .or_else(|| header(&parts.headers, "date"))
@@ -446,13 +447,14 @@ fn header_v2(creds: &Credentials, parts: &Parts, v2: &str) -> Result<Verdict, Au
                 "AWS authentication requires a valid Date or x-amz-date header",
             )
         })?;
-    let at = httpdate::parse_http_date(date).map_err(|_| {
+    let at = sigv4::parse_request_date(date).ok_or_else(|| {
         err(
             S3Code::AccessDenied,
             "AWS authentication requires a valid Date or x-amz-date header",
         )
     })?;
     check_skew(at)?;
+    check_access_key(creds, ak)?;
     let amz = amz_headers(&parts.headers);
     let q = query_pairs(parts.uri.query().unwrap_or(""));
     let path = parts.uri.path();
@@ -577,6 +579,62 @@ mod tests {
         headers[0].1 = &other;
         let e = authenticate(Some(&creds()), false, &parts("GET", "/b/k", &headers)).unwrap_err();
         assert_eq!(e.code, S3Code::SignatureDoesNotMatch);
+    }
+
+    /// Dates as s3-tests' `*_bad_date_*_aws2` send them: far off in time is
+    /// `RequestTimeTooSkewed` whatever the weekday, key and signature say; no date, or
+    /// none S3 reads (before 1970 among them), is `AccessDenied`.
+    #[test]
+    fn a_date_far_off_is_skewed_before_anything_else_is_checked() {
+        let v2 = |date: &str, key: &str| {
+            let auth = format!("AWS {key}:c2lnbmF0dXJl");
+            let headers = [("date", date), ("authorization", auth.as_str())];
+            authenticate(Some(&creds()), false, &parts("PUT", "/b/k", &headers))
+                .unwrap_err()
+                .code
+        };
+        for date in [
+            "Tue, 07 Jul 2010 21:53:04 GMT",
+            "Tue, 07 Jul 9999 21:53:04 GMT",
+            "Wed, 7 jul 2010 21:53:04 GMT",
+            "20100707T215304Z",
+        ] {
+            assert_eq!(v2(date, "AK"), S3Code::RequestTimeTooSkewed, "{date}");
+            assert_eq!(v2(date, "wrong"), S3Code::RequestTimeTooSkewed, "{date}");
+        }
+        for date in [
+            "Tue, 07 Jul 1950 21:53:04 GMT",
+            "Bad Date",
+            "",
+            "07/07/2010",
+        ] {
+            assert_eq!(v2(date, "AK"), S3Code::AccessDenied, "{date:?}");
+        }
+        // Today with the wrong weekday is read: the signature is what fails.
+        let now = httpdate::fmt_http_date(SystemTime::now());
+        let (weekday, rest) = now.split_once(',').unwrap();
+        let other = if weekday == "Mon" { "Tue" } else { "Mon" };
+        assert_eq!(
+            v2(&format!("{other},{rest}"), "AK"),
+            S3Code::SignatureDoesNotMatch
+        );
+        // SigV4 dated by its `Date` header, and by x-amz-date.
+        for (name, date) in [
+            ("date", "Tue, 07 Jul 2010 21:53:04 GMT"),
+            ("x-amz-date", "20100707T215304Z"),
+        ] {
+            let auth = format!(
+                "{} Credential=wrong/20100707/us-east-1/s3/aws4_request,SignedHeaders=host,Signature=00",
+                sigv4::ALGORITHM
+            );
+            let headers = [
+                (name, date),
+                ("host", "h:1"),
+                ("authorization", auth.as_str()),
+            ];
+            let e = authenticate(Some(&creds()), false, &parts("GET", "/b/k", &headers));
+            assert_eq!(e.unwrap_err().code, S3Code::RequestTimeTooSkewed, "{name}");
+        }
     }
 
     #[test]

@@ -16,6 +16,7 @@
 //!   can know what every rank reads next.
 
 pub mod auth;
+pub mod cluster;
 pub mod code;
 pub mod encode;
 pub mod headers;

@@ -67,6 +67,19 @@ impl RangeSpec {
             }
         }
     }
+
+    /// What S3 answers this range with in an object of `size` bytes: the bytes it names
+    /// (`206`), `None` for the whole object (`200`), or unsatisfiable (`416`). Unlike
+    /// RFC 9110, which finds no byte to send, AWS answers a suffix of an empty object
+    /// (`bytes=-N`, N > 0) `200` with the empty body: readers that ask for a file's tail
+    /// before its size (Trino, Arrow's object_store, Parquet footers) read empty files so.
+    /// `bytes=0-` of an empty object stays `416`, as AWS answers it.
+    pub fn answer(self, size: u64) -> Result<Option<Range<u64>>, Unsatisfiable> {
+        match self {
+            RangeSpec::Suffix(n) if n > 0 && size == 0 => Ok(None),
+            _ => self.resolve(size).map(Some),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -92,6 +105,12 @@ mod tests {
         assert_eq!(r("bytes=100-", 100), Some(Err(S3Code::InvalidRange)));
         assert_eq!(r("bytes=-0", 100), Some(Err(S3Code::InvalidRange)));
         assert_eq!(r("bytes=0-0", 0), Some(Err(S3Code::InvalidRange)));
+        // What S3 answers: an empty object's tail is the whole (empty) object.
+        let answer = |s: &str, size| RangeSpec::parse(s).unwrap().answer(size);
+        assert_eq!(answer("bytes=-5", 0), Ok(None));
+        assert_eq!(answer("bytes=-5", 100), Ok(Some(95..100)));
+        assert_eq!(answer("bytes=-0", 0), Err(Unsatisfiable));
+        assert_eq!(answer("bytes=0-", 0), Err(Unsatisfiable));
         // Ignored: the whole object is served.
         for junk in [
             "bytes=abc",

@@ -76,6 +76,35 @@ pub fn parse_amz_date(s: &str) -> Option<SystemTime> {
     (secs >= 0).then(|| UNIX_EPOCH + Duration::from_secs(secs as u64))
 }
 
+/// A request's date as S3 reads it, in any of the forms signers send: an HTTP date
+/// (IMF-fixdate, RFC 850, asctime), or `x-amz-date`'s basic ISO 8601. Like S3 and RGW, it
+/// does not check the weekday (`Tue, 07 Jul 2010` is a Wednesday) and takes any year from
+/// 1970 through 9999, so that a date far off answers `RequestTimeTooSkewed`, not a
+/// refusal to read it. Before 1970: `None`.
+pub fn parse_request_date(s: &str) -> Option<SystemTime> {
+    let s = s.trim();
+    if let Some(t) = httpdate::parse_http_date(s)
+        .ok()
+        .or_else(|| parse_amz_date(s))
+    {
+        return Some(t);
+    }
+    // IMF-fixdate with the weekday dropped, whatever it said.
+    let rest = s.split_once(',').map_or(s, |(_, r)| r).trim();
+    let rest = rest
+        .strip_suffix("GMT")
+        .or_else(|| rest.strip_suffix("UTC"))
+        .or_else(|| rest.strip_suffix('Z'))
+        .unwrap_or(rest)
+        .trim_end();
+    let fmt = time::macros::format_description!(
+        "[day padding:none] [month repr:short case_sensitive:false] [year] [hour]:[minute]:[second]"
+    );
+    let dt = time::PrimitiveDateTime::parse(rest, &fmt).ok()?;
+    let secs = dt.assume_utc().unix_timestamp();
+    (secs >= 0).then(|| UNIX_EPOCH + Duration::from_secs(secs as u64))
+}
+
 /// The key a day's signatures are made with: `AWS4{secret}` through the day, region,
 /// service and `aws4_request`.
 pub fn signing_key(secret: &str, day: &str, region: &str, service: &str) -> [u8; 32] {

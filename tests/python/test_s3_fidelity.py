@@ -72,6 +72,27 @@ def test_an_empty_objects_416_names_its_size(both):
     assert e.value.response["Error"]["ActualObjectSize"] == "10"
 
 
+def test_the_tail_of_an_empty_object_is_the_empty_object(granary):
+    """AWS answers `bytes=-N` (N > 0) of an empty object `200` with no body and no
+    `Content-Range`, where RFC 9110 would find nothing to send: readers that ask for a
+    file's tail before its size (Parquet footers, Trino, Arrow's object_store) read empty
+    files so. Any other range of it stays `416`."""
+    s3, bucket = granary
+    s3.put_object(Bucket=bucket, Key="empty", Body=b"")
+    r = s3.get_object(Bucket=bucket, Key="empty", Range="bytes=-512")
+    assert r["ResponseMetadata"]["HTTPStatusCode"] == 200
+    assert r["Body"].read() == b"" and r["ContentLength"] == 0
+    assert "ContentRange" not in r
+    for bad in ("bytes=-0", "bytes=0-"):
+        with pytest.raises(ClientError) as e:
+            s3.get_object(Bucket=bucket, Key="empty", Range=bad)
+        assert error_of(e) == ("InvalidRange", 416), bad
+    s3.put_object(Bucket=bucket, Key="ten", Body=b"0123456789")
+    r = s3.get_object(Bucket=bucket, Key="ten", Range="bytes=-3")
+    assert r["ResponseMetadata"]["HTTPStatusCode"] == 206
+    assert (r["Body"].read(), r["ContentRange"]) == (b"789", "bytes 7-9/10")
+
+
 def test_a_304_carries_the_etag(both):
     s3, bucket = both
     etag = s3.put_object(Bucket=bucket, Key="k", Body=b"abc")["ETag"]

@@ -296,6 +296,48 @@ fn three_holding(
     Ok(nodes)
 }
 
+/// A data set in an origin of its own, and three members (the first three of the ids,
+/// from a peers file) over it that hold one copy of it.
+struct Holding {
+    _origin: tempfile::TempDir,
+    objects: Vec<(String, Vec<u8>)>,
+    dataset: u64,
+    /// One per id.
+    addrs: Vec<SocketAddr>,
+    peers: PeersFile,
+    opts: ServerOpts,
+    nodes: Vec<Server>,
+}
+
+impl Holding {
+    /// `(prefix, count, size, seed)` of [`lay_out`]; members handing over at `rate`
+    /// bytes per second.
+    fn start(set: (&str, usize, usize, u64), ids: &[&str], rate: &str) -> Result<Holding> {
+        let origin = tempfile::tempdir()?;
+        let objects = lay_out(origin.path(), set.0, set.1, set.2, set.3);
+        let dataset = objects.iter().map(|(_, d)| d.len() as u64).sum();
+        let addrs = reserve_ports(ids.len())?;
+        let mut peers = PeersFile::new()?;
+        peers.write(&[(ids[0], addrs[0]), (ids[1], addrs[1]), (ids[2], addrs[2])])?;
+        let opts = ServerOpts::open().args(&[
+            "--backend",
+            &format!("fs:{}", origin.path().display()),
+            "--rebalance-rate",
+            rate,
+        ]);
+        let nodes = three_holding(&peers, ids, &addrs, &opts, &objects)?;
+        Ok(Holding {
+            _origin: origin,
+            objects,
+            dataset,
+            addrs,
+            peers,
+            opts,
+            nodes,
+        })
+    }
+}
+
 /// Cached bytes over data set bytes after one churn step: as soon as the step's reads
 /// are done, and once rebalance has had its chance.
 struct Step {
@@ -594,21 +636,17 @@ fn keep_reading(
 #[test]
 fn a_rebalance_cut_by_restarts_fails_no_read_and_finishes() -> Result<()> {
     use std::sync::atomic::{AtomicBool, Ordering};
-    let origin = tempfile::tempdir()?;
-    let objects = lay_out(origin.path(), "r", 48, 250_000, 40);
-    let dataset: u64 = objects.iter().map(|(_, d)| d.len() as u64).sum();
-    let addrs = reserve_ports(4)?;
     let ids = ["m0", "m1", "m2", "m3"];
-    let mut peers = PeersFile::new()?;
-    peers.write(&[(ids[0], addrs[0]), (ids[1], addrs[1]), (ids[2], addrs[2])])?;
     // About a second per object handed over.
-    let opts = ServerOpts::open().args(&[
-        "--backend",
-        &format!("fs:{}", origin.path().display()),
-        "--rebalance-rate",
-        "250000",
-    ]);
-    let mut nodes = three_holding(&peers, &ids, &addrs, &opts, &objects)?;
+    let Holding {
+        _origin,
+        objects,
+        dataset,
+        addrs,
+        mut peers,
+        opts,
+        mut nodes,
+    } = Holding::start(("r", 48, 250_000, 40), &ids, "250000")?;
 
     let stop = std::sync::Arc::new(AtomicBool::new(false));
     let reader = keep_reading(vec![addrs[0], addrs[1]], objects.clone(), stop.clone());
@@ -680,6 +718,149 @@ fn a_rebalance_cut_by_restarts_fails_no_read_and_finishes() -> Result<()> {
         ids[sender],
         took.as_secs_f64(),
         failed.len()
+    );
+    Ok(())
+}
+
+/// A drain: three members hold a data set; one is drained through another while reads go
+/// on through all three, every byte checked. It hands its copies to their new owners: no
+/// read fails, the backend serves nothing for it (≤ 1% of what it held), and it ends
+/// `drained` holding nothing, as every member's view says. It stays drained across a
+/// restart. Stopped and taken out of the list, it leaves every key readable from about
+/// one copy of each object, without a read of the backend.
+#[test]
+fn a_drained_member_hands_its_copies_over_and_the_backend_serves_none() -> Result<()> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let ids = ["d0", "d1", "d2"];
+    // A few seconds to hand d2's third of the data set over.
+    let Holding {
+        _origin,
+        objects,
+        dataset,
+        addrs,
+        mut peers,
+        mut nodes,
+        ..
+    } = Holding::start(("d", 60, 200_000, 90), &ids, "1500000")?;
+    let held = nodes[2].stat("used_bytes");
+    assert!(
+        held > dataset / 6,
+        "d2 holds its share: {held} of {dataset}"
+    );
+    let from_backend = |nodes: &[Server]| -> Vec<u64> {
+        nodes.iter().map(|n| n.stat("bytes_from_backend")).collect()
+    };
+    let before = from_backend(&nodes);
+
+    let drain = |body: &[u8]| send(&nodes[0], "POST", "/_granary/cluster/drain", &[], body);
+    // Misuse first: an unknown member, and no body.
+    let r = drain(br#"{"node":"dx"}"#);
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("InvalidArgument"), "{}", r.text());
+    let r = drain(b"");
+    assert_eq!(r.status, 400, "{}", r.text());
+
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let reader = keep_reading(addrs.to_vec(), objects.clone(), stop.clone());
+    std::thread::sleep(Duration::from_millis(500));
+    let r = drain(br#"{"node":"d2"}"#);
+    assert_eq!(r.status, 202, "{}", r.text());
+    let said: serde_json::Value = serde_json::from_slice(&r.body)?;
+    assert_eq!(
+        (said["node"].as_str(), said["state"].as_str()),
+        (Some("d2"), Some("draining"))
+    );
+    // Every member sees it leave within a probe or two, and it owns no key from then on.
+    wait_for(
+        Duration::from_secs(5),
+        "every member sees d2 draining",
+        || {
+            nodes.iter().all(|n| {
+                matches!(
+                    n.member_state("d2").as_deref(),
+                    Some("draining" | "drained")
+                )
+            })
+        },
+    );
+    for (key, _) in objects.iter().take(20) {
+        assert_ne!(
+            owner_in(&nodes[0], key),
+            "d2",
+            "a draining member owns {key}"
+        );
+    }
+    let took = wait_for(Duration::from_secs(60), "d2 drained", || {
+        nodes
+            .iter()
+            .all(|n| n.member_state("d2").as_deref() == Some("drained"))
+    });
+    stop.store(true, Ordering::Relaxed);
+    let (reads, failed) = reader.join().expect("the reader");
+    assert!(
+        failed.is_empty(),
+        "{} of {reads} reads failed during the drain:\n{}",
+        failed.len(),
+        failed
+            .iter()
+            .map(|(_, w)| w.as_str())
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    assert_eq!(nodes[2].stat("objects"), 0, "d2 holds nothing");
+    let view = nodes[0].cluster_view(None)?;
+    let d2 = view["members"]
+        .as_array()
+        .and_then(|m| m.iter().find(|m| m["id"] == "d2").cloned())
+        .unwrap_or_default();
+    assert_eq!(
+        d2["handover"]["bytes_done"], d2["handover"]["bytes_total"],
+        "{view}"
+    );
+    let now = from_backend(&nodes);
+    let during: u64 = now.iter().zip(&before).map(|(n, b)| n - b).sum();
+    // d2's count ends here: a restart starts it again.
+    let d2_during = now[2] - before[2];
+    assert!(
+        during as f64 <= held as f64 * 0.01,
+        "the backend served {during} bytes for a drain of {held}"
+    );
+    // A drained member stays out of the ring across a restart.
+    nodes[2].restart(false)?;
+    wait_for(UP_TIMEOUT, "d2 back, drained", || {
+        nodes[0].member_state("d2").as_deref() == Some("drained")
+    });
+    assert_eq!(nodes[2].stat("objects"), 0);
+
+    // Stopped, and out of the list: every key reads, from the two that hold it all.
+    nodes[2].kill()?;
+    let gone = nodes.pop().expect("three nodes");
+    peers.write(&[(ids[0], addrs[0]), (ids[1], addrs[1])])?;
+    let two: Vec<&Server> = nodes.iter().collect();
+    wait_for(UP_TIMEOUT, "two members", || sees(&two, &ids[..2]));
+    read_all(&nodes[0], &objects);
+    read_all(&nodes[1], &objects);
+    Server::settle(&two);
+    drop(gone);
+    let leave: u64 = from_backend(&nodes)
+        .iter()
+        .zip(&before)
+        .map(|(n, b)| n - b)
+        .sum::<u64>()
+        + d2_during;
+    assert!(
+        leave as f64 <= held as f64 * 0.01,
+        "the backend served {leave} bytes for a leave of {held}"
+    );
+    let cached = used(&two);
+    assert!(
+        cached as f64 <= dataset as f64 * 1.05 && cached >= dataset,
+        "one copy of each object: {cached} of {dataset}"
+    );
+    eprintln!(
+        "drain of {held} bytes: drained in {:.1} s, {reads} reads, none failed; backend bytes for the leave: {}",
+        took.as_secs_f64(),
+        leave
     );
     Ok(())
 }
@@ -921,6 +1102,20 @@ fn the_rebalance_bench_hands_a_new_member_its_share_and_fails_no_read() -> Resul
     assert!(r["rebalance_mb_per_s"].as_f64() > Some(0.0), "{text}");
     let after = r["cached_over_dataset_after"].as_f64().unwrap_or(9.0);
     assert!((0.95..=1.05).contains(&after), "{text}");
+    // Two leaves: a drained member costs the backend nothing; one simply stopped, the
+    // refill of what it held.
+    let (drain, plain) = (&r["drain"], &r["plain_leave"]);
+    assert!(drain["held_bytes"].as_u64() > Some(0), "{text}");
+    assert!(drain["backend_over_held"].as_f64() <= Some(0.01), "{text}");
+    assert!(plain["backend_over_held"].as_f64() >= Some(0.9), "{text}");
+    assert_eq!(
+        (
+            drain["failed_reads"].as_u64(),
+            plain["failed_reads"].as_u64()
+        ),
+        (Some(0), Some(0)),
+        "{text}"
+    );
     eprintln!("{text}");
     Ok(())
 }

@@ -97,6 +97,19 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Drain a member (`NODE`, its id): it hands every copy it holds to the members
+    /// that own them without it, then takes no new fills. Follows it until it is drained
+    /// (a bar in a terminal); it may then be stopped and taken out of the member list.
+    Drain {
+        /// The member's `--node-id`.
+        node: String,
+        /// Print its state and return at once.
+        #[arg(long)]
+        no_wait: bool,
+        /// How often to look, in milliseconds.
+        #[arg(long, default_value_t = 500)]
+        interval_ms: u64,
+    },
     /// Delete an object.
     Rm {
         /// `BUCKET/KEY`
@@ -268,6 +281,11 @@ fn run(cli: &Cli) -> Result<ExitCode> {
         }
         Command::Job(args) => return job(&mut client, args),
         Command::Index { target } => index(&mut client, target)?,
+        Command::Drain {
+            node,
+            no_wait,
+            interval_ms,
+        } => drain(&mut client, node, *no_wait, *interval_ms)?,
         Command::Plans { json, drop } => plans(&mut client, *json, drop.as_deref())?,
         Command::Batch {
             items,
@@ -291,7 +309,17 @@ fn cluster(client: &mut Client, owner: Option<&str>, json: bool) -> Result<()> {
             .members
             .iter()
             .map(|m| {
-                serde_json::json!({"id": m.id, "url": m.url, "state": m.state.as_str(), "weight": m.weight})
+                let mut j = serde_json::json!({"id": m.id, "url": m.url, "state": m.state.as_str(), "weight": m.weight});
+                if let Some(h) = &m.handover {
+                    j["handover"] = serde_json::json!({
+                        "running": h.running,
+                        "objects_done": h.objects_done,
+                        "objects_total": h.objects_total,
+                        "bytes_done": h.bytes_done,
+                        "bytes_total": h.bytes_total,
+                    });
+                }
+                j
             })
             .collect();
         let mut v = serde_json::json!({"node_id": view.node_id, "members": members});
@@ -315,21 +343,103 @@ fn cluster(client: &mut Client, owner: Option<&str>, json: bool) -> Result<()> {
         .max()
         .unwrap_or(0)
         .max(3);
-    println!("  {:id_w$}  {:url_w$}  {:5}  WEIGHT", "ID", "URL", "STATE");
+    let bars = std::io::IsTerminal::is_terminal(&std::io::stdout());
+    println!(
+        "  {:id_w$}  {:url_w$}  {:8}  {:>14}  HANDOVER",
+        "ID", "URL", "STATE", "WEIGHT"
+    );
     for m in &view.members {
         let me = if m.id == view.node_id { "*" } else { " " };
         println!(
-            "{me} {:id_w$}  {:url_w$}  {:5}  {}",
+            "{me} {:id_w$}  {:url_w$}  {:8}  {:>14}  {}",
             m.id,
             m.url,
             m.state.as_str(),
-            m.weight
+            m.weight,
+            m.handover
+                .as_ref()
+                .map_or_else(|| "-".to_owned(), |h| handover(h, bars))
         );
     }
     if let Some(o) = &view.owner {
         println!("owner: {o}");
     }
     Ok(())
+}
+
+/// `done` of 1 as a bar of 20 (in a terminal) and a percentage.
+fn text_bar(done: f64, bars: bool) -> String {
+    let done = done.clamp(0.0, 1.0);
+    if !bars {
+        return format!("{:.0}%", done * 100.0);
+    }
+    let filled = (done * 20.0).round() as usize;
+    format!(
+        "[{}{}] {:>3.0}%",
+        "#".repeat(filled),
+        ".".repeat(20 - filled),
+        done * 100.0
+    )
+}
+
+/// A member's hand-over: how much of its copies went to their owners.
+fn handover(h: &granary_client::Handover, bars: bool) -> String {
+    let done = if h.bytes_total > 0 {
+        h.bytes_done as f64 / h.bytes_total as f64
+    } else {
+        1.0
+    };
+    format!(
+        "{} {}/{} objects, {}/{}{}",
+        text_bar(done, bars),
+        h.objects_done,
+        h.objects_total,
+        indicatif::HumanBytes(h.bytes_done),
+        indicatif::HumanBytes(h.bytes_total),
+        if h.running { "" } else { " (ended)" }
+    )
+}
+
+/// Drains member `node`, following it (unless `no_wait`) until it says it is drained.
+fn drain(client: &mut Client, node: &str, no_wait: bool, interval_ms: u64) -> Result<()> {
+    let state = client.drain(node)?;
+    if no_wait {
+        println!("{node}: {}", state.as_str());
+        return Ok(());
+    }
+    let bar = indicatif::ProgressBar::new(0);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {wide_bar} {bytes}/{total_bytes} ({bytes_per_sec}) {msg}",
+        )
+        .expect("a valid template"),
+    );
+    loop {
+        let view = client.cluster()?;
+        let m = view
+            .members
+            .iter()
+            .find(|m| m.id == node)
+            .with_context(|| format!("the cluster no longer lists `{node}`"))?;
+        if let Some(h) = &m.handover {
+            bar.set_length(h.bytes_total.max(h.bytes_done));
+            bar.set_position(h.bytes_done);
+            bar.set_message(format!(
+                "{}: {}/{} objects",
+                m.state.as_str(),
+                h.objects_done,
+                h.objects_total
+            ));
+        } else {
+            bar.set_message(m.state.as_str());
+        }
+        if m.state == granary_client::MemberState::Drained {
+            bar.finish_and_clear();
+            println!("{node}: drained; it may be stopped and taken out of the member list");
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(interval_ms.max(10)));
+    }
 }
 
 fn ls(client: &mut Client, target: Option<&str>) -> Result<()> {
@@ -612,13 +722,7 @@ fn plans(client: &mut Client, json: bool, drop: Option<&str>) -> Result<()> {
             0.0
         };
         let consumed = if bars {
-            let filled = (done * 20.0).round() as usize;
-            format!(
-                "[{}{}] {:>3.0}%",
-                "#".repeat(filled),
-                ".".repeat(20 - filled),
-                done * 100.0
-            )
+            text_bar(done, true)
         } else {
             format!("{}/{}", p.consumed, total)
         };

@@ -633,6 +633,7 @@ mod tests {
                 url: url.clone(),
                 state: MemberState::Up,
                 weight: 100.0,
+                handover: None,
             })
             .collect();
         let view = ClusterView {

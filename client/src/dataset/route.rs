@@ -166,6 +166,7 @@ mod tests {
                     url: format!("http://{id}:7070"),
                     state: *state,
                     weight: 100.0,
+                    handover: None,
                 })
                 .collect(),
             owner: None,

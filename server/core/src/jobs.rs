@@ -117,6 +117,16 @@ impl Job {
         JobState::from_u8(self.state.load(Ordering::Acquire))
     }
 
+    /// Objects and bytes done here (parts on other members aside), and the totals.
+    pub fn progress(&self) -> [u64; 4] {
+        [
+            self.objects_done.load(Ordering::Relaxed),
+            self.objects_total.load(Ordering::Relaxed),
+            self.bytes_done.load(Ordering::Relaxed),
+            self.bytes_total.load(Ordering::Relaxed),
+        ]
+    }
+
     pub fn is_cancelled(&self) -> bool {
         self.cancelled.load(Ordering::Acquire)
     }

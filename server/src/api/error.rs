@@ -27,6 +27,8 @@ pub struct S3Error {
     pub details: Vec<(&'static str, String)>,
     /// Headers some answers carry (`ETag` with `304`).
     pub headers: Vec<(http::HeaderName, HeaderValue)>,
+    /// The backend failed (unreachable, erring, denying): counted as a backend error.
+    pub backend_failed: bool,
 }
 
 impl S3Error {
@@ -37,6 +39,7 @@ impl S3Error {
             resource: None,
             details: Vec::new(),
             headers: Vec::new(),
+            backend_failed: false,
         }
     }
 
@@ -102,6 +105,11 @@ impl IntoResponse for S3Error {
         }
         if let Ok(code) = HeaderValue::from_str(self.code.as_str()) {
             h.insert("x-amz-error-code", code);
+        }
+        // A HEAD's answer has no body: the message goes in a header too (where it is
+        // plain ASCII), so that a client can say more than the status.
+        if let Ok(message) = HeaderValue::from_str(&self.message) {
+            h.insert("x-amz-error-message", message);
         }
         for (name, value) in &self.headers {
             h.insert(name.clone(), value.clone());
@@ -185,10 +193,16 @@ impl From<BackendError> for S3Error {
             B::Io(_) => S3Code::InternalError,
             B::Unavailable(_) => S3Code::ServiceUnavailable,
         };
-        if matches!(code, S3Code::InternalError | S3Code::ServiceUnavailable) {
+        let mut err = S3Error::new(code, e.to_string());
+        if matches!(
+            code,
+            S3Code::InternalError | S3Code::ServiceUnavailable | S3Code::SlowDown
+        ) || matches!(e, B::Denied(_))
+        {
             tracing::error!(error = %e, "backend failure");
+            err.backend_failed = true;
         }
-        S3Error::new(code, e.to_string())
+        err
     }
 }
 

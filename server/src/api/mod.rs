@@ -254,6 +254,16 @@ fn finish(
         && resp.extensions().get::<NotAnError>().is_none()
     {
         stats.add(Metric::Errors, 1);
+        if status.is_server_error() {
+            stats.add(Metric::ServerErrors, 1);
+        }
+        if resp
+            .extensions()
+            .get::<error::S3Error>()
+            .is_some_and(|e| e.backend_failed)
+        {
+            stats.add(Metric::BackendErrors, 1);
+        }
     }
     let (mut parts, body) = resp.into_parts();
     // Keep the length the body knows (the stream below forgets it).

@@ -44,6 +44,12 @@ pub async fn handle(state: &Arc<AppState>, req: Request) -> Response {
                 .into_response(),
             }
         }
+        ("/_granary/cluster/drain", false) if req.method() == Method::POST => {
+            match drain(state, req).await {
+                Ok(r) => r,
+                Err(e) => e.into_response(),
+            }
+        }
         ("/_granary/catalog", true) => match catalog(state, req).await {
             Ok(r) => r,
             Err(e) => e.into_response(),
@@ -171,6 +177,23 @@ pub async fn prefetch(state: &Arc<AppState>, req: Request) -> Result<Response, S
         .map_err(|e| S3Error::from(e).with_resource(resource))?;
     let mut resp =
         json_response(json!({"id": job.id, "kind": job.kind, "state": job.state().as_str()}));
+    *resp.status_mut() = StatusCode::ACCEPTED;
+    Ok(resp)
+}
+
+/// `POST /_granary/cluster/drain`: `{"node": ID}` drains that member (signed whenever
+/// credentials are set): answered `202 {"node", "state"}`; its progress shows in
+/// `/_granary/cluster`.
+pub async fn drain(state: &Arc<AppState>, req: Request) -> Result<Response, S3Error> {
+    #[derive(serde::Deserialize)]
+    struct Asked {
+        node: String,
+    }
+    let (parts, body) = req.into_parts();
+    let verdict = s3::auth::authenticate(state.creds.as_ref(), false, &parts)?;
+    let asked: Asked = json_body(parts, body, verdict, "{\"node\": ID}").await?;
+    let drained = state.node.drain_member(&asked.node).await?;
+    let mut resp = json_response(json!({"node": drained.node, "state": drained.state}));
     *resp.status_mut() = StatusCode::ACCEPTED;
     Ok(resp)
 }

@@ -18,7 +18,7 @@ use super::error::{S3Code, S3Error};
 use super::{native, s3, AppState};
 use granary_core::cluster::calls::{
     self, DropPlan, IndexShards, Indexed, Invalidate, JsonCall, Noted, PlanReport, PrefetchPart,
-    Revalidate, SharePlan, Take,
+    Revalidate, SharePlan, StartDrain, Take,
 };
 use granary_core::{Node, NodeError};
 
@@ -55,6 +55,14 @@ pub async fn serve(state: &Arc<AppState>, req: Request) -> Result<Response, Requ
             json_call(state, req, |node, call: Invalidate| async move {
                 Ok(node.take_invalidation(&call))
             })
+            .await
+        }
+        (StartDrain::METHOD, StartDrain::PATH) => {
+            json_call(
+                state,
+                req,
+                |node, _: StartDrain| async move { node.drain() },
+            )
             .await
         }
         (Take::METHOD, Take::PATH) => {

@@ -10,6 +10,7 @@
 
 mod body;
 mod errors;
+mod keys;
 mod list;
 
 use std::collections::HashMap;
@@ -33,6 +34,7 @@ use base64::Engine;
 
 use self::body::{download, UploadBody};
 use self::errors::{causes, from_code, Target};
+use self::keys::Keyed;
 use self::list::{fill, lenient_parts, merge, rolled, url_decode, PartsPage};
 use super::{
     check_key, known_bucket, valid_bucket_name, Backend, BackendError, BucketInfo, ByteRange,
@@ -192,9 +194,11 @@ impl S3Backend {
             let req = client
                 .get_object()
                 .bucket(&bucket)
-                .key(&key)
+                .key(keys::arg(&key))
                 .if_match(&etag)
-                .range(format!("bytes={from}-{}", end - 1));
+                .range(format!("bytes={from}-{}", end - 1))
+                .customize()
+                .keyed(&key);
             Box::pin(async move {
                 let out = req.send().await.map_err(|e| io::Error::other(causes(&e)))?;
                 let got = size(out.content_length());
@@ -225,12 +229,12 @@ impl S3Backend {
             .client
             .get_object()
             .bucket(bucket)
-            .key(key)
+            .key(keys::arg(key))
             .if_match(format!("\"{}\"", meta.etag));
         if resolved.is_some() {
             req = req.range(format!("bytes={}-{}", start, start + len - 1));
         }
-        match req.send().await {
+        match req.customize().keyed(key).send().await {
             Ok(out) => {
                 let got = size(out.content_length());
                 if got != len {
@@ -413,7 +417,9 @@ impl Source for S3Backend {
             .client
             .head_object()
             .bucket(bucket)
-            .key(key)
+            .key(keys::arg(key))
+            .customize()
+            .keyed(key)
             .send()
             .await
         {
@@ -436,9 +442,11 @@ impl Source for S3Backend {
                 .client
                 .head_object()
                 .bucket(bucket)
-                .key(key)
+                .key(keys::arg(key))
                 .part_number(n as i32)
                 .checksum_mode(aws_sdk_s3::types::ChecksumMode::Enabled)
+                .customize()
+                .keyed(key)
                 .send()
                 .await
             {
@@ -560,7 +568,9 @@ impl Source for S3Backend {
             .client
             .get_object()
             .bucket(bucket)
-            .key(key)
+            .key(keys::arg(key))
+            .customize()
+            .keyed(key)
             .send()
             .await
         {
@@ -681,12 +691,15 @@ impl Backend for S3Backend {
                         .client
                         .put_object()
                         .bucket(bucket)
-                        .key(key)
+                        .key(keys::arg(key))
                         .content_length(size as i64)
                         .set_content_md5(opts.expected_md5.map(md5_header))
                         .body(body);
                     req = with_headers!(req, &opts.headers);
-                    req.customize().config_override(upload_timeouts()).send()
+                    req.customize()
+                        .keyed(key)
+                        .config_override(upload_timeouts())
+                        .send()
                 },
             )
             .await?;
@@ -704,7 +717,9 @@ impl Backend for S3Backend {
         self.client
             .delete_object()
             .bucket(bucket)
-            .key(key)
+            .key(keys::arg(key))
+            .customize()
+            .keyed(key)
             .send()
             .await
             .map_err(|e| self.map_err(e, Target::Object(bucket, key)))?;
@@ -776,8 +791,10 @@ impl Backend for S3Backend {
             .client
             .create_multipart_upload()
             .bucket(bucket)
-            .key(key);
+            .key(keys::arg(key));
         let out = with_headers!(req, &opts.headers)
+            .customize()
+            .keyed(key)
             .send()
             .await
             .map_err(|e| self.map_err(e, Target::Object(bucket, key)))?;
@@ -811,13 +828,14 @@ impl Backend for S3Backend {
                     self.client
                         .upload_part()
                         .bucket(bucket)
-                        .key(key)
+                        .key(keys::arg(key))
                         .upload_id(upload_id)
                         .part_number(part as i32)
                         .content_length(size as i64)
                         .set_content_md5(opts.expected_md5.map(md5_header))
                         .body(body)
                         .customize()
+                        .keyed(key)
                         .config_override(upload_timeouts())
                         .send()
                 },
@@ -846,9 +864,11 @@ impl Backend for S3Backend {
                 .client
                 .list_parts()
                 .bucket(bucket)
-                .key(key)
+                .key(keys::arg(key))
                 .upload_id(upload_id)
                 .set_part_number_marker(marker.take())
+                .customize()
+                .keyed(key)
                 .send()
                 .await;
             let page = match result {
@@ -916,9 +936,11 @@ impl Backend for S3Backend {
             .client
             .complete_multipart_upload()
             .bucket(bucket)
-            .key(key)
+            .key(keys::arg(key))
             .upload_id(upload_id)
             .multipart_upload(completed)
+            .customize()
+            .keyed(key)
             .send()
             .await;
         let out = match result {
@@ -973,8 +995,10 @@ impl Backend for S3Backend {
         self.client
             .abort_multipart_upload()
             .bucket(bucket)
-            .key(key)
+            .key(keys::arg(key))
             .upload_id(upload_id)
+            .customize()
+            .keyed(key)
             .send()
             .await
             .map_err(|e| self.map_err(e, Target::Upload(upload_id)))?;

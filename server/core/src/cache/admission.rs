@@ -72,12 +72,12 @@ impl Admission {
 }
 
 impl Cache {
-    /// Asks the policy for room for `size` bytes (none while distrusted or while the disk
-    /// is full), then the filesystem; removes the files of the entries the policy evicts.
+    /// Asks the policy for room for `size` bytes (none while distrusted, closed or while
+    /// the disk is full), then the filesystem; removes the files of the entries the policy evicts.
     /// Under the commit lock, as every commit and unlink of an entry file is: an evicted
     /// key's file cannot be a newer commit of that key.
     pub(super) fn admit(&self, size: u64) -> bool {
-        if !self.trusted() || self.room.full() {
+        if !self.trusted() || self.room.full() || self.closed.load(Ordering::Acquire) {
             return false;
         }
         // Asked before the locks: they serialize every commit.

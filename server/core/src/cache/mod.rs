@@ -193,6 +193,8 @@ pub struct Cache {
     /// Set when never-evict refuses an object for want of room; cleared when an entry
     /// is removed.
     refusing: AtomicBool,
+    /// Admits nothing new, whatever its room: the node is leaving the cluster (drain).
+    closed: AtomicBool,
     /// The filesystem's own limit, watched while running.
     room: Arc<room::Room>,
     /// The source a fill's readers go on from when this node's disk fails mid-fill.
@@ -331,6 +333,7 @@ impl Cache {
                 .build(),
             index_builds: Default::default(),
             refusing: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
             room,
             source: std::sync::OnceLock::new(),
             trusted: AtomicBool::new(true),
@@ -442,7 +445,15 @@ impl Cache {
     /// True once a never-evict cache has refused an object for want of room (until an
     /// entry is removed), and while the disk is full.
     pub fn refusing(&self) -> bool {
-        self.refusing.load(Ordering::Acquire) || self.room.full()
+        self.refusing.load(Ordering::Acquire)
+            || self.closed.load(Ordering::Acquire)
+            || self.room.full()
+    }
+
+    /// Stops (or starts again) admitting new objects, whatever the room: a node that
+    /// leaves the cluster keeps what it holds until it is handed over, and fills nothing.
+    pub fn close(&self, closed: bool) {
+        self.closed.store(closed, Ordering::Release);
     }
 
     /// Names the source that readers of a fill go on from, from where they are, when

@@ -11,6 +11,7 @@
 //! | [`Revalidate`] | `POST /_granary/revalidate` | `()` |
 //! | [`Invalidate`] | `POST /_granary/invalidate` | objects dropped |
 //! | [`Take`] (a rebalance's offer) | `POST /_granary/take` | [`Taken`] |
+//! | [`StartDrain`] | `POST /_granary/drain` | [`Draining`] |
 //! | [`PrefetchPart`] | `POST /_granary/prefetch` (`202`) | the part's job id |
 //! | [`JobStatus`], [`JobCancel`] | `GET`, `DELETE /_granary/jobs/{id}` | [`JobView`] |
 //! | [`IndexShards`] (a catalog's shards, on their owner) | `POST /_granary/index` | [`Indexed`] |
@@ -234,6 +235,12 @@ pub struct Health {
     /// The node's boot identity: peer requests are signed for it.
     #[serde(default)]
     pub boot_id: String,
+    /// Whether the node is draining (it owns no key, and hands its copies over).
+    #[serde(default, skip_serializing_if = "Drain::is_serving")]
+    pub drain: Drain,
+    /// Its latest hand-over of copies to their owners (a rebalance pass, or a drain's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handover: Option<Handover>,
     /// Whether the node lists the prober (an announcing probe's answer only; not in the
     /// body).
     #[serde(skip)]
@@ -246,6 +253,55 @@ pub struct Health {
 
 fn admitting() -> bool {
     true
+}
+
+/// A member's part in the cluster: serving, or leaving it by a drain
+/// (`POST /_granary/cluster/drain`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Drain {
+    /// It owns its keys.
+    #[default]
+    Serving,
+    /// It owns no key, takes no new fill, and hands every copy it holds to its owner.
+    Draining,
+    /// It holds no copy any more: it may be stopped and taken out of the list.
+    Drained,
+}
+
+impl Drain {
+    pub fn is_serving(&self) -> bool {
+        *self == Drain::Serving
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Drain::Serving => "serving",
+            Drain::Draining => "draining",
+            Drain::Drained => "drained",
+        }
+    }
+}
+
+pub use granary_proto::cluster::Handover;
+
+/// Drain a member ([`Drain`]): the receiver drains itself.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct StartDrain {}
+
+/// What a member says when told to drain.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Draining {
+    pub node: String,
+    pub state: Drain,
+}
+
+impl JsonCall for StartDrain {
+    type Reply = Draining;
+    const WHAT: &'static str = "a drain";
+    const WAIT: Duration = Duration::from_secs(5);
+    const METHOD: Method = Method::POST;
+    const PATH: &'static str = "/_granary/drain";
 }
 
 impl Health {

@@ -137,6 +137,7 @@ pub async fn probe_member(c: &Cluster, m: &Arc<Member>, announce: bool) -> bool 
                 }
             }
             c.heard(m, h.capacity_bytes, !h.admitting, h.free_bytes);
+            c.heard_drain(m, h.drain, h.handover);
             c.check_trust();
             true
         }

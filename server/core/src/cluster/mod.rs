@@ -36,13 +36,14 @@ pub mod source;
 pub(crate) mod testnet;
 pub mod transport;
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::json;
 
 use crate::stats::Stats;
+use calls::{Drain, Handover};
 use ring::{key_hash, Ring, RingNode};
 
 pub use config::{parse_peer, ClusterConfig, ConfigError, RouteMode};
@@ -113,6 +114,10 @@ pub struct Member {
     /// member's lease from this node runs until [`membership::LEASE`] after that at the
     /// latest, so a write not acknowledged by it waits that long.
     granted: AtomicU64,
+    /// Its part in the cluster ([`Drain`] as a number): a draining member owns no key.
+    drain: AtomicU8,
+    /// Its latest hand-over of copies, as last heard.
+    handover: std::sync::Mutex<Option<Handover>>,
 }
 
 impl Member {
@@ -130,7 +135,33 @@ impl Member {
             boot: std::sync::Mutex::new(String::new()),
             renewed: AtomicU64::new(0),
             granted: AtomicU64::new(0),
+            drain: AtomicU8::new(0),
+            handover: std::sync::Mutex::new(None),
         }
+    }
+
+    /// Its part in the cluster, as last heard (this node's: as it is).
+    pub fn drain(&self) -> Drain {
+        match self.drain.load(Ordering::Acquire) {
+            0 => Drain::Serving,
+            1 => Drain::Draining,
+            _ => Drain::Drained,
+        }
+    }
+
+    /// Sets its part; whether it changed.
+    fn set_drain(&self, d: Drain) -> bool {
+        let n = match d {
+            Drain::Serving => 0,
+            Drain::Draining => 1,
+            Drain::Drained => 2,
+        };
+        self.drain.swap(n, Ordering::AcqRel) != n
+    }
+
+    /// Whether it may own keys: up, and not leaving by a drain.
+    fn may_own(&self) -> bool {
+        self.is_up() && self.drain().is_serving()
     }
 
     /// Its boot identity as last heard (empty before its first health answer).
@@ -193,12 +224,12 @@ impl View {
         &self.members
     }
 
-    /// The member that owns the key now: the best-ranked member that is up; this node
-    /// when none of positive weight is.
+    /// The member that owns the key now: the best-ranked member that is up and not
+    /// draining; this node when none of positive weight is.
     fn owner_of_hash(&self, kh: u64) -> &Arc<Member> {
         let i = self
             .ring
-            .owner_where(kh, |i| self.members[i].is_up())
+            .owner_where(kh, |i| self.members[i].may_own())
             .unwrap_or(self.me);
         &self.members[i]
     }
@@ -650,7 +681,7 @@ impl Cluster {
     /// could not admit, as last heard. `tried` are the ids of members that refused it.
     fn has_room(&self, m: &Member, size: u64, tried: &[&str]) -> bool {
         !self.is_me(m)
-            && m.is_up()
+            && m.may_own()
             && !m.is_full()
             && m.free.load(Ordering::Relaxed) >= size.max(1)
             && !tried.contains(&m.id.as_str())
@@ -690,6 +721,29 @@ impl Cluster {
             tracing::info!(node = %m.id, weight, "cluster member up");
             self.changed();
         }
+    }
+
+    /// Records a member's part and hand-over as its health answer says: a member that
+    /// starts or stops draining changes which keys the others own.
+    fn heard_drain(&self, m: &Member, drain: Drain, handover: Option<Handover>) {
+        *m.handover.lock().unwrap_or_else(|p| p.into_inner()) = handover;
+        if m.set_drain(drain) {
+            tracing::info!(node = %m.id, state = drain.as_str(), "cluster member's part");
+            self.changed();
+        }
+    }
+
+    /// Sets this node's part ([`Drain`]); a change is a change of owners.
+    pub fn set_drain(&self, drain: Drain) {
+        if self.me().set_drain(drain) {
+            tracing::info!(state = drain.as_str(), "this node's part in the cluster");
+            self.changed();
+        }
+    }
+
+    /// Records this node's latest hand-over, for the cluster view.
+    pub fn set_handover(&self, handover: Option<Handover>) {
+        *self.me().handover.lock().unwrap_or_else(|p| p.into_inner()) = handover;
     }
 
     /// Records a failed probe; the second in a row marks the member down.
@@ -827,12 +881,20 @@ impl Cluster {
             .members
             .iter()
             .map(|m| {
+                let state = match (m.is_up(), m.drain()) {
+                    (false, _) => "down",
+                    (true, Drain::Serving) => "up",
+                    (true, d) => d.as_str(),
+                };
                 let mut j = json!({
                     "id": m.id,
-                    "state": if m.is_up() { "up" } else { "down" },
+                    "state": state,
                     "weight": m.weight(),
                     "admitting": !m.is_full(),
                 });
+                if let Some(h) = m.handover.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+                    j["handover"] = json!(h);
+                }
                 if with_urls {
                     j["url"] = json!(m.url);
                 }

@@ -9,6 +9,7 @@
 
 mod batch;
 mod catalog;
+mod drain;
 mod error;
 mod index;
 mod journal;
@@ -35,6 +36,7 @@ use crate::transform::{Named, TransformError, Transforms};
 
 pub use batch::{Data, Item, Outcome};
 pub use catalog::FRESH_FOR as CATALOG_FRESH_FOR;
+pub use drain::DRAIN_FILE;
 pub use error::NodeError;
 pub use open::{BackendSpec, NodeConfig, OpenError};
 pub use planner::Demand;
@@ -68,6 +70,8 @@ pub struct Node {
     planner: planner::Planner,
     /// Writes in flight, on disk until their outcome is known.
     journal: journal::Journal,
+    /// Where the drain state is kept (`drain`).
+    drain_file: std::sync::OnceLock<std::path::PathBuf>,
 }
 
 /// The cluster as the cache sees it: members that may hold a copy.
@@ -113,6 +117,7 @@ impl Node {
             plans: crate::plans::Plans::new(crate::plans::DEFAULT_TTL),
             planner: Default::default(),
             journal: Default::default(),
+            drain_file: Default::default(),
         })
     }
 
@@ -191,6 +196,26 @@ impl Node {
         s.set(Metric::Objects, u.objects);
         s.set(Metric::DiskFreeBytes, self.cache.disk_free());
         s.set(Metric::Plans, self.plans.len() as u64);
+        s.set(Metric::PrefetchJobs, self.jobs.running("prefetch") as u64);
+        let members = self.cluster.members();
+        s.set(Metric::Members, members.len() as u64);
+        s.set(
+            Metric::MembersUp,
+            members.iter().filter(|m| m.is_up()).count() as u64,
+        );
+        s.set(
+            Metric::DrainState,
+            match self.drain_state() {
+                crate::cluster::calls::Drain::Serving => 0,
+                crate::cluster::calls::Drain::Draining => 1,
+                crate::cluster::calls::Drain::Drained => 2,
+            },
+        );
+        let left = self
+            .handover()
+            .filter(|h| h.running)
+            .map_or(0, |h| h.bytes_total.saturating_sub(h.bytes_done));
+        s.set(Metric::HandoverBytesLeft, left);
         s.set(
             Metric::TransformCpu,
             s.get(Metric::TransformCpu) + crate::transform::children_cpu_us(),

@@ -191,6 +191,13 @@ impl Node {
                 "writes in flight when the node stopped: watching the backend's version of each"
             );
         }
+        let drain = config.data_dir.join(super::DRAIN_FILE);
+        node.keep_drain_in(drain.clone())
+            .map_err(|source| OpenError::Dir {
+                what: "the drain state",
+                path: drain,
+                source,
+            })?;
         let catalogs = config.data_dir.join("catalogs");
         node.catalogs
             .keep_in(catalogs.clone())

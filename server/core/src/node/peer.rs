@@ -32,6 +32,8 @@ impl Node {
             free_bytes: self.cache.free(),
             admitting: !self.cache.refusing(),
             boot_id: self.cluster.boot().to_owned(),
+            drain: self.drain_state(),
+            handover: self.handover(),
             knows_me: None,
             sees_me_up: false,
         }

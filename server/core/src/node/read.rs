@@ -143,13 +143,12 @@ pub enum Served {
 
 /// The bytes a range names in an object of `size` bytes.
 fn resolve(range: Option<RangeSpec>, size: u64) -> Result<Option<ByteRange>, Refusal> {
-    range
-        .map(|s| {
-            s.resolve(size)
-                .map(ByteRange::from)
-                .map_err(|_| Refusal::Unsatisfiable { size })
-        })
-        .transpose()
+    let Some(spec) = range else {
+        return Ok(None);
+    };
+    spec.answer(size)
+        .map(|r| r.map(ByteRange::from))
+        .map_err(|_| Refusal::Unsatisfiable { size })
 }
 
 impl Node {

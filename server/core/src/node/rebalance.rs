@@ -31,6 +31,7 @@ use crate::cache::Adopted;
 use crate::cluster::calls::{Take, Taken};
 use crate::cluster::Member;
 use crate::jobs::Job;
+use crate::stats::Metric;
 use crate::transform::{Derived, RESULTS};
 
 /// How long membership must stay still before a pass starts.
@@ -43,6 +44,14 @@ pub const RETRY: Duration = Duration::from_secs(10);
 pub struct Rebalancer {
     wake: Notify,
     pending: AtomicBool,
+    /// The latest pass's job.
+    last: std::sync::Mutex<Option<Arc<Job>>>,
+}
+
+impl Rebalancer {
+    pub(super) fn last(&self) -> Option<Arc<Job>> {
+        self.last.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
 }
 
 impl Node {
@@ -114,11 +123,17 @@ impl Node {
                     "rebalance: transform results of sources owned elsewhere dropped"
                 );
             }
+            self.note_drained();
             return;
         }
         let job = Arc::new(Job::new("rebalance", "", "", None));
         job.add_total(moves.len() as u64, moves.iter().map(|m| m.2.size).sum());
         self.jobs.insert(job.clone());
+        *self
+            .rebalancer
+            .last
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(job.clone());
         tracing::info!(job = %job.id, objects = moves.len(), "rebalance: handing objects to their owners");
         let mut pace = Pace::new(self.rebalance_rate);
         let mut again = false;
@@ -128,11 +143,18 @@ impl Node {
             }
             pace.take(meta.size).await;
             match self.offer(&owner, &bucket, &key, &meta).await {
-                Ok(Taken::Held | Taken::Stale) => {
+                Ok(taken @ (Taken::Held | Taken::Stale)) => {
                     self.cache.forget(&bucket, &key, &meta.etag);
+                    if matches!(taken, Taken::Held) {
+                        self.stats.add(Metric::BytesHandedOver, meta.size);
+                    }
                     job.done_one(meta.size);
                 }
-                Ok(Taken::NotAdmitted) => job.skipped_one(),
+                Ok(Taken::NotAdmitted) => {
+                    // A draining node holds on until the owner has room.
+                    again |= !self.drain_state().is_serving();
+                    job.skipped_one();
+                }
                 Ok(Taken::NotOwner | Taken::NotReady) => {
                     again = true;
                     job.skipped_one();
@@ -147,6 +169,7 @@ impl Node {
         }
         job.finish_counted();
         tracing::info!(job = %job.id, progress = %job.to_json(), "rebalance done");
+        self.note_drained();
         if again {
             let node = Arc::downgrade(self);
             tokio::spawn(async move {

@@ -53,6 +53,13 @@ macro_rules! table {
 table! {
     Requests: Counter, "requests", "requests", "HTTP requests answered";
     Errors: Counter, "errors", "errors", "requests answered with 4xx or 5xx";
+    ServerErrors: Counter, "server_errors", "server_errors", "requests answered with 5xx";
+    /// Client requests answered with an error because the backend failed them.
+    BackendErrors: Counter, "backend_errors", "backend_errors",
+        "requests failed by the backend (unreachable, erring, refusing access, slowing down)";
+    /// Copies handed to their owners by a rebalance pass or a drain.
+    BytesHandedOver: Counter, "bytes_handed_over", "handed_over_bytes",
+        "bytes of copies handed to their owners (rebalance, drain)";
     /// Object reads answered from this node's committed cache.
     Hits: Counter, "hits", "cache_hits", "object reads from this node's cache";
     /// Object reads filled from the backend into the cache.
@@ -121,6 +128,16 @@ table! {
     DiskFreeBytes: Gauge, "disk_free_bytes", "cache_disk_free_bytes",
         "bytes free on the cache's filesystem";
     Plans: Gauge, "plans", "plans", "jobs' plans this node holds";
+    PrefetchJobs: Gauge, "prefetch_jobs", "prefetch_jobs_running",
+        "prefetch jobs this node coordinates that are running";
+    Members: Gauge, "members", "cluster_members", "members in this node's list, itself included";
+    MembersUp: Gauge, "members_up", "cluster_members_up",
+        "members this node sees up, itself included";
+    /// 0 serving, 1 draining, 2 drained.
+    DrainState: Gauge, "drain_state", "drain_state",
+        "this node's part in the cluster: 0 serving, 1 draining, 2 drained";
+    HandoverBytesLeft: Gauge, "handover_bytes_left", "handover_bytes_left",
+        "bytes of this node's running hand-over (rebalance, drain) not yet with their owners";
 }
 
 /// How many rows the table has.
