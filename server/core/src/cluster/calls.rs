@@ -259,6 +259,7 @@ fn admitting() -> bool {
 /// (`POST /_granary/cluster/drain`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[repr(u8)]
 pub enum Drain {
     /// It owns its keys.
     #[default]
@@ -272,6 +273,15 @@ pub enum Drain {
 impl Drain {
     pub fn is_serving(&self) -> bool {
         *self == Drain::Serving
+    }
+
+    /// The part whose number (`as u8`: 0 serving, 1 draining, 2 drained) is `code`.
+    pub fn from_code(code: u8) -> Drain {
+        match code {
+            0 => Drain::Serving,
+            1 => Drain::Draining,
+            _ => Drain::Drained,
+        }
     }
 
     pub fn as_str(self) -> &'static str {

@@ -142,21 +142,12 @@ impl Member {
 
     /// Its part in the cluster, as last heard (this node's: as it is).
     pub fn drain(&self) -> Drain {
-        match self.drain.load(Ordering::Acquire) {
-            0 => Drain::Serving,
-            1 => Drain::Draining,
-            _ => Drain::Drained,
-        }
+        Drain::from_code(self.drain.load(Ordering::Acquire))
     }
 
     /// Sets its part; whether it changed.
     fn set_drain(&self, d: Drain) -> bool {
-        let n = match d {
-            Drain::Serving => 0,
-            Drain::Draining => 1,
-            Drain::Drained => 2,
-        };
-        self.drain.swap(n, Ordering::AcqRel) != n
+        self.drain.swap(d as u8, Ordering::AcqRel) != d as u8
     }
 
     /// Whether it may own keys: up, and not leaving by a drain.
@@ -739,11 +730,6 @@ impl Cluster {
             tracing::info!(state = drain.as_str(), "this node's part in the cluster");
             self.changed();
         }
-    }
-
-    /// Records this node's latest hand-over, for the cluster view.
-    pub fn set_handover(&self, handover: Option<Handover>) {
-        *self.me().handover.lock().unwrap_or_else(|p| p.into_inner()) = handover;
     }
 
     /// Records a failed probe; the second in a row marks the member down.

@@ -203,14 +203,7 @@ impl Node {
             Metric::MembersUp,
             members.iter().filter(|m| m.is_up()).count() as u64,
         );
-        s.set(
-            Metric::DrainState,
-            match self.drain_state() {
-                crate::cluster::calls::Drain::Serving => 0,
-                crate::cluster::calls::Drain::Draining => 1,
-                crate::cluster::calls::Drain::Drained => 2,
-            },
-        );
+        s.set(Metric::DrainState, self.drain_state() as u64);
         let left = self
             .handover()
             .filter(|h| h.running)
