@@ -22,7 +22,8 @@ const MAX_CATALOG: usize = 512 << 20;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum MemberState {
-    /// Answering its peers.
+    /// Answering its peers (a drain's answer says `serving`).
+    #[serde(alias = "serving")]
     Up,
     /// Not answering: its keys go to the next owner.
     Down,
@@ -270,11 +271,20 @@ impl Client {
     /// members that own them without it, then takes no new fills; its state now
     /// (`draining`, or `drained`).
     pub fn drain(&mut self, node: &str) -> Result<MemberState> {
+        self.drain_call(node, false)
+    }
+
+    /// Ends member `node`'s drain: it serves its keys again (its state then shows `up`).
+    pub fn undrain(&mut self, node: &str) -> Result<MemberState> {
+        self.drain_call(node, true)
+    }
+
+    fn drain_call(&mut self, node: &str, undo: bool) -> Result<MemberState> {
         #[derive(Deserialize)]
         struct Answer {
             state: MemberState,
         }
-        let body = serde_json::json!({ "node": node }).to_string();
+        let body = serde_json::json!({ "node": node, "undo": undo }).to_string();
         let req = Req::new("POST", "/_granary/cluster/drain".into())
             .header("content-type", "application/json")
             .body(Body::Bytes(body.as_bytes()));

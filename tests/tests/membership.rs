@@ -831,6 +831,43 @@ fn a_drained_member_hands_its_copies_over_and_the_backend_serves_none() -> Resul
         nodes[0].member_state("d2").as_deref() == Some("drained")
     });
     assert_eq!(nodes[2].stat("objects"), 0);
+    // Undone, it owns its keys again (and is handed their copies back); drained again,
+    // it gives them up again.
+    let r = send(
+        &nodes[1],
+        "POST",
+        "/_granary/cluster/drain",
+        &[],
+        br#"{"node":"d2","undo":true}"#,
+    );
+    assert_eq!(r.status, 202, "{}", r.text());
+    assert!(r.text().contains(r#""state":"serving""#), "{}", r.text());
+    wait_for(Duration::from_secs(5), "d2 up again everywhere", || {
+        nodes
+            .iter()
+            .all(|n| n.member_state("d2").as_deref() == Some("up"))
+    });
+    assert!(
+        objects
+            .iter()
+            .any(|(key, _)| owner_in(&nodes[0], key) == "d2"),
+        "d2 owns keys again"
+    );
+    wait_for(Duration::from_secs(60), "d2 handed its copies back", || {
+        Server::settle(&[&nodes[0], &nodes[1], &nodes[2]]);
+        nodes[2].stat("objects") > 0
+    });
+    let r = send(
+        &nodes[1],
+        "POST",
+        "/_granary/cluster/drain",
+        &[],
+        br#"{"node":"d2"}"#,
+    );
+    assert_eq!(r.status, 202, "{}", r.text());
+    wait_for(Duration::from_secs(60), "d2 drained again", || {
+        nodes[0].member_state("d2").as_deref() == Some("drained") && nodes[2].stat("objects") == 0
+    });
 
     // Stopped, and out of the list: every key reads, from the two that hold it all.
     nodes[2].kill()?;

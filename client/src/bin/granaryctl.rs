@@ -109,6 +109,10 @@ enum Command {
         /// How often to look, in milliseconds.
         #[arg(long, default_value_t = 500)]
         interval_ms: u64,
+        /// End the member's drain instead: it serves its keys again, and the others
+        /// hand it back their copies of them.
+        #[arg(long)]
+        undo: bool,
     },
     /// Delete an object.
     Rm {
@@ -283,8 +287,15 @@ fn run(cli: &Cli) -> Result<ExitCode> {
         Command::Index { target } => index(&mut client, target)?,
         Command::Drain {
             node,
+            no_wait: _,
+            interval_ms: _,
+            undo: true,
+        } => println!("{node}: {}", client.undrain(node)?.as_str()),
+        Command::Drain {
+            node,
             no_wait,
             interval_ms,
+            undo: false,
         } => drain(&mut client, node, *no_wait, *interval_ms)?,
         Command::Plans { json, drop } => plans(&mut client, *json, drop.as_deref())?,
         Command::Batch {

@@ -183,16 +183,19 @@ pub async fn prefetch(state: &Arc<AppState>, req: Request) -> Result<Response, S
 
 /// `POST /_granary/cluster/drain`: `{"node": ID}` drains that member (signed whenever
 /// credentials are set): answered `202 {"node", "state"}`; its progress shows in
-/// `/_granary/cluster`.
+/// `/_granary/cluster`. `{"node": ID, "undo": true}` ends a drain: the member serves
+/// its keys again (`state: "serving"`).
 pub async fn drain(state: &Arc<AppState>, req: Request) -> Result<Response, S3Error> {
     #[derive(serde::Deserialize)]
     struct Asked {
         node: String,
+        #[serde(default)]
+        undo: bool,
     }
     let (parts, body) = req.into_parts();
     let verdict = s3::auth::authenticate(state.creds.as_ref(), false, &parts)?;
     let asked: Asked = json_body(parts, body, verdict, "{\"node\": ID}").await?;
-    let drained = state.node.drain_member(&asked.node).await?;
+    let drained = state.node.drain_member(&asked.node, asked.undo).await?;
     let mut resp = json_response(json!({"node": drained.node, "state": drained.state}));
     *resp.status_mut() = StatusCode::ACCEPTED;
     Ok(resp)

@@ -58,11 +58,13 @@ pub async fn serve(state: &Arc<AppState>, req: Request) -> Result<Response, Requ
             .await
         }
         (StartDrain::METHOD, StartDrain::PATH) => {
-            json_call(
-                state,
-                req,
-                |node, _: StartDrain| async move { node.drain() },
-            )
+            json_call(state, req, |node, call: StartDrain| async move {
+                if call.undo {
+                    Ok(node.undrain())
+                } else {
+                    node.drain()
+                }
+            })
             .await
         }
         (Take::METHOD, Take::PATH) => {

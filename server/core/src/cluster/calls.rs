@@ -295,9 +295,12 @@ impl Drain {
 
 pub use granary_proto::cluster::Handover;
 
-/// Drain a member ([`Drain`]): the receiver drains itself.
+/// Drain a member ([`Drain`]): the receiver drains itself; with `undo`, it serves again.
 #[derive(Debug, Default, Serialize, Deserialize)]
-pub struct StartDrain {}
+pub struct StartDrain {
+    #[serde(default)]
+    pub undo: bool,
+}
 
 /// What a member says when told to drain.
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -54,16 +54,40 @@ impl Node {
         self.cluster.me().drain()
     }
 
-    /// Drains member `id`: this node, or another through its [`StartDrain`] call.
-    pub async fn drain_member(self: &Arc<Self>, id: &str) -> Result<Draining, NodeError> {
+    /// Drains member `id` (with `undo`, makes it serve again): this node, or another
+    /// through its [`StartDrain`] call.
+    pub async fn drain_member(
+        self: &Arc<Self>,
+        id: &str,
+        undo: bool,
+    ) -> Result<Draining, NodeError> {
         if id == self.id {
-            return self.drain();
+            return if undo {
+                Ok(self.undrain())
+            } else {
+                self.drain()
+            };
         }
         let m = self
             .cluster
             .member(id)
             .ok_or_else(|| NodeError::Invalid(format!("the cluster has no member `{id}`")))?;
-        Ok(self.cluster.call(&m, &StartDrain {}).await?)
+        Ok(self.cluster.call(&m, &StartDrain { undo }).await?)
+    }
+
+    /// Ends this node's drain (or its drained state): it owns its keys again, admits
+    /// again, and the other members hand it back the copies of its keys (a change of
+    /// owners, as a member's return is).
+    pub fn undrain(self: &Arc<Self>) -> Draining {
+        if !self.drain_state().is_serving() {
+            tracing::info!("drain undone: this node serves its keys again");
+            self.set_drain(Drain::Serving);
+            self.rebalance_soon();
+        }
+        Draining {
+            node: self.id.clone(),
+            state: self.drain_state(),
+        }
     }
 
     /// Starts draining this node (nothing changes when it already is).
