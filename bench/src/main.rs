@@ -556,12 +556,14 @@ fn wire(a: &WireArgs) -> anyhow::Result<()> {
     let r = granary_bench::wire::run(&c.endpoint, &a.bucket, &a.key, a.rounds)?;
     print_ways(r.object_bytes, r.rounds, &r.ways);
     print!(
-        "Client::get / wire = {:.2}, get_to_slice / wire = {:.2}",
-        r.get_over_wire, r.slice_over_wire
+        "{} connections: Client::get / wire = {:.2}, get_to_slice / wire = {:.2}; one connection: Client::get / wire = {:.2}",
+        r.streams, r.get_over_wire, r.slice_over_wire, r.one_over_wire
     );
-    match r.get_over_curl {
-        Some(x) => println!(", Client::get / curl = {x:.2}"),
-        None => println!(" (no curl here)"),
+    match (r.get_over_curl, r.slice_over_curl) {
+        (Some(g), Some(s)) => {
+            println!("; Client::get / curl = {g:.2}, get_to_slice / curl = {s:.2}")
+        }
+        _ => println!(" (no curl here)"),
     }
     write_json(c, &r)
 }

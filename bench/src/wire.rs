@@ -2,8 +2,10 @@
 //! against the wire, side by side in one run, the ways taking turns every round:
 //! - the ceiling: a plain socket's `read(2)` into one preallocated buffer
 //!   ([`granary_client::wire::PlainGet`], what Python's `recv_into` does);
-//! - `Client::get`, a new buffer per read, sized from the answer;
-//! - `Client::get_to_slice`, into a preallocated buffer;
+//! - `Client::get`, a new buffer per read, sized from the answer (a large hit in parts
+//!   over several connections, `Client::streams`);
+//! - `Client::get_to_slice`, into a preallocated buffer (the same);
+//! - `Client::get` over one connection;
 //! - `curl -o /dev/null` (where curl is installed): another client, writing nowhere.
 //!
 //! Each way is read once untimed and checked byte for byte against the first read, then
@@ -28,8 +30,13 @@ pub struct WireReport {
     /// Median MB/s of `Client::get` over the wire's, and of `get_to_slice`.
     pub get_over_wire: f64,
     pub slice_over_wire: f64,
-    /// Median MB/s of `Client::get` over curl's, where curl ran.
+    /// Median MB/s of `Client::get` over one connection over the wire's.
+    pub one_over_wire: f64,
+    /// Median MB/s of `Client::get` and of `get_to_slice` over curl's, where curl ran.
     pub get_over_curl: Option<f64>,
+    pub slice_over_curl: Option<f64>,
+    /// The connections `Client::get` and `get_to_slice` read a large hit over.
+    pub streams: usize,
 }
 
 /// User + system CPU seconds of this process, or of its waited-for children.
@@ -88,6 +95,8 @@ pub fn run(endpoint: &str, bucket: &str, key: &str, rounds: usize) -> anyhow::Re
     let mut wire_buf = vec![0u8; size];
     let mut slice_buf = vec![0u8; size];
     let mut slice_client = Client::new(endpoint)?;
+    let mut one_client = Client::new(endpoint)?.with_streams(1);
+    let streams = client.streams();
     let opts = GetOptions::default();
     let curl = Command::new("curl").arg("--version").output().is_ok();
 
@@ -116,6 +125,14 @@ pub fn run(endpoint: &str, bucket: &str, key: &str, rounds: usize) -> anyhow::Re
             Box::new(|keep| {
                 let n = slice_client.get_to_slice(bucket, key, &opts, &mut slice_buf)?;
                 Ok((n as u64, keep.then(|| slice_buf[..n].to_vec())))
+            }),
+        ),
+        (
+            "Client::get over one connection",
+            libc::RUSAGE_SELF,
+            Box::new(|_| {
+                let got = one_client.get(bucket, key)?;
+                Ok((got.len() as u64, Some(got)))
             }),
         ),
     ];
@@ -175,7 +192,10 @@ pub fn run(endpoint: &str, bucket: &str, key: &str, rounds: usize) -> anyhow::Re
         rounds,
         get_over_wire: rate(1) / rate(0),
         slice_over_wire: rate(2) / rate(0),
-        get_over_curl: (ways.len() > 3).then(|| rate(1) / rate(3)),
+        one_over_wire: rate(3) / rate(0),
+        get_over_curl: (ways.len() > 4).then(|| rate(1) / rate(4)),
+        slice_over_curl: (ways.len() > 4).then(|| rate(2) / rate(4)),
+        streams,
         ways,
     })
 }

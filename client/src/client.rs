@@ -46,6 +46,11 @@ pub struct Client {
     creds: Option<Credentials>,
     /// The node's Unix socket on this machine, for local reads (`with_local_socket`).
     pub(crate) local: Option<Box<Client>>,
+    /// How many connections a large object is read over (`with_streams`).
+    streams: usize,
+    /// Clients of the same node whose connections read a large object's other parts
+    /// (kept alive between reads).
+    pub(crate) helpers: Vec<Client>,
 }
 
 /// One request to build: method, encoded path, raw query pairs, headers, body.
@@ -155,7 +160,24 @@ impl Client {
             conn: Conn::new(addr, Duration::from_secs(60)),
             creds: None,
             local: None,
+            streams: crate::split::default_streams(),
+            helpers: Vec::new(),
         })
+    }
+
+    /// Reads an object larger than 32 MiB that the node holds over up to `streams`
+    /// connections at once, each taking the next 32 MiB by range (default: two per core,
+    /// four to eight; env `GRANARY_CLIENT_STREAMS`); 1 reads every object on one
+    /// connection.
+    pub fn with_streams(mut self, streams: usize) -> Client {
+        self.streams = streams.clamp(1, 8);
+        self.helpers.clear();
+        self
+    }
+
+    /// How many connections a large object is read over.
+    pub fn streams(&self) -> usize {
+        self.streams
     }
 
     /// Signs every request with SigV4 under these credentials (needed when the node runs
@@ -170,6 +192,7 @@ impl Client {
             .local
             .map(|l| Box::new(l.with_credentials_opt(creds.clone())));
         self.creds = creds;
+        self.helpers.clear();
         self
     }
 
@@ -178,6 +201,7 @@ impl Client {
     pub fn with_timeout(mut self, timeout: Duration) -> Client {
         self.conn.timeout = timeout;
         self.local = self.local.map(|l| Box::new(l.with_timeout(timeout)));
+        self.helpers.clear();
         self
     }
 
@@ -203,6 +227,8 @@ impl Client {
             conn: Conn::new(self.conn.addr.clone(), self.conn.timeout),
             creds: self.creds.clone(),
             local: self.local.as_ref().map(|l| Box::new(l.fresh())),
+            streams: self.streams,
+            helpers: Vec::new(),
         }
     }
 

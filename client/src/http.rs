@@ -345,7 +345,7 @@ const HUGE_PAGE: usize = 2 << 20;
 /// by transparent huge pages where the kernel has them (`MADV_HUGEPAGE`, for the 2 MiB
 /// pages inside it): one fault and one zeroing per 2 MiB instead of 512, and a TLB entry
 /// per 2 MiB for the copy. Nothing changes where the kernel says no (THP `never`).
-fn huge_pages(addr: usize, len: usize) {
+pub(crate) fn huge_pages(addr: usize, len: usize) {
     let start = addr.next_multiple_of(HUGE_PAGE);
     let end = (addr + len) / HUGE_PAGE * HUGE_PAGE;
     if end > start {

@@ -28,6 +28,7 @@ mod native;
 mod objects;
 mod sign;
 mod sock;
+mod split;
 mod tarstream;
 pub mod wire;
 

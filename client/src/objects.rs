@@ -331,6 +331,12 @@ impl Client {
         opts: &GetOptions,
         alloc: &mut dyn FnMut(usize) -> Result<*mut u8>,
     ) -> Result<usize> {
+        if self.may_split(opts) {
+            // SAFETY: the caller vouches for `alloc`'s memory.
+            if let Some(n) = unsafe { self.get_split(bucket, key, opts, alloc, true)? } {
+                return Ok(n);
+            }
+        }
         let (_, mut body) = self.call(get_request(bucket, key, opts)?)?;
         let n = match body.remaining() {
             Some(n) => {
@@ -365,8 +371,23 @@ impl Client {
         opts: &GetOptions,
         buf: &mut [u8],
     ) -> Result<usize> {
-        let (_, mut body) = self.call(get_request(bucket, key, opts)?)?;
         let room = buf.len();
+        if self.may_split(opts) {
+            let at = buf.as_mut_ptr();
+            let mut fits = |n: usize| {
+                if n > room {
+                    return Err(Error::Invalid(format!(
+                        "{bucket}/{key}: the answer is {n} bytes; the buffer holds {room}"
+                    )));
+                }
+                Ok(at)
+            };
+            // SAFETY: `buf` holds `room` bytes, and `fits` hands it out for no more.
+            if let Some(n) = unsafe { self.get_split(bucket, key, opts, &mut fits, false)? } {
+                return Ok(n);
+            }
+        }
+        let (_, mut body) = self.call(get_request(bucket, key, opts)?)?;
         let too_large = |n: Option<u64>| {
             let size = n.map_or_else(|| format!("more than {room}"), |n| n.to_string());
             Error::Invalid(format!(

@@ -759,3 +759,99 @@ fn cold_reads_over_s3_whole_ranged_and_conditional() -> Result<()> {
     assert_eq!(md5, objects["shard-0001.tar"]);
     Ok(())
 }
+
+/// `field` of the node's stats once it reaches `want` (a read is counted as its answer
+/// ends, a moment after the client has it), or what it is after 2 s.
+fn counted(server: &Server, field: &str, want: u64) -> u64 {
+    for _ in 0..80 {
+        let n = stat(server, field);
+        if n >= want {
+            return n;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    stat(server, field)
+}
+
+/// `Client::get` of an object larger than its first request's 32 MiB: a miss comes on
+/// one connection behind the fill (the backend reads it once), a hit in 32 MiB parts over
+/// several connections at once; either way every byte is the object's, into new memory
+/// (`get`) or the caller's (`get_to_slice`). An empty object and one of exactly 32 MiB
+/// come in one answer.
+#[test]
+fn large_reads_split_over_connections_are_whole_and_fetched_once() -> Result<()> {
+    const FIRST: usize = 32 << 20;
+    let server = Server::start(ServerOpts::open())?;
+    let dir = server.data_dir().join("origin").join(BUCKET);
+    std::fs::create_dir_all(&dir)?;
+    let sizes = [0, 1000, FIRST, FIRST + 1, 3 * FIRST + 12_345];
+    let mut client = granary_client::Client::new(&server.url())?.with_streams(4);
+    for (i, &size) in sizes.iter().enumerate() {
+        let key = format!("big-{i}");
+        let data = Pattern::new(77 + i as u64).bytes(0, size);
+        std::fs::write(dir.join(&key), &data)?;
+        let (backend, hits, misses) = (
+            stat(&server, "bytes_from_backend"),
+            stat(&server, "hits"),
+            stat(&server, "misses"),
+        );
+        let got = client.get(BUCKET, &key)?;
+        assert!(got == data, "{key}: cold read of {size} bytes differs");
+        assert_eq!(
+            stat(&server, "bytes_from_backend") - backend,
+            size as u64,
+            "{key}"
+        );
+        let cold_reads = u64::from(size > FIRST) + 1;
+        assert_eq!(
+            counted(&server, "misses", misses + cold_reads),
+            misses + cold_reads,
+            "{key}"
+        );
+        assert_eq!(stat(&server, "hits"), hits, "{key}: a miss has no hits");
+        settle(&server);
+
+        let hits = stat(&server, "hits");
+        assert!(
+            client.get(BUCKET, &key)? == data,
+            "{key}: warm read differs"
+        );
+        // The first 32 MiB, then the rest in 32 MiB parts.
+        let parts = 1 + size.saturating_sub(FIRST).div_ceil(FIRST) as u64;
+        assert_eq!(
+            counted(&server, "hits", hits + parts),
+            hits + parts,
+            "{key}: warm read"
+        );
+        let mut buf = vec![0xa5u8; size + 7];
+        let n = client.get_to_slice(BUCKET, &key, &Default::default(), &mut buf)?;
+        assert_eq!(n, size, "{key}");
+        assert!(buf[..size] == data[..], "{key}: get_to_slice differs");
+        assert_eq!(
+            &buf[size..],
+            &[0xa5u8; 7],
+            "{key}: bytes past the object written"
+        );
+        if size > 0 {
+            let mut small = vec![0u8; size - 1];
+            let e = client.get_to_slice(BUCKET, &key, &Default::default(), &mut small);
+            assert!(
+                matches!(e, Err(granary_client::Error::Invalid(_))),
+                "{key}: a buffer one byte short: {e:?}"
+            );
+        }
+        let mut one = granary_client::Client::new(&server.url())?.with_streams(1);
+        let hits = stat(&server, "hits");
+        assert!(one.get(BUCKET, &key)? == data, "{key}: one connection");
+        assert_eq!(
+            counted(&server, "hits", hits + 1),
+            hits + 1,
+            "{key}: one connection"
+        );
+    }
+    assert_eq!(
+        stat(&server, "bytes_from_backend"),
+        sizes.iter().sum::<usize>() as u64
+    );
+    Ok(())
+}

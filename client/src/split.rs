@@ -1,0 +1,332 @@
+//! A large object read over several connections at once, the way S3's fast clients read
+//! (the AWS CRT's ranged GETs, s5cmd): the first request asks for the object's first
+//! [`FIRST`] bytes, and its answer gives the object's size and version. An object no larger
+//! has come whole. A larger one that the node serves from its cache (`x-granary-cache:
+//! hit`) is read on: every connection takes the next [`PART`] bytes by range, pinned to
+//! the same version (`If-Match`), and the kernel copies each into its place in the one
+//! destination. One stream into one buffer is bound by one core's copy (and, into new
+//! memory, its page faults); parts go side by side. A node filling the object (a miss)
+//! sends the rest on the same connection, behind its fill, so a cold object is fetched
+//! from the backend once.
+//!
+//! Only plain whole-object reads over TCP split: a range, a member, a transform or a
+//! planned read is one request, as asked, and a Unix socket's reads are local.
+//!
+//! `fresh` below: the destination is new memory (`get`), faulted in as the bytes land,
+//! rather than the caller's (`get_into`), in use already.
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use crate::http::{huge_pages, BodyReader, Head};
+use crate::objects::{get_request, GetOptions};
+use crate::{Client, Error, Result};
+
+/// What the first request asks for: an object this size or smaller comes in one answer.
+pub(crate) const FIRST: u64 = 32 << 20;
+/// What each later request of a split read asks for.
+pub(crate) const PART: u64 = 32 << 20;
+/// The most connections one read uses.
+const MAX_STREAMS: usize = 8;
+
+/// How many connections a large hit is read over by default: two per core, four to
+/// eight (`GRANARY_CLIENT_STREAMS` sets it; 1 reads every object on one connection).
+pub(crate) fn default_streams() -> usize {
+    if let Some(n) = std::env::var("GRANARY_CLIENT_STREAMS")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+    {
+        return n.clamp(1, MAX_STREAMS);
+    }
+    std::thread::available_parallelism().map_or(4, |n| (n.get() * 2).clamp(4, MAX_STREAMS))
+}
+
+/// `Content-Range: bytes A-B/TOTAL` as `(A..B+1, TOTAL)`.
+fn content_range(h: &Head) -> Option<(Range<u64>, u64)> {
+    let v = h.header("content-range")?.strip_prefix("bytes ")?;
+    let (span, total) = v.split_once('/')?;
+    let (a, b) = span.split_once('-')?;
+    let (a, b, total) = (
+        a.trim().parse::<u64>().ok()?,
+        b.trim().parse::<u64>().ok()?,
+        total.trim().parse::<u64>().ok()?,
+    );
+    (a <= b && b < total).then_some((a..b + 1, total))
+}
+
+/// Whether `e` is the node's answer `status`.
+fn is_status(e: &Error, status: u16) -> bool {
+    matches!(e, Error::S3 { status: s, .. } | Error::Status { status: s, .. } if *s == status)
+}
+
+/// A read's destination: `len` bytes at `addr`, written by several threads, each its own
+/// part.
+#[derive(Clone, Copy)]
+struct Dest {
+    addr: usize,
+    len: usize,
+}
+
+/// Reads `bytes` of the answer `body` (its whole remaining length) into `dst` at
+/// `bytes.start`.
+///
+/// # Safety
+///
+/// `dst` is valid for writes of `dst.len` bytes and `bytes` lies inside it; no other
+/// thread writes `bytes` meanwhile.
+unsafe fn fill_part(
+    c: &mut Client,
+    mut body: BodyReader,
+    dst: Dest,
+    bytes: Range<u64>,
+    fresh: bool,
+) -> Result<()> {
+    let len = (bytes.end - bytes.start) as usize;
+    if body.remaining() != Some(len as u64) || bytes.end as usize > dst.len {
+        return Err(Error::Protocol(format!(
+            "a part's answer is {:?} bytes, not the {len} asked for",
+            body.remaining()
+        )));
+    }
+    let at = (dst.addr + bytes.start as usize) as *mut u8;
+    // SAFETY: the caller vouches for the part's bytes.
+    unsafe { body.fill_raw(at, len, fresh) }.map_err(|e| c.io(e))?;
+    c.done(body);
+    Ok(())
+}
+
+impl Client {
+    /// Whether a read with `opts` may split: a plain whole-object read over TCP.
+    pub(crate) fn may_split(&self, opts: &GetOptions) -> bool {
+        self.streams() > 1
+            && !self.endpoint().starts_with("unix:")
+            && opts.range.is_none()
+            && opts.archpath.is_none()
+            && opts.transform.is_none()
+            && opts.plan.is_none()
+    }
+
+    /// A plain whole-object read, split when large: see the module's notes. `alloc` is
+    /// asked for the object's size once it is known (again, should the object change
+    /// under a split read, which then starts over as one request). Returns the bytes
+    /// written, `None` when the node answers no range (an empty object: the caller reads
+    /// it the plain way).
+    ///
+    /// # Safety
+    ///
+    /// As for [`Client::get_with_alloc`].
+    pub(crate) unsafe fn get_split(
+        &mut self,
+        bucket: &str,
+        key: &str,
+        opts: &GetOptions,
+        alloc: &mut dyn FnMut(usize) -> Result<*mut u8>,
+        fresh: bool,
+    ) -> Result<Option<usize>> {
+        let req =
+            get_request(bucket, key, opts)?.header("range", &format!("bytes=0-{}", FIRST - 1));
+        let (h, body) = match self.call(req) {
+            Ok(answer) => answer,
+            // An empty object has no first byte to ask for.
+            Err(e) if is_status(&e, 416) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let (first, total) = match (h.status, content_range(&h)) {
+            (206, Some((first, total))) if first.start == 0 => (first, total),
+            // The whole object came (a node that ignores ranges): read as it is.
+            (200, _) => (
+                0..body.remaining().unwrap_or(0),
+                body.remaining().unwrap_or(0),
+            ),
+            _ => {
+                return Err(Error::Protocol(format!(
+                    "{bucket}/{key}: answer {} to the first bytes, Content-Range {:?}",
+                    h.status,
+                    h.header("content-range")
+                )))
+            }
+        };
+        if h.status == 200 || first.end == total {
+            return self.read_rest_whole(body, alloc, fresh).map(Some);
+        }
+        let n = usize::try_from(total).map_err(|_| {
+            Error::Invalid(format!(
+                "{bucket}/{key}: {total} bytes do not fit in memory"
+            ))
+        })?;
+        let etag = h.header("etag").map(str::to_owned);
+        let hit = h.header("x-granary-cache") == Some("hit");
+        let dst = Dest {
+            addr: alloc(n)? as usize,
+            len: n,
+        };
+        if fresh {
+            huge_pages(dst.addr, dst.len);
+        }
+        let Some(etag) = etag else {
+            return Err(Error::Protocol(format!(
+                "{bucket}/{key}: an answer with no ETag"
+            )));
+        };
+        let pinned = GetOptions {
+            if_match: Some(etag),
+            ..opts.clone()
+        };
+        let rest = first.end..total;
+        let read = if hit {
+            // SAFETY: `dst` is `alloc`'s, `n` bytes; the parts are disjoint, inside it.
+            unsafe { self.read_parts(bucket, key, &pinned, dst, (body, first), rest) }
+        } else {
+            // SAFETY: as above.
+            unsafe { fill_part(self, body, dst, first, fresh) }
+                .and_then(|()| unsafe { self.read_range(bucket, key, &pinned, dst, rest, fresh) })
+        };
+        match read {
+            Ok(()) => Ok(Some(n)),
+            // The object changed under the read: once more, as one request.
+            Err(e) if is_status(&e, 412) => {
+                let (_, body) = self.call(get_request(bucket, key, opts)?)?;
+                self.read_rest_whole(body, alloc, fresh).map(Some)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The answer `body` whole, into memory from `alloc` (`fresh`: new memory, as for
+    /// [`BodyReader::fill_raw`]).
+    fn read_rest_whole(
+        &mut self,
+        mut body: BodyReader,
+        alloc: &mut dyn FnMut(usize) -> Result<*mut u8>,
+        fresh: bool,
+    ) -> Result<usize> {
+        let n = body
+            .remaining()
+            .ok_or_else(|| Error::Protocol("an object's answer of unknown length".into()))?;
+        let n = usize::try_from(n)
+            .map_err(|_| Error::Invalid(format!("{n} bytes do not fit in memory")))?;
+        let dst = alloc(n)?;
+        // SAFETY: `alloc`'s memory, `n` bytes.
+        unsafe { body.fill_raw(dst, n, fresh) }.map_err(|e| self.io(e))?;
+        self.done(body);
+        Ok(n)
+    }
+
+    /// `bytes` of the object in one request, into `dst`.
+    ///
+    /// # Safety
+    ///
+    /// As for [`fill_part`].
+    unsafe fn read_range(
+        &mut self,
+        bucket: &str,
+        key: &str,
+        pinned: &GetOptions,
+        dst: Dest,
+        bytes: Range<u64>,
+        fresh: bool,
+    ) -> Result<()> {
+        let req = get_request(bucket, key, pinned)?
+            .header("range", &format!("bytes={}-{}", bytes.start, bytes.end - 1));
+        let (h, body) = self.call(req)?;
+        if h.status != 206 || content_range(&h).map(|(r, _)| r) != Some(bytes.clone()) {
+            return Err(Error::Protocol(format!(
+                "{bucket}/{key}: answer {} to bytes {bytes:?}, Content-Range {:?}",
+                h.status,
+                h.header("content-range")
+            )));
+        }
+        // SAFETY: the caller vouches for `bytes` of `dst`.
+        unsafe { fill_part(self, body, dst, bytes, fresh) }
+    }
+
+    /// `bytes` of the object in [`PART`]s over this client's connection and its helpers',
+    /// each taking the next part until none is left; this one reads the answer `first`
+    /// (the first request's) before it takes any.
+    ///
+    /// # Safety
+    ///
+    /// As for [`fill_part`].
+    unsafe fn read_parts(
+        &mut self,
+        bucket: &str,
+        key: &str,
+        pinned: &GetOptions,
+        dst: Dest,
+        first: (BodyReader, Range<u64>),
+        bytes: Range<u64>,
+    ) -> Result<()> {
+        let parts = (bytes.end - bytes.start).div_ceil(PART) as usize;
+        let streams = self.streams().min(parts);
+        let mut helpers = std::mem::take(&mut self.helpers);
+        while helpers.len() < streams - 1 {
+            helpers.push(self.fresh());
+        }
+        let next = AtomicU64::new(bytes.start);
+        let failed = AtomicBool::new(false);
+        let first_error: Mutex<Option<Error>> = Mutex::new(None);
+        let fail = |e: Error| {
+            failed.store(true, Ordering::Relaxed);
+            first_error
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get_or_insert(e);
+        };
+        let work = |c: &mut Client| {
+            while !failed.load(Ordering::Relaxed) {
+                let start = next.fetch_add(PART, Ordering::Relaxed);
+                if start >= bytes.end {
+                    return;
+                }
+                let part = start..(start + PART).min(bytes.end);
+                // SAFETY: each part is taken by one thread only, inside `bytes`.
+                if let Err(e) = unsafe { c.read_range(bucket, key, pinned, dst, part, false) } {
+                    fail(e);
+                    return;
+                }
+            }
+        };
+        std::thread::scope(|scope| {
+            for h in helpers.iter_mut().take(streams - 1) {
+                scope.spawn(|| work(h));
+            }
+            let (body, range) = first;
+            // SAFETY: the first part is this thread's alone.
+            match unsafe { fill_part(self, body, dst, range, false) } {
+                Ok(()) => work(self),
+                Err(e) => fail(e),
+            }
+        });
+        self.helpers = helpers;
+        match first_error.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(v: &str) -> Head {
+        Head {
+            status: 206,
+            headers: vec![("content-range".into(), v.into())],
+        }
+    }
+
+    #[test]
+    fn content_ranges_parse_and_bad_ones_do_not() {
+        assert_eq!(content_range(&head("bytes 0-9/100")), Some((0..10, 100)));
+        assert_eq!(
+            content_range(&head("bytes 90-99/100")),
+            Some((90..100, 100))
+        );
+        assert_eq!(content_range(&head("bytes 0-100/100")), None);
+        assert_eq!(content_range(&head("bytes 9-0/100")), None);
+        assert_eq!(content_range(&head("bytes */100")), None);
+        assert_eq!(content_range(&head("0-9/100")), None);
+    }
+}
