@@ -855,3 +855,34 @@ fn large_reads_split_over_connections_are_whole_and_fetched_once() -> Result<()>
     );
     Ok(())
 }
+
+/// A split read signs every part: against a node that requires SigV4 the parts (each with
+/// its `Range` and `If-Match` signed) come whole, and an unsigned client is refused at
+/// its first request.
+#[test]
+fn large_reads_split_over_connections_sign_every_part() -> Result<()> {
+    const SIZE: usize = (100 << 20) + 3;
+    let server = Server::start(ServerOpts::with_credentials())?;
+    let dir = server.data_dir().join("origin").join(BUCKET);
+    std::fs::create_dir_all(&dir)?;
+    let data = Pattern::new(5).bytes(0, SIZE);
+    std::fs::write(dir.join("big"), &data)?;
+    let mut client = granary_client::Client::new(&server.url())?
+        .with_credentials(granary_tests::ACCESS, granary_tests::SECRET, "us-east-1")
+        .with_streams(4);
+    assert!(client.get(BUCKET, "big")? == data, "cold");
+    settle(&server);
+    let hits = stat(&server, "hits");
+    assert!(client.get(BUCKET, "big")? == data, "warm");
+    assert_eq!(
+        counted(&server, "hits", hits + 4),
+        hits + 4,
+        "32 MiB, then 3 parts"
+    );
+    let mut open = granary_client::Client::new(&server.url())?.with_streams(4);
+    match open.get(BUCKET, "big") {
+        Err(granary_client::Error::S3 { status: 403, .. }) => {}
+        other => panic!("an unsigned split read: {:?}", other.map(|b| b.len())),
+    }
+    Ok(())
+}
