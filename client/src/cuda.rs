@@ -29,6 +29,14 @@
 //! once the last copy has finished, so the [`DeviceBuf`] it hands out is ready for any
 //! stream; kernels queued on [`DeviceReader::stream`] are ordered after the copies anyway.
 //!
+//! # Large objects
+//!
+//! A large object the node holds comes in parts over several connections, as
+//! [`Client::get`] reads it (`split.rs`): this reader receives the first part, and helper
+//! readers (one per connection, each with its own stream and two staging buffers, kept
+//! between reads) each receive the next part into device memory of their own, which this
+//! reader copies into place on its stream, device to device, and frees.
+//!
 //! # Batches
 //!
 //! [`DeviceReader::read_batch`] reads the tar stream of `POST /_granary/batch` and parses
@@ -57,6 +65,9 @@ use cudarc::driver::{
     PinnedHostSlice,
 };
 
+use crate::http::BodyReader;
+use crate::objects::get_request;
+use crate::split::{First, FirstPart, PART};
 use crate::{BatchItem, Client, Error, GetOptions, Missing, ObjectReader, TarReader};
 
 /// The cudarc version this module is built with, for handing [`DeviceBuf`]s to kernels.
@@ -217,6 +228,9 @@ pub struct DeviceReader {
     copied: [CudaEvent; 2],
     /// The last batch's size: where the next batch's device buffer starts.
     batch_hint: u64,
+    /// Readers on the same device that receive a large object's other parts, each with
+    /// its own stream and staging buffers (kept between reads).
+    helpers: Vec<DeviceReader>,
 }
 
 fn pinned_pair(ctx: &Arc<CudaContext>, chunk: usize) -> Result<[PinnedHostSlice<u8>; 2], GpuError> {
@@ -251,6 +265,7 @@ impl DeviceReader {
             host,
             copied,
             batch_hint: 0,
+            helpers: Vec::new(),
         })
     }
 
@@ -280,7 +295,10 @@ impl DeviceReader {
     }
 
     /// Reads what `opts` asks for of an object into device memory, receiving and copying
-    /// at the same time; fails if fewer bytes arrive than the answer announced.
+    /// at the same time; fails if fewer bytes arrive than the answer announced. A large
+    /// object the node holds comes in parts over several connections at once, as
+    /// [`Client::get`] reads it: each helper reader receives its parts into device
+    /// memory of its own, copied into place on the device.
     pub fn read_object(
         &mut self,
         client: &mut Client,
@@ -288,6 +306,28 @@ impl DeviceReader {
         key: &str,
         opts: &GetOptions,
     ) -> Result<DeviceBuf, GpuError> {
+        let what = format!("object {bucket}/{key}");
+        if client.may_split(opts) {
+            match client.first_part(bucket, key, opts)? {
+                First::Empty => {}
+                First::Whole(body) => return self.read_answer(client, body, &what),
+                First::Part(part) if part.hit => {
+                    return self.read_parts(client, bucket, key, part, &what)
+                }
+                First::Part(mut part) => {
+                    // A miss: the rest behind the node's fill, on one connection.
+                    let rest = GetOptions {
+                        range: Some(part.first.end..part.total),
+                        ..part.pinned.clone()
+                    };
+                    let mut reader = client.open_with(bucket, key, &rest)?;
+                    let mut src = BodyFilling(&mut part.body).chain(Filling(&mut reader));
+                    let buf = self.read_stream(&mut src, part.total, &what)?;
+                    client.done(part.body);
+                    return Ok(buf);
+                }
+            }
+        }
         let mut reader = client.open_with(bucket, key, opts)?;
         let size = reader.meta().size;
         self.read_stream(
@@ -295,6 +335,116 @@ impl DeviceReader {
             size,
             &format!("object {bucket}/{key}"),
         )
+    }
+
+    /// Reads the answer `body` whole into device memory; its connection goes back to
+    /// `client`.
+    fn read_answer(
+        &mut self,
+        client: &mut Client,
+        mut body: BodyReader,
+        what: &str,
+    ) -> Result<DeviceBuf, GpuError> {
+        let size = body.remaining().unwrap_or(0);
+        let buf = self.read_stream(&mut BodyFilling(&mut body), size, what)?;
+        client.done(body);
+        Ok(buf)
+    }
+
+    /// A large hit: this reader takes the first answer, and `client.streams()` helper
+    /// readers, each on a helper connection, take the next [`PART`] bytes until none is
+    /// left; each part is copied into place on this reader's stream as it arrives.
+    fn read_parts(
+        &mut self,
+        client: &mut Client,
+        bucket: &str,
+        key: &str,
+        first: FirstPart,
+        what: &str,
+    ) -> Result<DeviceBuf, GpuError> {
+        let FirstPart {
+            mut body,
+            first,
+            total,
+            pinned,
+            ..
+        } = first;
+        let streams = client.streams();
+        let ordinal = self.ordinal();
+        let mut readers = std::mem::take(&mut self.helpers);
+        while readers.len() < streams {
+            readers.push(DeviceReader::new(ordinal)?);
+        }
+        let mut clients = std::mem::take(&mut client.helpers);
+        while clients.len() < streams {
+            clients.push(client.fresh());
+        }
+        let next = std::sync::atomic::AtomicU64::new(first.end);
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let (tx, rx) = std::sync::mpsc::channel::<Result<(u64, DeviceBuf), GpuError>>();
+        let mut stage = self.stage(total)?;
+        let result = std::thread::scope(|scope| {
+            for (reader, c) in readers.iter_mut().zip(clients.iter_mut()) {
+                let (tx, next, stop, pinned) = (tx.clone(), &next, &stop, &pinned);
+                scope.spawn(move || {
+                    use std::sync::atomic::Ordering::Relaxed;
+                    while !stop.load(Relaxed) {
+                        let start = next.fetch_add(PART, Relaxed);
+                        if start >= total {
+                            return;
+                        }
+                        let range = start..(start + PART).min(total);
+                        let part = (|| {
+                            let opts = GetOptions {
+                                range: Some(range.clone()),
+                                ..pinned.clone()
+                            };
+                            let (_, body) = c.call(get_request(bucket, key, &opts)?)?;
+                            if body.remaining() != Some(range.end - range.start) {
+                                return Err(GpuError::Short {
+                                    what: format!("{what}, bytes {range:?}"),
+                                    expected: range.end - range.start,
+                                    got: body.remaining().unwrap_or(0),
+                                });
+                            }
+                            reader.read_answer(c, body, what)
+                        })();
+                        let failed = part.is_err();
+                        if tx.send(part.map(|b| (start, b))).is_err() || failed {
+                            stop.store(true, Relaxed);
+                            return;
+                        }
+                    }
+                });
+            }
+            drop(tx);
+            let first_len =
+                deliver_stream(&mut stage, &mut BodyFilling(&mut body), first.end, what);
+            let gathered = first_len.and_then(|_| {
+                let mut got = first.end;
+                for part in rx.iter() {
+                    let (start, buf) = part?;
+                    stage.place(&buf, start)?;
+                    got += buf.len() as u64;
+                }
+                Ok(got)
+            });
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            gathered
+        });
+        let buf = match result {
+            Ok(got) if got == total => stage.into_buf(total),
+            Ok(got) => Err(GpuError::Short {
+                what: what.to_owned(),
+                expected: total,
+                got,
+            }),
+            Err(e) => Err(e),
+        };
+        self.helpers = readers;
+        client.helpers = clients;
+        client.done(body);
+        buf
     }
 
     /// Reads `src` to its end into device memory. `size` is the expected length (the
@@ -372,6 +522,16 @@ impl Read for Filling<'_> {
     }
 }
 
+/// An answer's body read a staging buffer at a time, each read waiting for the whole
+/// buffer in one receive.
+struct BodyFilling<'r>(&'r mut BodyReader);
+
+impl Read for BodyFilling<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.0.read_full(buf)
+    }
+}
+
 /// A device buffer of `len` bytes (at least one, so an empty object still has an address).
 fn device_alloc(stream: &Arc<CudaStream>, len: u64) -> Result<CudaSlice<u8>, GpuError> {
     let len = to_usize(len)?.max(1);
@@ -409,6 +569,25 @@ struct DeviceStage<'r> {
 }
 
 impl DeviceStage<'_> {
+    /// Copies `part` (read by another reader, on its own stream) to offset `at` of the
+    /// destination, and waits for the copy, so the part may be freed.
+    fn place(&mut self, part: &DeviceBuf, at: u64) -> Result<(), GpuError> {
+        let (at, len) = (to_usize(at)?, part.len());
+        if at + len > self.dst.len() {
+            return Err(GpuError::Invalid(format!(
+                "a part of {len} bytes at {at} does not fit in {}",
+                self.dst.len()
+            )));
+        }
+        self.stream
+            .memcpy_dtod(
+                &part.data.slice(..len),
+                &mut self.dst.slice_mut(at..at + len),
+            )
+            .map_err(driver("copying a part into place"))?;
+        self.sync()
+    }
+
     fn into_buf(self, len: u64) -> Result<DeviceBuf, GpuError> {
         Ok(DeviceBuf {
             data: self.dst,

@@ -331,13 +331,11 @@ impl Client {
         opts: &GetOptions,
         alloc: &mut dyn FnMut(usize) -> Result<*mut u8>,
     ) -> Result<usize> {
-        if self.may_split(opts) {
-            // SAFETY: the caller vouches for `alloc`'s memory.
-            if let Some(n) = unsafe { self.get_split(bucket, key, opts, alloc, true)? } {
-                return Ok(n);
-            }
-        }
-        let (_, mut body) = self.call(get_request(bucket, key, opts)?)?;
+        // SAFETY: the caller vouches for `alloc`'s memory.
+        let mut body = match unsafe { self.read_or_answer(bucket, key, opts, alloc, true)? } {
+            Ok(n) => return Ok(n),
+            Err(body) => body,
+        };
         let n = match body.remaining() {
             Some(n) => {
                 let n = usize::try_from(n).map_err(|_| {
@@ -372,22 +370,20 @@ impl Client {
         buf: &mut [u8],
     ) -> Result<usize> {
         let room = buf.len();
-        if self.may_split(opts) {
-            let at = buf.as_mut_ptr();
-            let mut fits = |n: usize| {
-                if n > room {
-                    return Err(Error::Invalid(format!(
-                        "{bucket}/{key}: the answer is {n} bytes; the buffer holds {room}"
-                    )));
-                }
-                Ok(at)
-            };
-            // SAFETY: `buf` holds `room` bytes, and `fits` hands it out for no more.
-            if let Some(n) = unsafe { self.get_split(bucket, key, opts, &mut fits, false)? } {
-                return Ok(n);
+        let at = buf.as_mut_ptr();
+        let mut fits = |n: usize| {
+            if n > room {
+                return Err(Error::Invalid(format!(
+                    "{bucket}/{key}: the answer is {n} bytes; the buffer holds {room}"
+                )));
             }
-        }
-        let (_, mut body) = self.call(get_request(bucket, key, opts)?)?;
+            Ok(at)
+        };
+        // SAFETY: `buf` holds `room` bytes, and `fits` hands it out for no more.
+        let mut body = match unsafe { self.read_or_answer(bucket, key, opts, &mut fits, false)? } {
+            Ok(n) => return Ok(n),
+            Err(body) => body,
+        };
         let too_large = |n: Option<u64>| {
             let size = n.map_or_else(|| format!("more than {room}"), |n| n.to_string());
             Error::Invalid(format!(

@@ -60,6 +60,30 @@ fn is_status(e: &Error, status: u16) -> bool {
     matches!(e, Error::S3 { status: s, .. } | Error::Status { status: s, .. } if *s == status)
 }
 
+/// The answer to a split read's first request.
+pub(crate) struct FirstPart {
+    /// Its body: the object's first bytes.
+    pub body: BodyReader,
+    /// The bytes it holds.
+    pub first: Range<u64>,
+    /// The object's size.
+    pub total: u64,
+    /// The node served it from its cache: the rest may come in parts side by side.
+    pub hit: bool,
+    /// The read's options pinned to the object's version (`If-Match` its ETag).
+    pub pinned: GetOptions,
+}
+
+/// What a split read's first request brought.
+pub(crate) enum First {
+    /// The object is empty: there was no first byte to ask for.
+    Empty,
+    /// The answer is the whole object, to be read as it is.
+    Whole(BodyReader),
+    /// Its first bytes; more is to come.
+    Part(FirstPart),
+}
+
 /// A read's destination: `len` bytes at `addr`, written by several threads, each its own
 /// part.
 #[derive(Clone, Copy)]
@@ -107,38 +131,24 @@ impl Client {
             && opts.plan.is_none()
     }
 
-    /// A plain whole-object read, split when large: see the module's notes. `alloc` is
-    /// asked for the object's size once it is known (again, should the object change
-    /// under a split read, which then starts over as one request). Returns the bytes
-    /// written, `None` when the node answers no range (an empty object: the caller reads
-    /// it the plain way).
-    ///
-    /// # Safety
-    ///
-    /// As for [`Client::get_with_alloc`].
-    pub(crate) unsafe fn get_split(
+    /// A split read's first request.
+    pub(crate) fn first_part(
         &mut self,
         bucket: &str,
         key: &str,
         opts: &GetOptions,
-        alloc: &mut dyn FnMut(usize) -> Result<*mut u8>,
-        fresh: bool,
-    ) -> Result<Option<usize>> {
+    ) -> Result<First> {
         let req =
             get_request(bucket, key, opts)?.header("range", &format!("bytes=0-{}", FIRST - 1));
         let (h, body) = match self.call(req) {
             Ok(answer) => answer,
-            // An empty object has no first byte to ask for.
-            Err(e) if is_status(&e, 416) => return Ok(None),
+            Err(e) if is_status(&e, 416) => return Ok(First::Empty),
             Err(e) => return Err(e),
         };
         let (first, total) = match (h.status, content_range(&h)) {
             (206, Some((first, total))) if first.start == 0 => (first, total),
             // The whole object came (a node that ignores ranges): read as it is.
-            (200, _) => (
-                0..body.remaining().unwrap_or(0),
-                body.remaining().unwrap_or(0),
-            ),
+            (200, _) => return Ok(First::Whole(body)),
             _ => {
                 return Err(Error::Protocol(format!(
                     "{bucket}/{key}: answer {} to the first bytes, Content-Range {:?}",
@@ -147,16 +157,61 @@ impl Client {
                 )))
             }
         };
-        if h.status == 200 || first.end == total {
-            return self.read_rest_whole(body, alloc, fresh).map(Some);
+        if first.end == total {
+            return Ok(First::Whole(body));
         }
+        let etag = h
+            .header("etag")
+            .ok_or_else(|| Error::Protocol(format!("{bucket}/{key}: an answer with no ETag")))?;
+        Ok(First::Part(FirstPart {
+            hit: h.header("x-granary-cache") == Some("hit"),
+            body,
+            first,
+            total,
+            pinned: GetOptions {
+                if_match: Some(etag.to_owned()),
+                ..opts.clone()
+            },
+        }))
+    }
+
+    /// What `opts` asks for: read into `alloc`'s memory where the read splits (the
+    /// bytes written), else the answer, for the caller to read as it is: a read that
+    /// does not split, an object whose first answer is all of it, an empty object, or one
+    /// that changed under a split read (asked for again as one request, and `alloc`
+    /// asked again).
+    ///
+    /// # Safety
+    ///
+    /// As for [`Client::get_with_alloc`].
+    pub(crate) unsafe fn read_or_answer(
+        &mut self,
+        bucket: &str,
+        key: &str,
+        opts: &GetOptions,
+        alloc: &mut dyn FnMut(usize) -> Result<*mut u8>,
+        fresh: bool,
+    ) -> Result<std::result::Result<usize, BodyReader>> {
+        let plain = |c: &mut Client| Ok(Err(c.call(get_request(bucket, key, opts)?)?.1));
+        if !self.may_split(opts) {
+            return plain(self);
+        }
+        let FirstPart {
+            body,
+            first,
+            total,
+            hit,
+            pinned,
+        } = match self.first_part(bucket, key, opts)? {
+            First::Part(part) => part,
+            First::Whole(body) => return Ok(Err(body)),
+            First::Empty => return plain(self),
+        };
         let n = usize::try_from(total).map_err(|_| {
             Error::Invalid(format!(
                 "{bucket}/{key}: {total} bytes do not fit in memory"
             ))
         })?;
-        let etag = h.header("etag").map(str::to_owned);
-        let hit = h.header("x-granary-cache") == Some("hit");
         let dst = Dest {
             addr: alloc(n)? as usize,
             len: n,
@@ -164,15 +219,6 @@ impl Client {
         if fresh {
             huge_pages(dst.addr, dst.len);
         }
-        let Some(etag) = etag else {
-            return Err(Error::Protocol(format!(
-                "{bucket}/{key}: an answer with no ETag"
-            )));
-        };
-        let pinned = GetOptions {
-            if_match: Some(etag),
-            ..opts.clone()
-        };
         let rest = first.end..total;
         let read = if hit {
             // SAFETY: `dst` is `alloc`'s, `n` bytes; the parts are disjoint, inside it.
@@ -183,34 +229,11 @@ impl Client {
                 .and_then(|()| unsafe { self.read_range(bucket, key, &pinned, dst, rest, fresh) })
         };
         match read {
-            Ok(()) => Ok(Some(n)),
+            Ok(()) => Ok(Ok(n)),
             // The object changed under the read: once more, as one request.
-            Err(e) if is_status(&e, 412) => {
-                let (_, body) = self.call(get_request(bucket, key, opts)?)?;
-                self.read_rest_whole(body, alloc, fresh).map(Some)
-            }
+            Err(e) if is_status(&e, 412) => plain(self),
             Err(e) => Err(e),
         }
-    }
-
-    /// The answer `body` whole, into memory from `alloc` (`fresh`: new memory, as for
-    /// [`BodyReader::fill_raw`]).
-    fn read_rest_whole(
-        &mut self,
-        mut body: BodyReader,
-        alloc: &mut dyn FnMut(usize) -> Result<*mut u8>,
-        fresh: bool,
-    ) -> Result<usize> {
-        let n = body
-            .remaining()
-            .ok_or_else(|| Error::Protocol("an object's answer of unknown length".into()))?;
-        let n = usize::try_from(n)
-            .map_err(|_| Error::Invalid(format!("{n} bytes do not fit in memory")))?;
-        let dst = alloc(n)?;
-        // SAFETY: `alloc`'s memory, `n` bytes.
-        unsafe { body.fill_raw(dst, n, fresh) }.map_err(|e| self.io(e))?;
-        self.done(body);
-        Ok(n)
     }
 
     /// `bytes` of the object in one request, into `dst`.

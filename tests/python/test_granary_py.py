@@ -464,6 +464,13 @@ def test_gpu_delivery(node):
     assert t.cpu().numpy().tobytes() == whole
     part = c.get_to_device(BUCKET, key, range=(100, 4195))
     assert part.cpu().numpy().tobytes() == whole[100:4196]
+    # Larger than a split read's first 32 MiB: the rest comes behind the fill (a miss),
+    # then in parts over several connections into device memory (a hit).
+    big = bytes(range(256)) * ((80 << 20) // 256) + b"tail!"
+    c.put(BUCKET, "gpu/big.bin", big)
+    for _ in range(3):
+        t = c.get_to_device(BUCKET, "gpu/big.bin")
+        assert t.numel() == len(big) and t.cpu().numpy().tobytes() == big
     ds = granary.ShardDataset(endpoint, BUCKET, "ds/", device="cuda")
     n = 0
     for s in ds:
