@@ -332,12 +332,70 @@ impl Client {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fake::{FakeServer, Reply};
 
     fn head(v: &str) -> Head {
         Head {
             status: 206,
             headers: vec![("content-range".into(), v.into())],
         }
+    }
+
+    const SIZE: u64 = FIRST + 10;
+
+    fn pattern(n: usize) -> Vec<u8> {
+        (0..n).map(|i| (i * 31 % 251) as u8).collect()
+    }
+
+    fn first_answer(data: &[u8], cache: &str) -> Reply {
+        Reply::status(206, data[..FIRST as usize].to_vec())
+            .with_header("content-range", &format!("bytes 0-{}/{SIZE}", FIRST - 1))
+            .with_header("etag", "\"v1\"")
+            .with_header("x-granary-cache", cache)
+    }
+
+    #[test]
+    fn a_miss_reads_the_rest_on_one_connection_pinned_to_its_version() {
+        let data = pattern(SIZE as usize);
+        let server = FakeServer::start(vec![
+            first_answer(&data, "miss"),
+            Reply::status(206, data[FIRST as usize..].to_vec()).with_header(
+                "content-range",
+                &format!("bytes {FIRST}-{}/{SIZE}", SIZE - 1),
+            ),
+        ]);
+        let mut c = Client::new(&server.endpoint()).unwrap().with_streams(4);
+        assert!(c.get("b", "k").unwrap() == data);
+        let seen = server.finish();
+        assert_eq!(
+            seen[0].header("range"),
+            Some(format!("bytes=0-{}", FIRST - 1).as_str())
+        );
+        assert_eq!(
+            seen[1].header("range"),
+            Some(format!("bytes={FIRST}-{}", SIZE - 1).as_str())
+        );
+        assert_eq!(seen[1].header("if-match"), Some("\"v1\""));
+        assert_eq!(seen[1].connection, 0, "the same connection");
+    }
+
+    #[test]
+    fn an_object_that_changes_under_a_split_read_is_read_again_whole() {
+        let old = pattern(SIZE as usize);
+        let new: Vec<u8> = old.iter().rev().copied().chain([7u8; 10]).collect();
+        let failed = "<Error><Code>PreconditionFailed</Code><Message>no</Message></Error>";
+        let server = FakeServer::start(vec![
+            first_answer(&old, "hit"),
+            Reply::status(412, failed.as_bytes().to_vec()),
+            Reply::ok(new.clone()),
+        ]);
+        let mut c = Client::new(&server.endpoint()).unwrap().with_streams(4);
+        assert!(c.get("b", "k").unwrap() == new, "the new version, whole");
+        let seen = server.finish();
+        assert_eq!(seen.len(), 3);
+        assert_eq!(seen[1].header("if-match"), Some("\"v1\""));
+        assert_eq!(seen[2].header("range"), None);
+        assert_eq!(seen[2].header("if-match"), None);
     }
 
     #[test]
