@@ -170,7 +170,7 @@ impl Client {
     /// four to eight; env `GRANARY_CLIENT_STREAMS`); 1 reads every object on one
     /// connection.
     pub fn with_streams(mut self, streams: usize) -> Client {
-        self.streams = streams.clamp(1, 8);
+        self.streams = streams.clamp(1, crate::split::MAX_STREAMS);
         self.helpers.clear();
         self
     }

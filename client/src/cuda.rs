@@ -67,8 +67,8 @@ use cudarc::driver::{
 
 use crate::http::BodyReader;
 use crate::objects::get_request;
-use crate::split::{First, FirstPart, PART};
-use crate::{BatchItem, Client, Error, GetOptions, Missing, ObjectReader, TarReader};
+use crate::split::{First, FirstPart, Parts};
+use crate::{BatchItem, Client, Error, GetOptions, Missing, TarReader};
 
 /// The cudarc version this module is built with, for handing [`DeviceBuf`]s to kernels.
 pub use cudarc;
@@ -316,25 +316,19 @@ impl DeviceReader {
                 }
                 First::Part(mut part) => {
                     // A miss: the rest behind the node's fill, on one connection.
-                    let rest = GetOptions {
-                        range: Some(part.first.end..part.total),
-                        ..part.pinned.clone()
-                    };
-                    let mut reader = client.open_with(bucket, key, &rest)?;
-                    let mut src = BodyFilling(&mut part.body).chain(Filling(&mut reader));
+                    let rest = part.first.end..part.total;
+                    let mut rest = client.part_answer(bucket, key, &part.pinned, rest)?;
+                    let from = client.endpoint();
+                    let mut src =
+                        BodyFilling(&mut part.body, from).chain(BodyFilling(&mut rest, from));
                     let buf = self.read_stream(&mut src, part.total, &what)?;
-                    client.done(part.body);
+                    client.done(rest);
                     return Ok(buf);
                 }
             }
         }
-        let mut reader = client.open_with(bucket, key, opts)?;
-        let size = reader.meta().size;
-        self.read_stream(
-            &mut Filling(&mut reader),
-            size,
-            &format!("object {bucket}/{key}"),
-        )
+        let (_, body) = client.call(get_request(bucket, key, opts)?)?;
+        self.read_answer(client, body, &what)
     }
 
     /// Reads the answer `body` whole into device memory; its connection goes back to
@@ -346,13 +340,13 @@ impl DeviceReader {
         what: &str,
     ) -> Result<DeviceBuf, GpuError> {
         let size = body.remaining().unwrap_or(0);
-        let buf = self.read_stream(&mut BodyFilling(&mut body), size, what)?;
+        let buf = self.read_stream(&mut BodyFilling(&mut body, client.endpoint()), size, what)?;
         client.done(body);
         Ok(buf)
     }
 
     /// A large hit: this reader takes the first answer, and `client.streams()` helper
-    /// readers, each on a helper connection, take the next [`PART`] bytes until none is
+    /// readers, each on a helper connection, take the next [`PART`](crate::split::PART) bytes until none is
     /// left; each part is copied into place on this reader's stream as it arrives.
     fn read_parts(
         &mut self,
@@ -375,51 +369,36 @@ impl DeviceReader {
         while readers.len() < streams {
             readers.push(DeviceReader::new(ordinal)?);
         }
-        let mut clients = std::mem::take(&mut client.helpers);
-        while clients.len() < streams {
-            clients.push(client.fresh());
-        }
-        let next = std::sync::atomic::AtomicU64::new(first.end);
-        let stop = std::sync::atomic::AtomicBool::new(false);
+        let mut clients = client.take_helpers(streams);
+        let from = client.endpoint().to_owned();
+        let from = from.as_str();
+        let todo = Parts::new(first.end..total);
         let (tx, rx) = std::sync::mpsc::channel::<Result<(u64, DeviceBuf), GpuError>>();
         let mut stage = self.stage(total)?;
         let result = std::thread::scope(|scope| {
             for (reader, c) in readers.iter_mut().zip(clients.iter_mut()) {
-                let (tx, next, stop, pinned) = (tx.clone(), &next, &stop, &pinned);
+                let (tx, todo, pinned) = (tx.clone(), &todo, &pinned);
                 scope.spawn(move || {
-                    use std::sync::atomic::Ordering::Relaxed;
-                    while !stop.load(Relaxed) {
-                        let start = next.fetch_add(PART, Relaxed);
-                        if start >= total {
-                            return;
-                        }
-                        let range = start..(start + PART).min(total);
-                        let part = (|| {
-                            let opts = GetOptions {
-                                range: Some(range.clone()),
-                                ..pinned.clone()
-                            };
-                            let (_, body) = c.call(get_request(bucket, key, &opts)?)?;
-                            if body.remaining() != Some(range.end - range.start) {
-                                return Err(GpuError::Short {
-                                    what: format!("{what}, bytes {range:?}"),
-                                    expected: range.end - range.start,
-                                    got: body.remaining().unwrap_or(0),
-                                });
-                            }
-                            reader.read_answer(c, body, what)
-                        })();
+                    while let Some(range) = todo.take() {
+                        let part = c
+                            .part_answer(bucket, key, pinned, range.clone())
+                            .map_err(GpuError::from)
+                            .and_then(|body| reader.read_answer(c, body, what));
                         let failed = part.is_err();
-                        if tx.send(part.map(|b| (start, b))).is_err() || failed {
-                            stop.store(true, Relaxed);
+                        if tx.send(part.map(|b| (range.start, b))).is_err() || failed {
+                            todo.stop();
                             return;
                         }
                     }
                 });
             }
             drop(tx);
-            let first_len =
-                deliver_stream(&mut stage, &mut BodyFilling(&mut body), first.end, what);
+            let first_len = deliver_stream(
+                &mut stage,
+                &mut BodyFilling(&mut body, from),
+                first.end,
+                what,
+            );
             let gathered = first_len.and_then(|_| {
                 let mut got = first.end;
                 for part in rx.iter() {
@@ -429,7 +408,7 @@ impl DeviceReader {
                 }
                 Ok(got)
             });
-            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            todo.stop();
             gathered
         });
         let buf = match result {
@@ -512,23 +491,15 @@ impl Drop for DeviceReader {
     }
 }
 
-/// An object's body read a staging buffer at a time: each read waits for the whole
-/// buffer in one receive ([`ObjectReader::read_full`]).
-struct Filling<'r>(&'r mut ObjectReader);
-
-impl Read for Filling<'_> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        self.0.read_full(buf)
-    }
-}
-
-/// An answer's body read a staging buffer at a time, each read waiting for the whole
-/// buffer in one receive.
-struct BodyFilling<'r>(&'r mut BodyReader);
+/// An answer's body from the node at `.1`, read a staging buffer at a time, each read
+/// waiting for the whole buffer in one receive.
+struct BodyFilling<'r>(&'r mut BodyReader, &'r str);
 
 impl Read for BodyFilling<'_> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        self.0.read_full(buf)
+        self.0
+            .read_full(buf)
+            .map_err(|e| io::Error::new(e.kind(), format!("reading from {}: {e}", self.1)))
     }
 }
 

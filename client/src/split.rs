@@ -28,7 +28,7 @@ pub(crate) const FIRST: u64 = 32 << 20;
 /// What each later request of a split read asks for.
 pub(crate) const PART: u64 = 32 << 20;
 /// The most connections one read uses.
-const MAX_STREAMS: usize = 8;
+pub(crate) const MAX_STREAMS: usize = 8;
 
 /// How many connections a large hit is read over by default: two per core, four to
 /// eight (`GRANARY_CLIENT_STREAMS` sets it; 1 reads every object on one connection).
@@ -82,6 +82,38 @@ pub(crate) enum First {
     Whole(BodyReader),
     /// Its first bytes; more is to come.
     Part(FirstPart),
+}
+
+/// The parts of `start..end` still to be read, [`PART`] bytes each, taken by the
+/// threads of one split read in turn until none is left or one of them fails.
+pub(crate) struct Parts {
+    next: AtomicU64,
+    end: u64,
+    stopped: AtomicBool,
+}
+
+impl Parts {
+    pub(crate) fn new(bytes: Range<u64>) -> Parts {
+        Parts {
+            next: AtomicU64::new(bytes.start),
+            end: bytes.end,
+            stopped: AtomicBool::new(false),
+        }
+    }
+
+    /// The next part to read, if any is left and no thread has stopped the read.
+    pub(crate) fn take(&self) -> Option<Range<u64>> {
+        if self.stopped.load(Ordering::Relaxed) {
+            return None;
+        }
+        let start = self.next.fetch_add(PART, Ordering::Relaxed);
+        (start < self.end).then(|| start..(start + PART).min(self.end))
+    }
+
+    /// Ends the read: no more parts are handed out.
+    pub(crate) fn stop(&self) {
+        self.stopped.store(true, Ordering::Relaxed);
+    }
 }
 
 /// A read's destination: `len` bytes at `addr`, written by several threads, each its own
@@ -216,11 +248,11 @@ impl Client {
             addr: alloc(n)? as usize,
             len: n,
         };
-        if fresh {
-            huge_pages(dst.addr, dst.len);
-        }
         let rest = first.end..total;
         let read = if hit {
+            if fresh {
+                huge_pages(dst.addr, dst.len);
+            }
             // SAFETY: `dst` is `alloc`'s, `n` bytes; the parts are disjoint, inside it.
             unsafe { self.read_parts(bucket, key, &pinned, dst, (body, first), rest) }
         } else {
@@ -250,6 +282,20 @@ impl Client {
         bytes: Range<u64>,
         fresh: bool,
     ) -> Result<()> {
+        let body = self.part_answer(bucket, key, pinned, bytes.clone())?;
+        // SAFETY: the caller vouches for `bytes` of `dst`.
+        unsafe { fill_part(self, body, dst, bytes, fresh) }
+    }
+
+    /// The answer to a ranged GET of `bytes` of the version `pinned` names, checked to
+    /// be those bytes (`206`, its `Content-Range`); its body not yet read.
+    pub(crate) fn part_answer(
+        &mut self,
+        bucket: &str,
+        key: &str,
+        pinned: &GetOptions,
+        bytes: Range<u64>,
+    ) -> Result<BodyReader> {
         let req = get_request(bucket, key, pinned)?
             .header("range", &format!("bytes={}-{}", bytes.start, bytes.end - 1));
         let (h, body) = self.call(req)?;
@@ -260,8 +306,17 @@ impl Client {
                 h.header("content-range")
             )));
         }
-        // SAFETY: the caller vouches for `bytes` of `dst`.
-        unsafe { fill_part(self, body, dst, bytes, fresh) }
+        Ok(body)
+    }
+
+    /// Takes this client's `n` helper clients (made as needed), to be put back in
+    /// `self.helpers` once the read is done.
+    pub(crate) fn take_helpers(&mut self, n: usize) -> Vec<Client> {
+        let mut helpers = std::mem::take(&mut self.helpers);
+        while helpers.len() < n {
+            helpers.push(self.fresh());
+        }
+        helpers
     }
 
     /// `bytes` of the object in [`PART`]s over this client's connection and its helpers',
@@ -282,27 +337,18 @@ impl Client {
     ) -> Result<()> {
         let parts = (bytes.end - bytes.start).div_ceil(PART) as usize;
         let streams = self.streams().min(parts);
-        let mut helpers = std::mem::take(&mut self.helpers);
-        while helpers.len() < streams - 1 {
-            helpers.push(self.fresh());
-        }
-        let next = AtomicU64::new(bytes.start);
-        let failed = AtomicBool::new(false);
+        let mut helpers = self.take_helpers(streams - 1);
+        let todo = Parts::new(bytes);
         let first_error: Mutex<Option<Error>> = Mutex::new(None);
         let fail = |e: Error| {
-            failed.store(true, Ordering::Relaxed);
+            todo.stop();
             first_error
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .get_or_insert(e);
         };
         let work = |c: &mut Client| {
-            while !failed.load(Ordering::Relaxed) {
-                let start = next.fetch_add(PART, Ordering::Relaxed);
-                if start >= bytes.end {
-                    return;
-                }
-                let part = start..(start + PART).min(bytes.end);
+            while let Some(part) = todo.take() {
                 // SAFETY: each part is taken by one thread only, inside `bytes`.
                 if let Err(e) = unsafe { c.read_range(bucket, key, pinned, dst, part, false) } {
                     fail(e);

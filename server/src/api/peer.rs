@@ -59,11 +59,7 @@ pub async fn serve(state: &Arc<AppState>, req: Request) -> Result<Response, Requ
         }
         (StartDrain::METHOD, StartDrain::PATH) => {
             json_call(state, req, |node, call: StartDrain| async move {
-                if call.undo {
-                    Ok(node.undrain())
-                } else {
-                    node.drain()
-                }
+                node.drain_here(call.undo)
             })
             .await
         }

@@ -62,17 +62,23 @@ impl Node {
         undo: bool,
     ) -> Result<Draining, NodeError> {
         if id == self.id {
-            return if undo {
-                Ok(self.undrain())
-            } else {
-                self.drain()
-            };
+            return self.drain_here(undo);
         }
         let m = self
             .cluster
             .member(id)
             .ok_or_else(|| NodeError::Invalid(format!("the cluster has no member `{id}`")))?;
         Ok(self.cluster.call(&m, &StartDrain { undo }).await?)
+    }
+
+    /// Drains this node, or with `undo` makes it serve again: what a [`StartDrain`] call
+    /// asks of it.
+    pub fn drain_here(self: &Arc<Self>, undo: bool) -> Result<Draining, NodeError> {
+        if undo {
+            Ok(self.undrain())
+        } else {
+            self.drain()
+        }
     }
 
     /// Ends this node's drain (or its drained state): it owns its keys again, admits
