@@ -1,15 +1,16 @@
 """P13: a dataset twice the cluster's cache, behind a backend slower than the job.
 
-    python bench/p13.py ROOT GRANARY_BIN [--nodes 1|3] [--shards 64] [--shard-mib 2]
+    python bench/p13.py ROOT GRANARY_BIN [--nodes 1|3] [--shards 192] [--shard-mib 2]
                         [--rate-mib 32] [--epochs 3] [--policies never-evict,lru,planner]
-                        [--read-ahead 2] [--backend fs|moto]
+                        [--read-ahead 2] [--batch 8] [--prefetch-factor 2] [--backend fs|moto]
 
 D = SHARDS x SHARD_MIB, the cache C = D/2 (split over the nodes), the backend paced to
 B = 0.55 x X as a whole: `fs` is a directory paced by each node's `--backend-rate`
 (B split evenly over the nodes), `moto` a moto server behind `paceproxy.py`, which paces
 all the nodes' reads together to B, as a store's egress cap would. X is the job's
 consumption rate: ShardDataset in a DataLoader with 2 workers, and a fixed step per
-batch that sets X. Each policy runs EPOCHS epochs on fresh nodes: never-evict and lru
+batch that sets X (BATCH samples a batch, the DataLoader PREFETCH_FACTOR batches ahead per
+worker). Each policy runs EPOCHS epochs on fresh nodes: never-evict and lru
 without a plan, the planner (never-evict with ShardDataset's plan). The ideal is the
 same job's epoch with the whole dataset in cache, measured in the same run. Per epoch:
 wall time / ideal, seconds the loop waited for data, the fraction of reads answered from
@@ -23,7 +24,7 @@ from benchlib import CREDS, port, start_moto, wait_healthy
 ap = argparse.ArgumentParser()
 ap.add_argument("root"); ap.add_argument("granary")
 ap.add_argument("--nodes", type=int, default=1)
-ap.add_argument("--shards", type=int, default=64)
+ap.add_argument("--shards", type=int, default=192)
 ap.add_argument("--shard-mib", type=int, default=2)
 ap.add_argument("--sample-kib", type=int, default=256)
 ap.add_argument("--rate-mib", type=float, default=32.0, help="the job's consumption rate X")
@@ -31,13 +32,15 @@ ap.add_argument("--epochs", type=int, default=3)
 ap.add_argument("--policies", default="never-evict,lru,planner")
 ap.add_argument("--read-ahead", type=int, default=2, help="ShardDataset's read_ahead (runs per worker)")
 ap.add_argument("--backend", choices=("fs", "moto"), default="fs")
+ap.add_argument("--batch", type=int, default=8, help="samples per batch (one step each)")
+ap.add_argument("--prefetch-factor", type=int, default=2, help="the DataLoader's batches ahead per worker")
 a = ap.parse_args()
 
 MIB = 1 << 20
 root = os.path.abspath(a.root)
 origin = os.path.join(root, "origin")
 per_shard = a.shard_mib * 1024 // a.sample_kib
-batch = 8
+batch = a.batch
 D = a.shards * a.shard_mib * MIB
 C = D // 2
 X = a.rate_mib * MIB
@@ -125,7 +128,7 @@ import json, sys, time, torch, granary
 url, epochs, first, step, plan, ahead = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), sys.argv[5] == "1", int(sys.argv[6])
 ds = granary.ShardDataset(url, "dsets", "p/", seed=3, batch_size=%d, read_ahead=ahead, plan=plan)
 dl = torch.utils.data.DataLoader(ds, batch_size=%d, num_workers=2, collate_fn=lambda b: b,
-                                 persistent_workers=False, prefetch_factor=2)
+                                 persistent_workers=False, prefetch_factor=%d)
 for e in range(first, first + epochs):
     ds.set_epoch(e)
     t0 = time.monotonic(); waited = 0.0; n = 0
@@ -136,7 +139,7 @@ for e in range(first, first + epochs):
         time.sleep(step)
         t = time.monotonic()
     print(json.dumps({"epoch": e, "wall": time.monotonic() - t0, "waited": waited, "bytes": n}), flush=True)
-""" % (batch, batch)
+""" % (batch, batch, a.prefetch_factor)
 
 
 def run_job(url, epochs, first, plan, on_epoch):

@@ -3,7 +3,8 @@
 //!
 //! The entries are read in span order (front to back through the rank's shards), in
 //! runs: consecutive samples of one shard, fetched with one range read of the listed
-//! version (`If-Match`), gaps of other workers' samples read through when they are small.
+//! version (`If-Match`), gaps of other workers' samples read through when they are small
+//! against the run ([`GAP`]).
 //! A compressed shard is read whole. Each run goes to its shard's owner, then to the
 //! next members in the ring's order when the owner cannot be reached, as
 //! [`super::route`] routes it. `read_ahead` runs are fetched ahead by
@@ -23,8 +24,12 @@ use super::route::{on_best, Clients, Router};
 use super::samples::ShardSamples;
 use crate::{Credentials, Error, GetOptions, Result, Sample};
 
-/// Bytes of other workers' samples a run reads through rather than starting another.
-const GAP: u64 = 512 << 10;
+/// Bytes of other workers' samples a run reads through rather than starting another:
+/// up to this much, or up to a quarter of the run's bytes so far. A run read through a
+/// node that serves it straight from the backend (a shard its cache does not hold)
+/// costs the backend every byte it spans, so a gap as large as the samples around it
+/// (two DataLoader workers taking batches in turn) is two requests, not one.
+const GAP: u64 = 64 << 10;
 /// Largest run read with one request.
 const MAX_RUN: u64 = 16 << 20;
 
@@ -78,7 +83,9 @@ fn runs_of(catalog: &Catalog, wanted: &[(SampleId, usize)]) -> Vec<Run> {
             }
             let (prev_end, start) = (shard.span(r.last).end, shard.span(id.index).start);
             let run_start = shard.span(r.first).start;
-            start - prev_end <= GAP && shard.span(id.index).end - run_start <= MAX_RUN
+            let gap = start - prev_end;
+            (gap <= GAP || gap <= (prev_end - run_start) / 4)
+                && shard.span(id.index).end - run_start <= MAX_RUN
         });
         match runs.last_mut() {
             Some(r) if joins => {
@@ -716,6 +723,7 @@ mod tests {
                     spans: None,
                     size: 0,
                 },
+                shard("e.tar", &[1 << 20, 200 << 10, 1 << 20]),
             ],
         };
         let id = |shard, index| SampleId { shard, index };
@@ -725,13 +733,15 @@ mod tests {
             (id(0, 5), 2),
             (id(0, 3), 3), // goes back: a new run
             (id(1, 0), 4),
-            (id(1, 2), 5), // a 300 KiB gap: read through
+            (id(1, 2), 5), // a 300 KiB gap after 300 KiB: a new run
             (id(1, 3), 6),
             (id(1, 4), 7), // past 16 MiB: a new run
             (id(2, 0), 8),
             (id(2, 3), 9), // compressed: one run, read whole
             (id(3, 1), 10),
             (id(3, 8), 11), // no spans: one run, read from the start
+            (id(4, 0), 12),
+            (id(4, 2), 13), // a 200 KiB gap after 1 MiB: read through
         ];
         let runs = runs_of(&catalog, &wanted);
         let shape: Vec<(u32, u32, u32, usize)> = runs
@@ -743,10 +753,12 @@ mod tests {
             vec![
                 (0, 0, 5, 3),
                 (0, 3, 3, 1),
-                (1, 0, 3, 3),
+                (1, 0, 0, 1),
+                (1, 2, 3, 2),
                 (1, 4, 4, 1),
                 (2, 0, 3, 2),
-                (3, 1, 8, 2)
+                (3, 1, 8, 2),
+                (4, 0, 2, 2)
             ]
         );
     }

@@ -458,6 +458,17 @@ impl Plans {
         self.largest.load(Ordering::Relaxed)
     }
 
+    /// Whether a plan held here reads `bucket/key`'s dataset (its bucket and prefix).
+    pub fn covers(&self, bucket: &str, key: &str) -> bool {
+        if self.is_empty() {
+            return false;
+        }
+        self.lock().values().any(|p| {
+            let st = p.lock();
+            st.spec.bucket == bucket && key.starts_with(&st.spec.prefix)
+        })
+    }
+
     pub fn remove(&self, id: &str) -> bool {
         let mut map = self.lock();
         let gone = map.remove(id).is_some();
@@ -560,6 +571,19 @@ mod tests {
             }),
             Err(PlansError::NoBucket)
         ));
+    }
+
+    #[test]
+    fn a_plan_covers_its_datasets_keys_only() {
+        let plans = Plans::new(Duration::from_secs(60));
+        assert!(!plans.covers("b", "p/0.tar"), "no plan yet");
+        let id = plans.register(spec(1)).unwrap().plan.id.clone();
+        assert!(plans.covers("b", "p/0.tar"));
+        assert!(plans.covers("b", "p/later/9.tar"), "under the prefix");
+        assert!(!plans.covers("b", "q/0.tar"), "another prefix");
+        assert!(!plans.covers("c", "p/0.tar"), "another bucket");
+        assert!(plans.remove(&id));
+        assert!(!plans.covers("b", "p/0.tar"), "dropped");
     }
 
     #[test]

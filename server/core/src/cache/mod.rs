@@ -486,6 +486,11 @@ impl Cache {
             .map(|e| e.meta.size)
     }
 
+    /// Whether a fill of `bucket/key` is in flight (its room reserved already).
+    pub fn filling(&self, bucket: &str, key: &str) -> bool {
+        self.flights.get(&index::key_of(bucket, key)).is_some()
+    }
+
     fn lock_index(&self) -> std::sync::MutexGuard<'_, Index> {
         self.index.lock().unwrap_or_else(|p| p.into_inner())
     }

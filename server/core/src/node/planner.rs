@@ -390,11 +390,13 @@ impl Node {
     fn next_step(&self, fetching: &HashMap<String, u64>) -> Option<Step> {
         let (mut wanted, held) = self.split_held();
         // Shards being read now are the readers' to bring (by range, as they go); the
-        // planner brings the next ones before their first read.
+        // planner brings the next ones before their first read. A shard a client's read
+        // is filling has its room already.
         wanted.retain(|p| {
             p.due > 0.0
                 && p.due.is_finite()
                 && !fetching.contains_key(&format!("{}/{}", p.bucket, p.key))
+                && !self.cache.filling(&p.bucket, &p.key)
         });
         // Belady's horizon: the shards needed soonest that fit in the room plans may
         // use (the cache less what entries of no plan hold) are the ones worth holding;
@@ -501,6 +503,7 @@ impl Node {
         let u = self.cache.usage();
         if u.capacity.saturating_sub(u.used + u.reserved) >= self.plans.largest_shard()
             || self.cache.holds(bucket, key).is_some()
+            || self.cache.filling(bucket, key)
         {
             return;
         }
@@ -574,6 +577,7 @@ impl Node {
         {
             return;
         }
+        tracing::debug!(key = %shard.key, due_s = shard.due, reuse_s = shard.reuse, "a planned fetch starts");
         let node = self.clone();
         tokio::spawn(async move {
             match node.fetch_planned(&shard.bucket, &shard.key).await {

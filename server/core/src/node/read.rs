@@ -160,25 +160,31 @@ impl Node {
             (None, Some(m)) => Box::pin(self.read_member(req, m)).await,
             (None, None) => {
                 self.room_for_planned(req.bucket, req.key);
-                let mut reply = self.read_object(req, mode_of(req.mode)).await?;
-                // A client's read waiting on the backend: the planner, when it has
-                // plans, waits for it (with none, nothing to count on the read path).
-                if matches!(reply.origin, Origin::Miss | Origin::Bypass) && !self.plans.is_empty() {
-                    reply.body = match std::mem::replace(&mut reply.body, Body::Empty) {
-                        Body::Stream(s) => {
-                            let demand = self.demand();
-                            Body::Stream(Box::pin(s.map(move |item| {
-                                let _held = &demand;
-                                item
-                            })))
-                        }
-                        // A file (a local read, filled first) or nothing: no wait here.
-                        other => other,
-                    };
-                }
-                Ok(reply)
+                let reply = self.read_object(req, mode_of(req.mode)).await?;
+                Ok(self.counted_as_demand(reply))
             }
         }
+    }
+
+    /// A client's read waiting on the backend: the planner, when it has plans, waits
+    /// for it while its body lives (with none, nothing to count on the read path).
+    fn counted_as_demand(&self, mut reply: Reply) -> Reply {
+        if !matches!(reply.origin, Origin::Miss | Origin::Bypass) || self.plans.is_empty() {
+            return reply;
+        }
+        tracing::debug!(origin = ?reply.origin, range = ?reply.range, "a client's read waits on the backend");
+        reply.body = match std::mem::replace(&mut reply.body, Body::Empty) {
+            Body::Stream(s) => {
+                let demand = self.demand();
+                Body::Stream(Box::pin(s.map(move |item| {
+                    let _held = &demand;
+                    item
+                })))
+            }
+            // A file (a local read, filled first) or nothing: no wait here.
+            other => other,
+        };
+        reply
     }
 
     /// [`Node::read`], but an object this node cannot admit is left to a member with
@@ -189,18 +195,21 @@ impl Node {
         tried: &[&str],
     ) -> Result<Served, NodeError> {
         let plain = req.transform.is_some() || req.member.is_some() || req.mode != ReadMode::Stream;
-        if plain || !self.cluster.can_spill(tried) {
+        // A planned dataset's shards stay with their owners: the planner makes room for
+        // them there, and a copy left elsewhere would hold room no plan counts on.
+        if plain || !self.cluster.can_spill(tried) || self.plans.covers(req.bucket, req.key) {
             return self.read(req).await.map(Served::Here);
         }
-        match self.read_object(req, Mode::StreamOrDecline).await {
+        let reply = match self.read_object(req, Mode::StreamOrDecline).await {
             Err(NodeError::Cache(CacheError::NotAdmitted { size })) => {
                 match self.cluster.spill_target(req.bucket, req.key, size, tried) {
-                    Some(i) => Ok(Served::Elsewhere(i)),
-                    None => self.read_object(req, Mode::Stream).await.map(Served::Here),
+                    Some(i) => return Ok(Served::Elsewhere(i)),
+                    None => self.read_object(req, Mode::Stream).await,
                 }
             }
-            other => other.map(Served::Here),
-        }
+            other => other,
+        }?;
+        Ok(Served::Here(self.counted_as_demand(reply)))
     }
 
     pub(super) async fn read_object(
