@@ -345,9 +345,10 @@ impl DeviceReader {
         Ok(buf)
     }
 
-    /// A large hit: this reader takes the first answer, and `client.streams()` helper
-    /// readers, each on a helper connection, take the next [`PART`](crate::split::PART) bytes until none is
-    /// left; each part is copied into place on this reader's stream as it arrives.
+    /// A large hit: this reader takes the first answer, and up to `client.streams()`
+    /// helper readers, each on a helper connection, take the next
+    /// [`PART`](crate::split::PART) bytes until none is left; each part is copied into
+    /// place on this reader's stream as it arrives.
     fn read_parts(
         &mut self,
         client: &mut Client,
@@ -363,7 +364,10 @@ impl DeviceReader {
             pinned,
             ..
         } = first;
-        let streams = client.streams();
+        // A helper per connection, no more than there are parts.
+        let streams = client
+            .streams()
+            .min((total - first.end).div_ceil(crate::split::PART) as usize);
         let ordinal = self.ordinal();
         let mut readers = std::mem::take(&mut self.helpers);
         while readers.len() < streams {
@@ -376,7 +380,7 @@ impl DeviceReader {
         let (tx, rx) = std::sync::mpsc::channel::<Result<(u64, DeviceBuf), GpuError>>();
         let mut stage = self.stage(total)?;
         let result = std::thread::scope(|scope| {
-            for (reader, c) in readers.iter_mut().zip(clients.iter_mut()) {
+            for (reader, c) in readers.iter_mut().zip(clients.iter_mut()).take(streams) {
                 let (tx, todo, pinned) = (tx.clone(), &todo, &pinned);
                 scope.spawn(move || {
                     while let Some(range) = todo.take() {
