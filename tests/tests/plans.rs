@@ -4,8 +4,9 @@
 //! survive a planned job that fills the cache; a plan expires after `--plan-ttl` once
 //! its job stops, and its fetching with it; two jobs with different seeds over one
 //! dataset both finish; a member killed mid-epoch leaves its shards to the next owner
-//! and the job finishes with every sample; and `/_granary/plans`, `granaryctl plans`
-//! and a drop.
+//! and the job finishes with every sample; a full owner keeps a planned dataset's
+//! shards rather than leaving them to a member with room; and `/_granary/plans`,
+//! `granaryctl plans` and a drop.
 
 use std::time::{Duration, Instant};
 
@@ -23,12 +24,18 @@ const PER_SHARD: usize = 8;
 const BIN: usize = 24 << 10;
 const WORLD: usize = 2;
 
-/// The dataset's bytes, written into the node's fs backend: key -> bytes.
+/// The dataset's bytes, written into the node's fs backend; their size.
 fn lay_out(server: &Server) -> Result<u64> {
+    let names: Vec<String> = (0..SHARDS).map(|s| format!("shard-{s:04}.tar")).collect();
+    lay_out_as(server, &names)
+}
+
+/// The dataset under these shard names (`SHARDS` of them).
+fn lay_out_as(server: &Server, names: &[String]) -> Result<u64> {
     let root = server.data_dir().join("origin").join(BUCKET).join(PREFIX);
     std::fs::create_dir_all(&root)?;
     let mut total = 0;
-    for s in 0..SHARDS {
+    for (s, name) in names.iter().enumerate() {
         let mut members = Vec::new();
         for i in 0..PER_SHARD {
             let key = format!("s{s:02}/{i:04}");
@@ -40,7 +47,7 @@ fn lay_out(server: &Server) -> Result<u64> {
         }
         let tar = tar_of(&members);
         total += tar.len() as u64;
-        std::fs::write(root.join(format!("shard-{s:04}.tar")), tar)?;
+        std::fs::write(root.join(name), tar)?;
     }
     Ok(total)
 }
@@ -354,5 +361,48 @@ fn a_member_killed_mid_epoch_leaves_its_shards_to_the_next_owner() -> Result<()>
         assert_eq!(shown.len(), 1, "{shown:?}");
         assert_eq!(shown[0].epoch, 1);
     }
+    Ok(())
+}
+
+#[test]
+fn a_full_owner_keeps_a_planned_datasets_shards_and_leaves_none_to_a_member_with_room() -> Result<()>
+{
+    let size = (SHARDS * (PER_SHARD * (BIN + 512 + 1024) + 1024)) as u64;
+    let cap = (size / 2).to_string();
+    let nodes = Server::start_cluster(
+        &["a", "b"],
+        &ServerOpts::open().args(&["--cache-capacity", &cap]),
+    )?;
+    let refs: Vec<&Server> = nodes.iter().collect();
+    Server::wait_cluster_up(&refs, Duration::from_secs(20))?;
+    let (a, b) = (&nodes[0], &nodes[1]);
+    // Every shard owned by `a`, which holds half of them; `b` owns none and has room
+    // for the other half. An object of no plan that `a` cannot admit is left to `b`.
+    let owner = |name: &str| -> String {
+        let key = format!("{PREFIX}{name}");
+        a.cluster_view(Some((BUCKET, &key))).unwrap()["owner"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let names: Vec<String> = (0..2000)
+        .map(|n| format!("shard-{n:04}.tar"))
+        .filter(|name| owner(name) == "a")
+        .take(SHARDS)
+        .collect();
+    assert_eq!(names.len(), SHARDS);
+    lay_out_as(a, &names)?;
+    let link = b.data_dir().join("origin").join(BUCKET);
+    std::fs::create_dir_all(link.parent().unwrap())?;
+    std::os::unix::fs::symlink(a.data_dir().join("origin").join(BUCKET), &link)?;
+    Client::new(&a.url())?.create_bucket(BUCKET).ok();
+
+    let reads = read(&b.url(), 5, 2, true, Duration::from_millis(2));
+    every_sample_once(&reads, 2);
+    // `a` made room by dropping planned entries, and `b` holds nothing of the dataset:
+    // a copy there would take room no plan counts on, never dropped.
+    assert!(a.stat("bytes_evicted") > 0, "a dropped nothing");
+    assert_eq!((b.stat("objects"), b.stat("used_bytes")), (0, 0));
+    assert!(a.stat("used_bytes") <= size / 2);
     Ok(())
 }
