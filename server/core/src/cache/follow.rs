@@ -16,6 +16,7 @@ use tokio::sync::watch;
 use super::fill::{Fill, FillState, Phase, Resume};
 use super::store::BLOCK;
 use crate::backend::{ByteRange, ByteStream, ObjectMeta, Refusal};
+use crate::io::crc;
 use crate::io::sendfile::FileBytes;
 
 /// What a reader maps of the temp file at a time.
@@ -134,7 +135,7 @@ async fn read_back(fill: &Fill, pos: u64, to: u64) -> io::Result<Option<Bytes>> 
     }
     let map = FileBytes::resident(file, from, (stop - from) as usize).await?;
     for (i, block) in map.mapped().chunks(BLOCK as usize).enumerate() {
-        if crc32c::crc32c(block) != sums[i] {
+        if crc::crc32c(block) != sums[i] {
             tracing::error!(
                 block = first as usize + i,
                 "a cache fill's temp file failed its checksum; not committing it"
@@ -260,7 +261,7 @@ mod tests {
             s.written = written as u64;
             s.sums = data[..whole]
                 .chunks(BLOCK as usize)
-                .map(crc32c::crc32c)
+                .map(crc::crc32c)
                 .collect();
         });
         fill

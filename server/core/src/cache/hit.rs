@@ -40,6 +40,7 @@ use bytes::Bytes;
 use super::index::Entry;
 use super::{store, Body, Cache, CacheError, LocalFile, Origin, Read, HOT_MAX_OBJECT};
 use crate::backend::{ByteRange, ByteStream, RangeFn};
+use crate::io::crc;
 use crate::io::mapped::Mapped;
 use crate::io::sendfile::FileBytes;
 use crate::stats::Metric;
@@ -176,7 +177,7 @@ impl Cache {
         let first = (pos / block) as usize;
         self.stats.add(Metric::BytesChecked, bytes.len() as u64);
         for (i, chunk) in bytes.chunks(block as usize).enumerate() {
-            if entry.crcs.get(first + i) != Some(&crc32c::crc32c(chunk)) {
+            if entry.crcs.get(first + i) != Some(&crc::crc32c(chunk)) {
                 tracing::error!(key = %ikey, block = first + i, "cache entry failed its checksum; dropping it");
                 self.drop_entry(ikey, entry);
                 return Err(io::Error::other("cache entry failed its checksum"));

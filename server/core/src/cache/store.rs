@@ -13,6 +13,7 @@ use std::time::{Duration, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 
 use crate::backend::ObjectMeta;
+use crate::io::crc;
 
 /// Bytes covered by one checksum: small enough that a read of a few KiB (a shard
 /// member, a range) reads and checks little more than it sends.
@@ -168,7 +169,7 @@ impl BlockSums {
         while !data.is_empty() {
             let room = (BLOCK - self.in_block) as usize;
             let n = room.min(data.len());
-            self.current = crc32c::crc32c_append(self.current, &data[..n]);
+            self.current = crc::crc32c_append(self.current, &data[..n]);
             self.in_block += n as u64;
             data = &data[n..];
             if self.in_block == BLOCK {
@@ -278,7 +279,7 @@ mod tests {
         sums.update(&data[100..]);
         let crcs = sums.finish();
         assert_eq!(crcs.len(), 2);
-        assert_eq!(crcs[1], crc32c::crc32c(&data[BLOCK as usize..]));
+        assert_eq!(crcs[1], crc::crc32c(&data[BLOCK as usize..]));
         let meta = ObjectMeta {
             size: data.len() as u64,
             etag: "abc".into(),
@@ -304,8 +305,8 @@ mod tests {
         let path = dir.path().join("old.obj");
         let data = vec![3u8; (OLD_BLOCK + 10) as usize];
         let crcs = vec![
-            crc32c::crc32c(&data[..OLD_BLOCK as usize]),
-            crc32c::crc32c(&data[OLD_BLOCK as usize..]),
+            crc::crc32c(&data[..OLD_BLOCK as usize]),
+            crc::crc32c(&data[OLD_BLOCK as usize..]),
         ];
         let meta = ObjectMeta {
             size: data.len() as u64,

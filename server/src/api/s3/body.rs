@@ -14,6 +14,7 @@ use sha2::{Digest, Sha256};
 use super::auth::Payload;
 use crate::api::error::{S3Code, S3Error};
 use granary_core::backend::ByteStream;
+use granary_core::io::crc::crc32c_append;
 
 /// Longest chunk header or trailer line accepted.
 const MAX_LINE: usize = 4096;
@@ -182,7 +183,7 @@ impl Checksum {
     pub fn update(&mut self, data: &[u8]) {
         match self {
             Checksum::Crc32(h) => h.update(data),
-            Checksum::Crc32c(c) => *c = crc32c::crc32c_append(*c, data),
+            Checksum::Crc32c(c) => *c = crc32c_append(*c, data),
             Checksum::Crc64Nvme(d) => d.update(data),
             Checksum::Sha1(h) => h.update(data),
             Checksum::Sha256(h) => h.update(data),
