@@ -802,13 +802,18 @@ fn large_reads_split_over_connections_are_whole_and_fetched_once() -> Result<()>
             size as u64,
             "{key}"
         );
+        // The first answer is a miss; the rest's, read behind the fill, a miss too, or a
+        // hit where the fill committed before it was asked for.
         let cold_reads = u64::from(size > FIRST) + 1;
-        assert_eq!(
-            counted(&server, "misses", misses + cold_reads),
-            misses + cold_reads,
-            "{key}"
-        );
-        assert_eq!(stat(&server, "hits"), hits, "{key}: a miss has no hits");
+        let answered = || stat(&server, "misses") - misses + stat(&server, "hits") - hits;
+        for _ in 0..80 {
+            if answered() >= cold_reads {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        assert_eq!(answered(), cold_reads, "{key}");
+        assert!(stat(&server, "misses") > misses, "{key}: not a miss");
         settle(&server);
         // An empty object's fill reserves nothing, so `settle` does not wait for it.
         for _ in 0..80 {
