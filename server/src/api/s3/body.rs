@@ -14,7 +14,7 @@ use sha2::{Digest, Sha256};
 use super::auth::Payload;
 use crate::api::error::{S3Code, S3Error};
 use granary_core::backend::ByteStream;
-use granary_core::io::crc::crc32c_append;
+use granary_core::io::crc::{crc32c_append, Crc64Nvme};
 
 /// Longest chunk header or trailer line accepted.
 const MAX_LINE: usize = 4096;
@@ -157,14 +157,11 @@ fn crc_combine(crc_a: u64, crc_b: u64, len_b: u64, poly: u64, width: usize) -> u
     crc ^ crc_b
 }
 
-static CRC64_NVME: crc::Crc<u64, crc::Table<16>> =
-    crc::Crc::<u64, crc::Table<16>>::new(&crc::CRC_64_NVME);
-
 /// A running checksum.
 pub enum Checksum {
     Crc32(crc32fast::Hasher),
     Crc32c(u32),
-    Crc64Nvme(crc::Digest<'static, u64, crc::Table<16>>),
+    Crc64Nvme(Crc64Nvme),
     Sha1(sha1::Sha1),
     Sha256(Sha256),
 }
@@ -174,7 +171,7 @@ impl Checksum {
         match alg {
             ChecksumAlg::Crc32 => Checksum::Crc32(crc32fast::Hasher::new()),
             ChecksumAlg::Crc32c => Checksum::Crc32c(0),
-            ChecksumAlg::Crc64Nvme => Checksum::Crc64Nvme(CRC64_NVME.digest()),
+            ChecksumAlg::Crc64Nvme => Checksum::Crc64Nvme(Crc64Nvme::default()),
             ChecksumAlg::Sha1 => Checksum::Sha1(sha1::Sha1::new()),
             ChecksumAlg::Sha256 => Checksum::Sha256(Sha256::new()),
         }
@@ -196,7 +193,7 @@ impl Checksum {
         match self {
             Checksum::Crc32(h) => b64(&h.finalize().to_be_bytes()),
             Checksum::Crc32c(c) => b64(&c.to_be_bytes()),
-            Checksum::Crc64Nvme(d) => b64(&d.finalize().to_be_bytes()),
+            Checksum::Crc64Nvme(d) => b64(&d.finish().to_be_bytes()),
             Checksum::Sha1(h) => b64(&h.finalize()),
             Checksum::Sha256(h) => b64(&h.finalize()),
         }
