@@ -23,6 +23,8 @@ const PER_SHARD: usize = 8;
 /// Bytes of each sample's `.bin`: a shard is about 200 KiB.
 const BIN: usize = 24 << 10;
 const WORLD: usize = 2;
+/// The dataset's size at most, known before a node starts (the same bytes each time).
+const SIZE: u64 = (SHARDS * (PER_SHARD * (BIN + 512 + 1024) + 1024)) as u64;
 
 /// The dataset's bytes, written into the node's fs backend; their size.
 fn lay_out(server: &Server) -> Result<u64> {
@@ -54,17 +56,32 @@ fn lay_out_as(server: &Server, names: &[String]) -> Result<u64> {
 
 /// A node whose cache holds about half the dataset.
 fn half_cache_node(extra: &[&str]) -> Result<(Server, u64)> {
-    // The dataset's size is known before the node starts: the same bytes each time.
-    let size = (SHARDS * (PER_SHARD * (BIN + 512 + 1024) + 1024)) as u64;
-    let cap = (size / 2).to_string();
+    let cap = (SIZE / 2).to_string();
     let mut args = vec!["--cache-capacity", &cap];
     args.extend_from_slice(extra);
     let server = Server::start(ServerOpts::open().args(&args))?;
     let total = lay_out(&server)?;
-    assert!(total <= size && total > size * 9 / 10, "{total} vs {size}");
+    assert!(total <= SIZE && total > SIZE * 9 / 10, "{total} vs {SIZE}");
     let mut c = Client::new(&server.url())?;
     c.create_bucket(BUCKET).ok();
     Ok((server, total))
+}
+
+/// Members with `cap` bytes of cache each, up, all reading the first one's store.
+fn cluster(ids: &[&str], cap: u64) -> Result<Vec<Server>> {
+    let cap = cap.to_string();
+    let nodes = Server::start_cluster(ids, &ServerOpts::open().args(&["--cache-capacity", &cap]))?;
+    let refs: Vec<&Server> = nodes.iter().collect();
+    Server::wait_cluster_up(&refs, Duration::from_secs(20))?;
+    let origin = nodes[0].data_dir().join("origin").join(BUCKET);
+    std::fs::create_dir_all(&origin)?;
+    for n in &nodes[1..] {
+        let link = n.data_dir().join("origin").join(BUCKET);
+        std::fs::create_dir_all(link.parent().unwrap())?;
+        std::os::unix::fs::symlink(&origin, &link)?;
+    }
+    Client::new(&nodes[0].url())?.create_bucket(BUCKET).ok();
+    Ok(nodes)
 }
 
 fn dataset(url: &str, rank: usize, seed: u64, plan: bool) -> Dataset {
@@ -323,23 +340,8 @@ fn plans_show_in_granaryctl_and_a_drop_ends_them_cluster_wide() -> Result<()> {
 
 #[test]
 fn a_member_killed_mid_epoch_leaves_its_shards_to_the_next_owner() -> Result<()> {
-    let size = (SHARDS * (PER_SHARD * (BIN + 512 + 1024) + 1024)) as u64;
-    let cap = (size / 6).to_string();
-    let mut nodes = Server::start_cluster(
-        &["a", "b", "c"],
-        &ServerOpts::open().args(&["--cache-capacity", &cap]),
-    )?;
-    let refs: Vec<&Server> = nodes.iter().collect();
-    Server::wait_cluster_up(&refs, Duration::from_secs(20))?;
-    // One store shared by the three.
+    let mut nodes = cluster(&["a", "b", "c"], SIZE / 6)?;
     lay_out(&nodes[0])?;
-    let origin = nodes[0].data_dir().join("origin").join(BUCKET);
-    for n in &nodes[1..] {
-        let link = n.data_dir().join("origin").join(BUCKET);
-        std::fs::create_dir_all(link.parent().unwrap())?;
-        std::os::unix::fs::symlink(&origin, &link)?;
-    }
-    Client::new(&nodes[0].url())?.create_bucket(BUCKET).ok();
     let url = nodes[0].url();
     let (reads, killed) = std::thread::scope(|s| {
         let job = s.spawn(|| read(&url, 9, 2, true, Duration::from_millis(12)));
@@ -367,14 +369,7 @@ fn a_member_killed_mid_epoch_leaves_its_shards_to_the_next_owner() -> Result<()>
 #[test]
 fn a_full_owner_keeps_a_planned_datasets_shards_and_leaves_none_to_a_member_with_room() -> Result<()>
 {
-    let size = (SHARDS * (PER_SHARD * (BIN + 512 + 1024) + 1024)) as u64;
-    let cap = (size / 2).to_string();
-    let nodes = Server::start_cluster(
-        &["a", "b"],
-        &ServerOpts::open().args(&["--cache-capacity", &cap]),
-    )?;
-    let refs: Vec<&Server> = nodes.iter().collect();
-    Server::wait_cluster_up(&refs, Duration::from_secs(20))?;
+    let nodes = cluster(&["a", "b"], SIZE / 2)?;
     let (a, b) = (&nodes[0], &nodes[1]);
     // Every shard owned by `a`, which holds half of them; `b` owns none and has room
     // for the other half. An object of no plan that `a` cannot admit is left to `b`.
@@ -392,10 +387,6 @@ fn a_full_owner_keeps_a_planned_datasets_shards_and_leaves_none_to_a_member_with
         .collect();
     assert_eq!(names.len(), SHARDS);
     lay_out_as(a, &names)?;
-    let link = b.data_dir().join("origin").join(BUCKET);
-    std::fs::create_dir_all(link.parent().unwrap())?;
-    std::os::unix::fs::symlink(a.data_dir().join("origin").join(BUCKET), &link)?;
-    Client::new(&a.url())?.create_bucket(BUCKET).ok();
 
     let reads = read(&b.url(), 5, 2, true, Duration::from_millis(2));
     every_sample_once(&reads, 2);
@@ -403,6 +394,6 @@ fn a_full_owner_keeps_a_planned_datasets_shards_and_leaves_none_to_a_member_with
     // a copy there would take room no plan counts on, never dropped.
     assert!(a.stat("bytes_evicted") > 0, "a dropped nothing");
     assert_eq!((b.stat("objects"), b.stat("used_bytes")), (0, 0));
-    assert!(a.stat("used_bytes") <= size / 2);
+    assert!(a.stat("used_bytes") <= SIZE / 2);
     Ok(())
 }

@@ -19,12 +19,41 @@ pub fn crc32c(data: &[u8]) -> u32 {
 /// b) == crc32c(a ++ b)`, and `crc32c_append(0, b) == crc32c(b)`.
 #[inline]
 pub fn crc32c_append(crc: u32, data: &[u8]) -> u32 {
-    if data.is_empty() {
-        return crc;
-    }
     let mut d = Digest::new_with_init_state(CrcAlgorithm::Crc32Iscsi, u64::from(crc ^ XOR));
     d.update(data);
     d.finalize() as u32
+}
+
+/// The CRCs S3 names (`x-amz-checksum-crc32`, `-crc32c`, `-crc64nvme`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Crc {
+    Crc32,
+    Crc32c,
+    Crc64Nvme,
+}
+
+impl Crc {
+    /// Bits in its value.
+    pub fn width(self) -> usize {
+        match self {
+            Crc::Crc32 | Crc::Crc32c => 32,
+            Crc::Crc64Nvme => 64,
+        }
+    }
+
+    fn algorithm(self) -> CrcAlgorithm {
+        match self {
+            Crc::Crc32 => CrcAlgorithm::Crc32IsoHdlc,
+            Crc::Crc32c => CrcAlgorithm::Crc32Iscsi,
+            Crc::Crc64Nvme => CrcAlgorithm::Crc64Nvme,
+        }
+    }
+}
+
+/// The CRC of A followed by B, from A's and B's CRCs and B's length (zlib's
+/// `crc32_combine`), without reading either.
+pub fn combine(kind: Crc, crc_a: u64, crc_b: u64, len_b: u64) -> u64 {
+    crc_fast::checksum_combine(kind.algorithm(), crc_a, crc_b, len_b)
 }
 
 /// A running CRC-64/NVME: 28 GB/s here, where the `crc` crate's sixteen-table one ran
@@ -71,6 +100,23 @@ mod tests {
             assert_eq!(crc32c_append(crc32c(a), b), whole, "cut at {cut}");
             assert_eq!(crc32c_append(crc32c_append(0, a), b), whole, "cut at {cut}");
         }
+    }
+
+    #[test]
+    fn combined_crcs_are_the_crc_of_the_whole() {
+        let data: Vec<u8> = (0..5000u32).map(|i| (i * 31 % 251) as u8).collect();
+        for kind in [Crc::Crc32, Crc::Crc32c, Crc::Crc64Nvme] {
+            let of = |b: &[u8]| crc_fast::checksum(kind.algorithm(), b);
+            for cut in [0, 1, 8, 4096, 5000] {
+                let (a, b) = data.split_at(cut);
+                assert_eq!(
+                    combine(kind, of(a), of(b), b.len() as u64),
+                    of(&data),
+                    "{kind:?} cut at {cut}"
+                );
+            }
+        }
+        assert_eq!(Crc::Crc32.width() + Crc::Crc64Nvme.width(), 96);
     }
 
     #[test]

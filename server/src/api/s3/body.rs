@@ -14,7 +14,7 @@ use sha2::{Digest, Sha256};
 use super::auth::Payload;
 use crate::api::error::{S3Code, S3Error};
 use granary_core::backend::ByteStream;
-use granary_core::io::crc::{crc32c_append, Crc64Nvme};
+use granary_core::io::crc::{self, crc32c_append, Crc, Crc64Nvme};
 
 /// Longest chunk header or trailer line accepted.
 const MAX_LINE: usize = 4096;
@@ -60,11 +60,11 @@ impl ChecksumAlg {
     }
 
     /// A CRC's polynomial (reflected) and width: what combining CRCs needs.
-    fn crc(self) -> Option<(u64, usize)> {
+    fn crc(self) -> Option<Crc> {
         match self {
-            ChecksumAlg::Crc32 => Some((0xEDB8_8320, 32)),
-            ChecksumAlg::Crc32c => Some((0x82F6_3B78, 32)),
-            ChecksumAlg::Crc64Nvme => Some((0x9A6C_9329_AC4B_C9B5, 64)),
+            ChecksumAlg::Crc32 => Some(Crc::Crc32),
+            ChecksumAlg::Crc32c => Some(Crc::Crc32c),
+            ChecksumAlg::Crc64Nvme => Some(Crc::Crc64Nvme),
             ChecksumAlg::Sha1 | ChecksumAlg::Sha256 => None,
         }
     }
@@ -87,7 +87,8 @@ pub fn combined(alg: ChecksumAlg, parts: &[(&str, u64)], full_object: bool) -> O
         }
         return Some(format!("{}-{}", c.finish(), parts.len()));
     }
-    let (poly, width) = alg.crc()?;
+    let kind = alg.crc()?;
+    let width = kind.width();
     let mut acc: Option<u64> = None;
     for (d, (_, len)) in digests.iter().zip(parts) {
         if d.len() * 8 != width {
@@ -96,65 +97,11 @@ pub fn combined(alg: ChecksumAlg, parts: &[(&str, u64)], full_object: bool) -> O
         let crc = d.iter().fold(0u64, |a, b| (a << 8) | u64::from(*b));
         acc = Some(match acc {
             None => crc,
-            Some(a) => crc_combine(a, crc, *len, poly, width),
+            Some(a) => crc::combine(kind, a, crc, *len),
         });
     }
     let bytes = acc?.to_be_bytes();
     Some(b64.encode(&bytes[8 - width / 8..]))
-}
-
-/// The CRC of A followed by B from the CRCs of A and B and B's length (zlib's
-/// `crc32_combine`, for any reflected CRC whose initial value and final XOR are all
-/// ones): B's length in zero bits applied to A's CRC by repeated squaring of the
-/// one-zero-bit operator over GF(2).
-fn crc_combine(crc_a: u64, crc_b: u64, len_b: u64, poly: u64, width: usize) -> u64 {
-    fn times(mat: &[u64; 64], mut vec: u64) -> u64 {
-        let mut sum = 0;
-        let mut i = 0;
-        while vec != 0 {
-            if vec & 1 != 0 {
-                sum ^= mat[i];
-            }
-            vec >>= 1;
-            i += 1;
-        }
-        sum
-    }
-    fn square(out: &mut [u64; 64], mat: &[u64; 64], width: usize) {
-        for n in 0..width {
-            out[n] = times(mat, mat[n]);
-        }
-    }
-    if len_b == 0 {
-        return crc_a;
-    }
-    let (mut even, mut odd) = ([0u64; 64], [0u64; 64]);
-    odd[0] = poly;
-    for (n, row) in odd.iter_mut().enumerate().take(width).skip(1) {
-        *row = 1 << (n - 1);
-    }
-    square(&mut even, &odd, width); // two zero bits
-    square(&mut odd, &even, width); // four
-    let (mut crc, mut len) = (crc_a, len_b);
-    loop {
-        square(&mut even, &odd, width); // a zero byte, then 2, 4, ... bytes
-        if len & 1 != 0 {
-            crc = times(&even, crc);
-        }
-        len >>= 1;
-        if len == 0 {
-            break;
-        }
-        square(&mut odd, &even, width);
-        if len & 1 != 0 {
-            crc = times(&odd, crc);
-        }
-        len >>= 1;
-        if len == 0 {
-            break;
-        }
-    }
-    crc ^ crc_b
 }
 
 /// A running checksum.
