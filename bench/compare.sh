@@ -10,7 +10,8 @@
 #       server CPU s per GiB, first byte
 #   P4  shuffled epochs over D = 2 x C: never-evict against LRU, hit ratio and backend bytes
 #   P5  3 nodes of D/3 each (one cache of D) against 1 node of D/3: backend bytes per epoch
-#   P6  peak RSS of the node while serving 8 x 1 GiB streams (cold, then warm)
+#   P6  the node's own memory (RssAnon, sampled; and peak RSS) while serving 8 x 1 GiB
+#       streams (cold, then warm)
 #   P8  256 random samples out of tar shards: one GetBatch / 256 single archpath GETs
 #   P9  a first epoch (S3 backend, moto) after a prefetch / the same epoch cold
 #   P11 the 256 MiB object on the node's machine: a local read (descriptor + mmap) / HTTP
@@ -428,9 +429,20 @@ if want p6; then
 log "P6: 8 x $p6_size streams, cold then warm"
 start_granary g-p6 --backend "fs:$work/origin"
 rss_start=$(awk '/VmRSS/ {print $2}' "/proc/$g_pid/status")
+# The node's own memory (RssAnon), sampled: its RSS also counts the page-cache pages of
+# the cache windows it keeps mapped between hits.
+rm -f "$out/p6.done"
+(peak=0; while [ ! -e "$out/p6.done" ] && kill -0 "$g_pid" 2>/dev/null; do
+   a=$(awk '/RssAnon/ {print $2}' "/proc/$g_pid/status" 2>/dev/null)
+   [ "${a:-0}" -gt "$peak" ] && peak=$a
+   echo "RssAnon_peak: $peak" >"$out/p6-anon.txt"; sleep 0.05
+ done) &
+anon_watch=$!
 b run --endpoint "$g_url" --bucket bench --prefix p6/ --epochs 2 --workers 8 \
   --json "$out/p6.json" --plot "$out/p6.svg"
+touch "$out/p6.done"; wait "$anon_watch" || true
 awk '/VmHWM|VmRSS/ {print $1, $2}' "/proc/$g_pid/status" >"$out/p6-rss.txt"
+cat "$out/p6-anon.txt" >>"$out/p6-rss.txt"
 echo "VmRSS_start: $rss_start" >>"$out/p6-rss.txt"
 stop_granary
 kill "$(cat "$work/nginx.pid")" 2>/dev/null || true
@@ -572,12 +584,15 @@ if have("p6"):
     rss = {k.strip(): int(v.split()[0]) for k, v in rss.items()}
     p6 = j("p6")
     res["p6"] = {"vmhwm_kib": rss.get("VmHWM"), "rss_start_kib": rss.get("VmRSS_start"),
+                 "rss_anon_peak_kib": rss.get("RssAnon_peak"),
                  "bytes_read": p6["bytes_read"],
                  "epochs_mb_s": [e["throughput_mb_s"] for e in p6["epochs"]]}
     print(f"\nP6: 8 streams of distinct objects, {p6['bytes_read'] / 2**30:.1f} GiB served "
           f"(epoch 1 cold at {p6['epochs'][0]['throughput_mb_s']:.0f} MB/s, epoch 2 warm at "
-          f"{p6['epochs'][-1]['throughput_mb_s']:.0f} MB/s): peak RSS (VmHWM) "
-          f"**{rss.get('VmHWM', 0) / 1024:.0f} MiB**, {rss.get('VmRSS_start', 0) / 1024:.0f} MiB at start.")
+          f"{p6['epochs'][-1]['throughput_mb_s']:.0f} MB/s): the node's own memory (RssAnon, "
+          f"sampled) at most **{rss.get('RssAnon_peak', 0) / 1024:.0f} MiB**; peak RSS (VmHWM, "
+          f"with the page-cache pages of windows kept mapped) {rss.get('VmHWM', 0) / 1024:.0f} MiB, "
+          f"{rss.get('VmRSS_start', 0) / 1024:.0f} MiB at start.")
 if have("p8"):
     p8 = j("p8")
     res["p8"] = p8

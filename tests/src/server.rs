@@ -446,17 +446,32 @@ impl Server {
     /// Peak resident set size of the server (`VmHWM` in `/proc/PID/status`), in KiB.
     pub fn peak_rss_kib(&self) -> Result<u64> {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))?;
-        let line = status
-            .lines()
-            .find(|l| l.starts_with("VmHWM:"))
-            .ok_or_else(|| anyhow!("no VmHWM in /proc/{}/status", self.pid()))?;
-        let kib = line
-            .trim_start_matches("VmHWM:")
-            .trim()
-            .trim_end_matches("kB")
-            .trim()
-            .parse()?;
-        Ok(kib)
+        status_kib(&status, "VmHWM:")
+            .ok_or_else(|| anyhow!("no VmHWM in /proc/{}/status", self.pid()))
+    }
+
+    /// Samples the server's own memory (`RssAnon`: not the page-cache pages it maps,
+    /// which its RSS counts too) every 5 ms until [`AnonPeak::peak_kib`].
+    pub fn watch_anon(&self) -> AnonPeak {
+        let pid = self.pid();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let done = stop.clone();
+        let handle = std::thread::spawn(move || {
+            let mut peak = 0;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                let status = std::fs::read_to_string(format!("/proc/{pid}/status"));
+                if let Some(kib) = status
+                    .ok()
+                    .as_deref()
+                    .and_then(|s| status_kib(s, "RssAnon:"))
+                {
+                    peak = peak.max(kib);
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            peak
+        });
+        AnonPeak { stop, handle }
     }
 
     /// True while the process runs and `GET /_granary/health` answers `200`.
@@ -674,4 +689,29 @@ pub fn list_files(dir: &Path, skip: Option<&Path>) -> HashSet<PathBuf> {
         }
     }
     out
+}
+
+/// A field of `/proc/PID/status` in KiB (`VmHWM:`, `RssAnon:`).
+fn status_kib(status: &str, field: &str) -> Option<u64> {
+    let line = status.lines().find(|l| l.starts_with(field))?;
+    line[field.len()..]
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// The highest `RssAnon` of a server seen since [`Server::watch_anon`].
+pub struct AnonPeak {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    handle: std::thread::JoinHandle<u64>,
+}
+
+impl AnonPeak {
+    /// Stops sampling: the peak in KiB (0 if no sample was read).
+    pub fn peak_kib(self) -> u64 {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.handle.join().unwrap_or(0)
+    }
 }

@@ -7,7 +7,8 @@
 //!   meanwhile;
 //! - larger reads: as slices of a read-only mapping of the file, a window at a time, so
 //!   no byte is copied in user space: the kernel copies each from the page cache into
-//!   the socket, or with `--sendfile` sends the pages themselves (`io::sendfile`).
+//!   the socket, or with `--sendfile` sends the pages themselves (`io::sendfile`). The
+//!   windows' mappings are kept for the next hits, in a budget ([`maps`](super::maps)).
 //!
 //! Where reads are checked (`--verify-reads`, or an entry not yet read whole since the
 //! node started), a mapped window's blocks are checked just before they are handed on,
@@ -38,18 +39,17 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use super::index::Entry;
+use super::maps::Window;
 use super::{store, Body, Cache, CacheError, LocalFile, Origin, Read, HOT_MAX_OBJECT};
 use crate::backend::{ByteRange, ByteStream, RangeFn};
 use crate::io::crc;
 use crate::io::mapped::Mapped;
-use crate::io::sendfile::FileBytes;
 use crate::stats::Metric;
 
 /// What a mapped hit maps at a time ([`WINDOW`]): 4 MiB costs a quarter less CPU per byte
 /// than 1 MiB here (fewer mappings set up and torn down), and larger windows no less.
-/// Mapped pages count in the node's RSS while they are mapped: a window per stream (and
-/// the one the socket is still taking) bounds that. It is also what a checked hit's
-/// record of checked pages covers per mark.
+/// Windows stay mapped between hits, in a budget ([`maps`](super::maps)). It is also
+/// what a checked hit's record of checked pages covers per mark.
 use super::resident::WINDOW;
 /// Where blocks are checked, the bytes checked and handed on at a time: the kernel's
 /// copy into the socket then reads them from the CPU's cache.
@@ -239,13 +239,25 @@ impl Cache {
                     let w = pos / WINDOW;
                     let full_end = ((w + 1) * WINDOW).min(size);
                     let window_end = full_end.min(span.stop);
-                    let map = FileBytes::new(file.clone(), pos, (window_end - pos) as usize)?;
-                    let resident = map.mapped().resident();
+                    // The whole window, kept for the next hits where the budget allows
+                    // (and the file is whole); else the bytes this hit sends, for it.
+                    let kept = if meta.len() >= full_end {
+                        entry.maps.window(&self.maps, &file, w, w * WINDOW, full_end)?
+                    } else {
+                        None
+                    };
+                    let map = match kept {
+                        Some(k) => k,
+                        None => Window::once(&file, pos, (window_end - pos) as usize)?,
+                    };
+                    let base = map.start();
+                    let (from, to) = ((pos - base) as usize, (window_end - base) as usize);
+                    let resident = map.mapped().resident_range(from, to);
                     let map = if resident {
                         map
                     } else {
                         let _reading = trust.then(|| res.reading_in(size, pos));
-                        map.faulted_in().await?
+                        map.faulted_in(from, to).await?
                     };
                     if trust {
                         map.mapped().advise_random();
@@ -258,7 +270,7 @@ impl Cache {
                     let mut at = pos;
                     while at < window_end && at < span.end {
                         let to = (at + step).min(window_end);
-                        let part = window.slice((at - pos) as usize..(to - pos) as usize);
+                        let part = window.slice((at - base) as usize..(to - base) as usize);
                         if check {
                             self.check_crcs(&ikey, &entry, at, &part)?;
                         } else if earlier {

@@ -31,6 +31,8 @@ pub struct Entry {
     pub checked_at: std::sync::atomic::AtomicU64,
     /// Which windows a checked hit may send unchecked (see `resident`).
     pub resident: super::resident::Residency,
+    /// Windows of its file kept mapped between hits (see `maps`).
+    pub maps: super::maps::Maps,
 }
 
 impl Entry {

@@ -384,6 +384,7 @@ impl Cache {
                         crcs: Arc::from(crcs),
                         verified: AtomicBool::new(true),
                         resident: Default::default(),
+                        maps: Default::default(),
                         checked: AtomicU64::new(self.generation()),
                         checked_at: AtomicU64::new(crate::clock::now_ms()),
                     },

@@ -20,6 +20,7 @@ mod follow;
 mod hit;
 mod index;
 mod local;
+mod maps;
 mod miss;
 mod resident;
 mod room;
@@ -185,6 +186,8 @@ pub struct Cache {
     writes: Mutex<write::Writes>,
     /// Where a miss looks before the source.
     peers: std::sync::OnceLock<Arc<dyn Peers>>,
+    /// Bytes of entry windows kept mapped between hits, all entries together.
+    maps: Arc<maps::MapBudget>,
     /// Member indexes of cached `.tar` entries, built on first use, dropped with the entry
     /// (keyed like the index; an index of another entry of the key is rebuilt).
     tar_indexes: moka::sync::Cache<String, (Arc<Entry>, Arc<crate::archive::TarIndex>)>,
@@ -276,6 +279,7 @@ impl Cache {
                             crcs: Arc::from(l.crcs),
                             verified: AtomicBool::new(false),
                             resident: Default::default(),
+                            maps: Default::default(),
                             // Loaded from disk: checked against the source before its
                             // first hit once the cache knows it is in a cluster (which
                             // starts a new generation).
@@ -322,6 +326,7 @@ impl Cache {
                 .build(),
             writes: Mutex::new(write::Writes::default()),
             peers: std::sync::OnceLock::new(),
+            maps: Arc::new(maps::MapBudget::of_machine()),
             tar_indexes: moka::sync::Cache::builder()
                 .max_capacity(TAR_INDEX_CAPACITY)
                 .weigher(
@@ -427,6 +432,11 @@ impl Cache {
     /// cluster, steady whatever the disk does).
     pub fn usage(&self) -> Usage {
         self.lock_index().usage()
+    }
+
+    /// Bytes of entry files kept mapped between hits (`maps`).
+    pub fn mapped_bytes(&self) -> u64 {
+        self.maps.used()
     }
 
     /// Bytes the cache may still take: the capacity's room, or less when the filesystem

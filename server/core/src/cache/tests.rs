@@ -314,13 +314,15 @@ async fn a_corrupt_block_is_never_served_and_the_entry_is_dropped() {
     assert_eq!(bytes(again).await.unwrap(), obj);
 }
 
-/// Drops a file's pages from the page cache; whether they are gone.
-fn evict(path: &std::path::Path, len: usize) -> bool {
+/// Drops a file's pages from the page cache; whether the page holding byte `at` is gone.
+/// (Pages a hit keeps mapped stay; a direct write to a page takes it out, mapped or not.)
+fn evict(path: &std::path::Path, at: u64) -> bool {
     use std::os::fd::AsRawFd;
     let file = std::fs::File::open(path).unwrap();
     // SAFETY: advice on an open descriptor.
     unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-    !crate::io::mapped::Mapped::new(&file, 0, len)
+    let page = crate::io::mapped::page_size() as u64;
+    !crate::io::mapped::Mapped::new(&file, at / page * page, page as usize)
         .unwrap()
         .resident()
 }
@@ -395,7 +397,7 @@ async fn checks_cover_what_comes_from_the_disk_not_what_memory_holds() {
         eprintln!("this filesystem refuses O_DIRECT; the damage part is skipped");
         return;
     }
-    if !evict(&path, SIZE) {
+    if !evict(&path, DAMAGE) {
         eprintln!("the page cache kept the file's pages; the damage part is skipped");
         return;
     }
@@ -573,4 +575,84 @@ async fn past_its_lease_every_hit_is_checked() {
     );
     settled(&c, "k").await;
     assert_eq!(c.holds("b", "k"), Some(new.len() as u64));
+}
+
+/// A large entry's windows stay mapped between hits (whole reads and ranges alike), in
+/// the budget, and are let go with the entry; with no budget every hit maps for itself.
+/// The bytes are the same either way.
+#[tokio::test]
+async fn windows_stay_mapped_between_hits_and_go_with_their_entry() {
+    use super::resident::WINDOW;
+    const SIZE: usize = 2 * WINDOW as usize + 12_345;
+    let dir = tempfile::tempdir().unwrap();
+    let c = cache(dir.path(), 1 << 30);
+    let obj = data(SIZE, 5);
+    let src = Mem::with(&[("k", obj.clone()), ("j", data(SIZE, 6))]);
+    let ranged = |c: &Arc<Cache>, key: &'static str, a: u64, b: u64| {
+        let (c, src) = (c.clone(), src.clone());
+        async move {
+            let r = c
+                .read(
+                    &*src,
+                    "b",
+                    key,
+                    &|_| Ok(Some(ByteRange { start: a, end: b })),
+                    Mode::Stream,
+                )
+                .await
+                .unwrap();
+            assert_eq!(r.origin, Origin::Hit);
+            bytes(r).await.unwrap()
+        }
+    };
+    assert_eq!(
+        bytes(read(&c, &src, "k").await.unwrap()).await.unwrap(),
+        obj
+    );
+    settled(&c, "k").await;
+    let entry = c.lock_index().get(&super::index::key_of("b", "k")).unwrap();
+    assert_eq!(
+        (entry.maps.kept(), c.maps.used()),
+        (0, 0),
+        "a fill maps nothing"
+    );
+    for _ in 0..2 {
+        assert_eq!(ranged(&c, "k", 0, SIZE as u64).await, obj);
+    }
+    assert_eq!(entry.maps.kept(), 3, "every window kept");
+    assert_eq!(
+        c.maps.used(),
+        SIZE as u64,
+        "the budget holds the whole file"
+    );
+    let (a, b) = (WINDOW - 10, 2 * WINDOW + 100);
+    assert_eq!(
+        ranged(&c, "k", a, b).await,
+        obj.slice(a as usize..b as usize)
+    );
+    assert_eq!(entry.maps.kept(), 3, "a range uses the kept windows");
+
+    // Dropped with the entry once its last holder lets it go.
+    c.invalidate("b", "k");
+    assert_eq!(
+        c.maps.used(),
+        SIZE as u64,
+        "held while this test holds the entry"
+    );
+    drop(entry);
+    assert_eq!(c.maps.used(), 0, "let go with the entry");
+
+    // Past the budget, a hit maps what it sends and lets it go.
+    c.maps.limit_to(WINDOW);
+    assert_eq!(
+        bytes(read(&c, &src, "j").await.unwrap()).await.unwrap(),
+        data(SIZE, 6)
+    );
+    settled(&c, "j").await;
+    for _ in 0..2 {
+        assert_eq!(ranged(&c, "j", 0, SIZE as u64).await, data(SIZE, 6));
+    }
+    let entry = c.lock_index().get(&super::index::key_of("b", "j")).unwrap();
+    assert_eq!(entry.maps.kept(), 1, "one window in the budget");
+    assert_eq!(c.maps.used(), WINDOW);
 }

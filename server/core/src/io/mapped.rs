@@ -1,8 +1,9 @@
 //! Read-only mappings of cache files: how a hit's bytes are checked and handed to the
 //! connection without a copy in user space. A mapping costs no read: its pages are the
 //! page cache's own, and the only copy of a byte is the kernel's, into the socket (or
-//! none, with `sendfile`). Mapped pages count in the node's RSS while they are mapped,
-//! so callers map a window of an entry at a time and let it go once it is sent.
+//! none, with `sendfile`). Mapped pages count in the node's RSS (as file pages) while
+//! they are mapped: callers map a window of an entry at a time, and keep it for the next
+//! hits only within a budget (`cache/maps.rs`).
 
 use std::fs::File;
 use std::io;
@@ -66,13 +67,32 @@ impl Mapped {
     /// Whether every page of the mapping is in the page cache now: then touching it
     /// never waits on the disk.
     pub fn resident(&self) -> bool {
-        if self.len == 0 {
+        self.resident_range(0, self.len)
+    }
+
+    /// The pages of bytes `from..to` of the mapping, widened to whole pages: its start,
+    /// its length; `None` when empty.
+    fn pages(&self, from: usize, to: usize) -> Option<(*mut libc::c_void, usize)> {
+        let page = page_size();
+        let (from, to) = (from / page * page, to.min(self.len));
+        (from < to).then(|| {
+            // SAFETY: `from` is inside the mapping.
+            (
+                unsafe { self.base.cast::<u8>().add(from) }.cast(),
+                to - from,
+            )
+        })
+    }
+
+    /// Whether every page holding bytes `from..to` of the mapping is in the page cache
+    /// now.
+    pub fn resident_range(&self, from: usize, to: usize) -> bool {
+        let Some((base, len)) = self.pages(from, to) else {
             return true;
-        }
-        let pages = self.len.div_ceil(page_size());
-        let mut vec = vec![0u8; pages];
-        // SAFETY: `vec` has one byte per page of this live mapping.
-        let r = unsafe { libc::mincore(self.base, self.len, vec.as_mut_ptr()) };
+        };
+        let mut vec = vec![0u8; len.div_ceil(page_size())];
+        // SAFETY: `vec` has one byte per page of this range of a live mapping.
+        let r = unsafe { libc::mincore(base, len, vec.as_mut_ptr()) };
         r == 0 && vec.iter().all(|b| b & 1 == 1)
     }
 
@@ -84,17 +104,24 @@ impl Mapped {
     /// CPU s/GiB unchecked here, and the first read from the disk at 0.9 against
     /// 2.5 GB/s).
     pub fn fault_in(&self) {
-        if self.len == 0 {
+        self.fault_in_range(0, self.len);
+    }
+
+    /// [`Mapped::fault_in`] of the pages holding bytes `from..to` of the mapping.
+    pub fn fault_in_range(&self, from: usize, to: usize) {
+        let Some((base, len)) = self.pages(from, to) else {
             return;
-        }
-        // SAFETY: populating this live read-only mapping; an old kernel says EINVAL.
-        if unsafe { libc::madvise(self.base, self.len, libc::MADV_POPULATE_READ) } == 0 {
+        };
+        // SAFETY: populating this range of a live read-only mapping; an old kernel says
+        // EINVAL.
+        if unsafe { libc::madvise(base, len, libc::MADV_POPULATE_READ) } == 0 {
             return;
         }
         let step = page_size();
+        let start = base as usize - self.base as usize;
         let bytes: &[u8] = self;
         let mut sum = 0u8;
-        for at in (0..bytes.len()).step_by(step) {
+        for at in (start..start + len).step_by(step) {
             // SAFETY: `at` is inside the mapping; a volatile read so the touch stays.
             sum = sum.wrapping_add(unsafe { std::ptr::read_volatile(bytes.as_ptr().add(at)) });
         }
@@ -155,6 +182,7 @@ mod tests {
         m.fault_in();
         assert!(m.resident(), "just written and touched");
         assert_eq!(&m[..], &data[64 << 10..576 << 10]);
+        assert!(m.resident_range(5000, 9000) && m.resident_range(7, 7));
         let empty = Mapped::new(&f, 0, 0).unwrap();
         assert!(empty.is_empty() && empty.resident());
     }
@@ -174,6 +202,12 @@ mod tests {
         let m = Mapped::new(&f, 1 << 20, 2 << 20).unwrap();
         if direct {
             assert!(!m.resident(), "written around the page cache");
+        }
+        m.fault_in_range(8192 + 5, 12288);
+        assert!(m.resident_range(8192, 12288), "one page faulted in");
+        if direct {
+            // Readahead reads forward only.
+            assert!(!m.resident_range(0, 8192), "the pages before it not");
         }
         m.fault_in();
         assert!(m.resident(), "faulted in");

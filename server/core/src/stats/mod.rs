@@ -125,6 +125,9 @@ table! {
         "bytes reserved by fills in progress";
     CapacityBytes: Gauge, "capacity_bytes", "cache_capacity_bytes", "bytes the cache may hold";
     Objects: Gauge, "objects", "cache_objects", "objects in the cache";
+    /// Page-cache pages, counted in the node's RSS as file pages.
+    MappedBytes: Gauge, "mapped_bytes", "cache_mapped_bytes",
+        "bytes of cache files kept mapped between hits";
     DiskFreeBytes: Gauge, "disk_free_bytes", "cache_disk_free_bytes",
         "bytes free on the cache's filesystem";
     Plans: Gauge, "plans", "plans", "jobs' plans this node holds";
