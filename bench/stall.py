@@ -9,7 +9,9 @@ backward pass of ResNet-18 on it instead. Samples are 150,528 bytes (a 3x224x224
 image) in WebDataset tar shards, the same shards for every loader:
 
   synthetic   samples made in memory (the DataLoader's own ceiling: its hand-over)
-  granary     granary.ShardDataset over HTTP from a node on this machine (warm)
+  granary     granary.ShardDataset given the HTTP address of a node on this machine
+              (warm); the node offers its Unix socket, and the reads go on over it
+  granary-tcp the same kept on TCP (GRANARY_LOCAL_SOCKET=off)
   granary-zc  the same over the node's Unix socket, members mapped (zero_copy)
   tarfile     the shard files read from local disk with tarfile (page cache warm)
 
@@ -118,6 +120,8 @@ def loader(name: str, a, endpoint: str, sock: str, paths: list, total: int, epoc
 def epoch(name: str, a, step: Step, endpoint: str, sock: str, paths: list, total: int,
           n: int) -> dict:
     samples = 0
+    # The workers (forked as the iterator starts) take the setting from the environment.
+    os.environ["GRANARY_LOCAL_SOCKET"] = "off" if name == "granary-tcp" else "on"
     it = iter(loader(name, a, endpoint, sock, paths, total, n))
     first = next(it)  # workers started and the first batch in: not timed
     step(first)
@@ -142,7 +146,7 @@ def main() -> int:
     ap.add_argument("--shards", type=int, default=32)
     ap.add_argument("--per-shard", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--only", default="synthetic,granary,granary-zc,tarfile")
+    ap.add_argument("--only", default="synthetic,granary,granary-tcp,granary-zc,tarfile")
     ap.add_argument("--json", help="write the figures here")
     a = ap.parse_args()
     binary = os.environ.get("GRANARY_BIN", str(ROOT / "target" / "release" / "granary"))

@@ -100,7 +100,9 @@ fn node_cpu(stats: &mut Client) -> anyhow::Result<f64> {
 }
 
 fn client(endpoint: &str, t: &LocalTarget) -> anyhow::Result<Client> {
-    let c = Client::new(endpoint)?;
+    // Each way over the transport it names: TCP stays TCP, though the node offers its
+    // socket.
+    let c = Client::new(endpoint)?.with_socket_offers(false);
     Ok(match &t.credentials {
         Some((a, s, r)) => c.with_credentials(a, s, r),
         None => c,

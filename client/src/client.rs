@@ -205,6 +205,17 @@ impl Client {
         self
     }
 
+    /// Whether a node on this machine may move the connection to its Unix socket when it
+    /// offers it (default: yes, unless `GRANARY_LOCAL_SOCKET=off`); `false` keeps every
+    /// request on the address given.
+    pub fn with_socket_offers(mut self, take: bool) -> Client {
+        if !take {
+            self.conn.keep_address();
+        }
+        self.helpers.clear();
+        self
+    }
+
     /// `http://host:port` (or `unix:PATH`) of the node.
     pub fn endpoint(&self) -> &str {
         &self.endpoint
@@ -224,7 +235,7 @@ impl Client {
     pub fn fresh(&self) -> Client {
         Client {
             endpoint: self.endpoint.clone(),
-            conn: Conn::new(self.conn.addr.clone(), self.conn.timeout),
+            conn: self.conn.fresh(),
             creds: self.creds.clone(),
             local: self.local.as_ref().map(|l| Box::new(l.fresh())),
             streams: self.streams,
@@ -469,6 +480,59 @@ mod tests {
         let reqs = server.finish();
         assert_eq!(reqs.len(), 3);
         assert!(reqs.iter().all(|r| r.connection == 0));
+    }
+
+    /// A node on this machine that offers its Unix socket is reached over it from the
+    /// next request, once the process listening there is the one that offered it; an
+    /// offer naming another process is not taken, then or later.
+    #[test]
+    fn a_local_nodes_socket_is_taken_only_from_the_process_that_offers_it() {
+        use std::io::{BufRead, BufReader, Write};
+        let path = std::env::temp_dir().join(format!("granary-offer-{}.sock", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let offer = |pid: u32| format!("{pid} {}", path.display());
+
+        // Offered by this process (which listens there): the second request comes over
+        // the socket, and the TCP side sees only the first.
+        let server =
+            FakeServer::start(vec![Reply::ok(b"tcp".to_vec())
+                .with_header("x-granary-socket", &offer(std::process::id()))]);
+        let unix = std::thread::spawn(move || {
+            let (s, _) = listener.accept().unwrap();
+            let mut r = BufReader::new(s.try_clone().unwrap());
+            let mut line = String::new();
+            r.read_line(&mut line).unwrap();
+            let target = line.split(' ').nth(1).unwrap_or_default().to_owned();
+            while r.read_line(&mut line).unwrap() > 0 && !line.ends_with("\r\n\r\n") {}
+            (&s).write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\nunix")
+                .unwrap();
+            (target, listener)
+        });
+        let mut c = Client::new(&server.endpoint()).unwrap();
+        assert_eq!(c.raw("GET", "/a", b"").unwrap().body, b"tcp");
+        assert_eq!(c.raw("GET", "/b", b"").unwrap().body, b"unix");
+        let (target, listener) = unix.join().unwrap();
+        assert_eq!(target, "/b");
+        assert_eq!(server.finish().len(), 1, "only the first request over TCP");
+
+        // Offered in another process's name: the socket is tried, refused, and every
+        // request stays on TCP.
+        let server = FakeServer::start(vec![
+            Reply::ok(b"one".to_vec())
+                .with_header("x-granary-socket", &offer(std::process::id() + 1)),
+            Reply::ok(b"two".to_vec()),
+            Reply::ok(b"three".to_vec())
+                .with_header("x-granary-socket", &offer(std::process::id())),
+            Reply::ok(b"four".to_vec()),
+        ]);
+        let mut c = Client::new(&server.endpoint()).unwrap();
+        for want in ["one", "two", "three", "four"] {
+            assert_eq!(c.raw("GET", "/k", b"").unwrap().body, want.as_bytes());
+        }
+        assert_eq!(server.finish().len(), 4, "every request over TCP");
+        drop(listener);
+        let _ = std::fs::remove_file(&path);
     }
 
     #[test]

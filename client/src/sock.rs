@@ -37,6 +37,43 @@ impl Sock {
         }
     }
 
+    /// Connects to the Unix socket at `path`, on which process `pid` must be the one
+    /// answering (`SO_PEERCRED`): a node on this machine that offered its socket.
+    pub(crate) fn connect_local(path: &str, pid: i32) -> io::Result<Sock> {
+        let stream = UnixStream::connect(path)?;
+        // SAFETY: a plain C struct, all zeroes until the kernel fills it in.
+        let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
+        let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+        // SAFETY: `cred` and `len` describe a buffer the size of a `ucred`.
+        let r = unsafe {
+            libc::getsockopt(
+                stream.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_PEERCRED,
+                (&mut cred as *mut libc::ucred).cast(),
+                &mut len,
+            )
+        };
+        if r != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if cred.pid != pid {
+            return Err(io::Error::other(format!(
+                "process {} answers on {path}, not the node's {pid}",
+                cred.pid
+            )));
+        }
+        Ok(Sock::Unix {
+            stream,
+            fds: Vec::new(),
+        })
+    }
+
+    /// Whether this is a TCP connection to an address of this machine (loopback).
+    pub(crate) fn to_loopback(&self) -> bool {
+        matches!(self, Sock::Tcp(s) if s.peer_addr().is_ok_and(|a| a.ip().is_loopback()))
+    }
+
     pub(crate) fn set_timeouts(&self, timeout: Duration) -> io::Result<()> {
         match self {
             Sock::Tcp(s) => {

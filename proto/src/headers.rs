@@ -24,6 +24,11 @@ pub const PEER_SHA256: &str = "x-granary-peer-sha256";
 pub const LOCAL: &str = "x-granary-local";
 pub const LOCAL_OFFSET: &str = "x-granary-local-offset";
 pub const LOCAL_LENGTH: &str = "x-granary-local-length";
+/// On answers over TCP to a client on the node's machine (a loopback address), where the
+/// node also serves its Unix socket: `PID PATH`, the node's process id and the socket's
+/// absolute path. The client may go on over the socket, once the process answering on it
+/// is that one (`SO_PEERCRED`).
+pub const SOCKET: &str = "x-granary-socket";
 
 /// Request headers stored with an object and sent back on reads (besides
 /// `x-amz-meta-*`).

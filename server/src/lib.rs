@@ -91,9 +91,17 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         }
     });
     let listener = limits::Timed::new(listener, idle);
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown())
-        .await?;
+    // Clients on this machine are told of the Unix socket, to go on over it.
+    let app = match &config.listen_unix {
+        Some(path) => local::advertise(app, path)?,
+        None => app,
+    };
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<local::TcpPeer>(),
+    )
+    .with_graceful_shutdown(shutdown())
+    .await?;
     tracing::info!("granary stopped");
     Ok(())
 }

@@ -46,6 +46,57 @@ fn objects() -> Vec<(String, Vec<u8>)> {
     .collect()
 }
 
+/// A client given the TCP address of a node on its machine goes on over the node's Unix
+/// socket once the node offers it (`x-granary-socket: PID PATH`, on answers over TCP to
+/// loopback clients): a proxy on the TCP path sees the first GET only, and every GET
+/// brings the same bytes. A client told to keep to its address sends every GET over TCP;
+/// answers over the socket carry no offer.
+#[test]
+fn a_client_on_the_nodes_machine_goes_on_over_its_socket() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (server, sock) = start(dir.path(), ServerOpts::open())?;
+    let mut unix = unix_client(&sock);
+    unix.create_bucket(BUCKET)?;
+    let data = Pattern::new(77).bytes(0, (5 << 20) + 3);
+    unix.put_bytes(BUCKET, "obj", &data)?;
+    let path = format!("/{BUCKET}/obj");
+
+    let offer = format!("{} {}", server.pid(), sock.display());
+    let direct = Client::new(&server.url())?.raw("GET", &path, b"")?;
+    let header = |r: &granary_client::Response| {
+        r.headers
+            .iter()
+            .find(|(k, _)| k == "x-granary-socket")
+            .map(|(_, v)| v.clone())
+    };
+    assert_eq!(
+        header(&direct),
+        Some(offer),
+        "the offer: the node's pid and socket"
+    );
+    let over_socket = unix_client(&sock).raw("GET", &path, b"")?;
+    assert_eq!((over_socket.status, header(&over_socket)), (200, None));
+
+    let proxy = granary_tests::FaultProxy::start(server.addr())?;
+    let mut c = Client::new(&proxy.url())?.with_streams(1);
+    for _ in 0..4 {
+        assert!(c.get(BUCKET, "obj")? == data, "the bytes over either way");
+    }
+    assert_eq!(
+        proxy.recorded("GET", &path).len(),
+        1,
+        "the rest over the socket"
+    );
+    let mut tcp = Client::new(&proxy.url())?
+        .with_socket_offers(false)
+        .with_streams(1);
+    for _ in 0..3 {
+        assert!(tcp.get(BUCKET, "obj")? == data);
+    }
+    assert_eq!(proxy.recorded("GET", &path).len(), 4, "kept to TCP");
+    Ok(())
+}
+
 #[test]
 fn the_unix_socket_serves_the_same_api_as_tcp() -> Result<()> {
     let dir = tempfile::tempdir()?;
