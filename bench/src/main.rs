@@ -722,13 +722,15 @@ fn soak(a: &SoakArgs) -> anyhow::Result<()> {
     }
     if r.rss_max_kib > 0 {
         println!(
-            "node RSS: {} MiB after the first minute, {} MiB at most; per-minute highs (MiB): {:?}",
+            "node RSS: {} MiB after the first minute, {} MiB at most; per-minute highs (MiB): {:?}; \
+             its own memory (RssAnon) {} MiB at most",
             r.rss_warm_kib / 1024,
             r.rss_max_kib / 1024,
             r.rss_per_minute_max_kib
                 .iter()
                 .map(|k| k / 1024)
-                .collect::<Vec<_>>()
+                .collect::<Vec<_>>(),
+            r.anon_max_kib / 1024
         );
     }
     if plan.cluster.is_some() {

@@ -126,6 +126,9 @@ pub struct SoakReport {
     pub rss_warm_kib: u64,
     pub rss_max_kib: u64,
     pub rss_per_minute_max_kib: Vec<u64>,
+    /// The highest of the node's own memory (`RssAnon`), KiB: its RSS also counts the
+    /// page-cache pages of the cache windows it keeps mapped between hits.
+    pub anon_max_kib: u64,
     /// Cluster mode: reads that failed, other than those a kill excuses.
     pub failed_reads: u64,
     /// Cluster mode: what happened to the membership, and when (seconds from the start).
@@ -683,11 +686,12 @@ fn wait_healthy(endpoint: &str) -> anyhow::Result<()> {
     }
 }
 
-fn rss_kib(pid: u32) -> Option<u64> {
+/// A field of the process's `/proc/PID/status` in KiB (`VmRSS:`, `RssAnon:`).
+fn status_kib(pid: u32, field: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
 }
 
@@ -781,7 +785,10 @@ fn drive_node(
         let Some(n) = node.as_deref_mut() else {
             continue;
         };
-        if let Some(rss) = rss_kib(n.pid()) {
+        if let Some(anon) = status_kib(n.pid(), "RssAnon:") {
+            report.anon_max_kib = report.anon_max_kib.max(anon);
+        }
+        if let Some(rss) = status_kib(n.pid(), "VmRSS:") {
             minute_max = minute_max.max(rss);
             report.rss_max_kib = report.rss_max_kib.max(rss);
             if started.elapsed() >= Duration::from_secs(60) && report.rss_warm_kib == 0 {

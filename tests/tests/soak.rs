@@ -46,6 +46,7 @@ fn a_short_soak_with_restarts_reads_back_every_acknowledged_write() {
         "{text}"
     );
     assert!(r["rss_max_kib"].as_u64() > Some(0), "{text}");
+    assert!(r["anon_max_kib"].as_u64() > Some(0), "{text}");
 }
 
 /// Three members whose backend is moto behind the fault proxy (object reads slowed, or
