@@ -712,6 +712,13 @@ impl SampleIter {
                     d.set_item(ext, PyBytes::new(py, data))?;
                 }
             }
+            Delivered::Buffered(sample) => {
+                d.set_item("__key__", &sample.key)?;
+                d.set_item("__url__", &sample.shard)?;
+                for (ext, range) in &sample.fields {
+                    d.set_item(ext, PyBytes::new(py, &sample.run[range.clone()]))?;
+                }
+            }
             Delivered::Mapped(sample) => {
                 d.set_item("__key__", &sample.key)?;
                 d.set_item("__url__", &sample.shard)?;

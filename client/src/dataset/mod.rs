@@ -317,6 +317,7 @@ impl Iterator for Epoch {
         }
         Some(match self.read.as_mut()?.next()? {
             Ok(Delivered::Owned(sample)) => Ok(sample),
+            Ok(Delivered::Buffered(b)) => Ok(b.into_sample()),
             // Never asked for (`local` is off): a node passes files only when asked.
             Ok(Delivered::Mapped(m)) => Err(Error::Invalid(format!(
                 "sample {} of {} came as a file, which was not asked for",

@@ -104,12 +104,45 @@ fn runs_of(catalog: &Catalog, wanted: &[(SampleId, usize)]) -> Vec<Run> {
     runs
 }
 
-/// A sample as it is delivered: its bytes, or where they lie in the node's cache file
-/// on this machine (a local read: the bytes are mapped, never copied).
+/// A sample as it is delivered: its bytes, ranges of the run's bytes read whole, or
+/// where they lie in the node's cache file on this machine (a local read: the bytes are
+/// mapped, never copied).
 #[derive(Debug)]
 pub enum Delivered {
     Owned(Sample),
+    Buffered(BufferedSample),
     Mapped(MappedSample),
+}
+
+/// A sample whose members are ranges of its run's bytes, received whole into one buffer
+/// (no copy between the socket and it): a caller copies each member out once, into
+/// what it hands on.
+#[derive(Debug, Clone)]
+pub struct BufferedSample {
+    /// The members' common name up to the first `.` of the file name.
+    pub key: String,
+    /// The object key of the shard it came from.
+    pub shard: String,
+    /// The run's bytes.
+    pub run: Arc<Vec<u8>>,
+    /// Extension and range in `run`; in archive order.
+    pub fields: Vec<(String, std::ops::Range<usize>)>,
+}
+
+impl BufferedSample {
+    /// The sample with its members copied out.
+    pub fn into_sample(self) -> Sample {
+        let fields = self
+            .fields
+            .into_iter()
+            .map(|(ext, r)| (ext, self.run[r].to_vec()))
+            .collect();
+        Sample {
+            key: self.key,
+            shard: self.shard,
+            fields,
+        }
+    }
 }
 
 /// A sample whose members are ranges of a node's cache file.
@@ -187,21 +220,48 @@ fn jump(r: &mut InMemory<'_>, n: u64) -> std::io::Result<u64> {
     Ok(k as u64)
 }
 
+/// A sample's key and its members: extension, where the member's bytes start, their
+/// length.
+type Members = (String, Vec<(String, u64, u64)>);
+
+/// A run's samples in bytes held whole, in archive order, its headers walked in place.
+/// A sample with two members of one extension is an error, as in a streamed shard.
+fn samples_in(shard: &str, buf: &[u8]) -> Result<Vec<Members>> {
+    let broken = |source| Error::Shard {
+        shard: shard.to_owned(),
+        source,
+    };
+    let mut tar = crate::TarReader::with_skipper(InMemory { buf, pos: 0 }, jump);
+    let mut out: Vec<Members> = Vec::new();
+    while let Some((name, size)) = tar.next_header().map_err(broken)? {
+        let at = tar.get_mut().pos as u64;
+        if at + size > buf.len() as u64 {
+            let cut = std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "tar entry cut short");
+            return Err(broken(cut));
+        }
+        let Some((key, ext)) = granary_proto::shards::split_name(&name) else {
+            continue;
+        };
+        match out.last_mut() {
+            Some((k, fields)) if k == key => {
+                if fields.iter().any(|(e, _, _)| *e == ext) {
+                    let msg = format!("sample {key} has two `.{ext}` members");
+                    let twice = std::io::Error::new(std::io::ErrorKind::InvalidData, msg);
+                    return Err(broken(twice));
+                }
+                fields.push((ext, at, size));
+            }
+            _ => out.push((key.to_owned(), vec![(ext, at, size)])),
+        }
+    }
+    Ok(out)
+}
+
 /// The samples of a run the node passed as a file: its headers walked in the mapping,
 /// each member a range of the file.
 fn mapped_samples(shard: &str, local: crate::LocalFile) -> Result<Vec<Result<MappedSample>>> {
     let map = local.map().map_err(Error::Local)?;
-    let mut members = Vec::new();
-    {
-        let mut tar = crate::TarReader::with_skipper(InMemory { buf: &map, pos: 0 }, jump);
-        let broken = |source| Error::Shard {
-            shard: shard.to_owned(),
-            source,
-        };
-        while let Some((name, size)) = tar.next_header().map_err(broken)? {
-            members.push((name, tar.get_mut().pos as u64, size));
-        }
-    }
+    let samples = samples_in(shard, &map)?;
     drop(map);
     let (offset, len) = (local.offset(), local.len());
     let file = Arc::new(RunFile {
@@ -209,23 +269,63 @@ fn mapped_samples(shard: &str, local: crate::LocalFile) -> Result<Vec<Result<Map
         offset,
         len,
     });
-    let mut out: Vec<Result<MappedSample>> = Vec::new();
-    for (name, at, size) in members {
-        let Some((key, ext)) = granary_proto::shards::split_name(&name) else {
-            continue;
-        };
-        let field = (ext, offset + at, size);
-        match out.last_mut() {
-            Some(Ok(s)) if s.key == key => s.fields.push(field),
-            _ => out.push(Ok(MappedSample {
-                key: key.to_owned(),
+    Ok(samples
+        .into_iter()
+        .map(|(key, fields)| {
+            Ok(MappedSample {
+                key,
                 shard: shard.to_owned(),
                 file: file.clone(),
-                fields: vec![field],
-            })),
-        }
-    }
-    Ok(out)
+                fields: fields
+                    .into_iter()
+                    .map(|(ext, at, size)| (ext, offset + at, size))
+                    .collect(),
+            })
+        })
+        .collect())
+}
+
+/// The samples of a run received whole: each member a range of its bytes.
+fn buffered_samples(shard: &str, run: Vec<u8>) -> Result<Vec<Result<BufferedSample>>> {
+    let samples = samples_in(shard, &run)?;
+    let run = Arc::new(run);
+    Ok(samples
+        .into_iter()
+        .map(|(key, fields)| {
+            Ok(BufferedSample {
+                key,
+                shard: shard.to_owned(),
+                run: run.clone(),
+                fields: fields
+                    .into_iter()
+                    .map(|(ext, at, size)| (ext, at as usize..(at + size) as usize))
+                    .collect(),
+            })
+        })
+        .collect())
+}
+
+/// A run's bytes received whole into one buffer, straight from the socket.
+fn receive_run(
+    c: &mut crate::Client,
+    bucket: &str,
+    key: &str,
+    opts: &GetOptions,
+) -> Result<Vec<u8>> {
+    let mut run: Vec<u8> = Vec::new();
+    let mut alloc = |n: usize| -> Result<*mut u8> {
+        run.clear();
+        run.try_reserve_exact(n).map_err(|_| {
+            Error::Invalid(format!("{bucket}/{key}: {n} bytes do not fit in memory"))
+        })?;
+        Ok(run.as_mut_ptr())
+    };
+    // SAFETY: `alloc` hands out `run`'s own room for `n` bytes, which nothing touches
+    // until the call returns; on `Ok(n)` all `n` bytes are written, and `run` holds them.
+    let n = unsafe { c.get_with_alloc(bucket, key, opts, &mut alloc) }?;
+    // SAFETY: as above: `n` bytes from the start were written, within the room reserved.
+    unsafe { run.set_len(n) };
+    Ok(run)
 }
 
 /// Fetches one run: the wanted samples with their slots; with `local`, as ranges of the
@@ -258,6 +358,16 @@ fn fetch(catalog: &Catalog, run: &Run, clients: &mut Clients, local: bool) -> Re
                 }
                 crate::Local::Bytes(bytes, _) => owned(Box::new(std::io::Cursor::new(bytes)), from),
             };
+        }
+        if ranged && !shard.compressed() {
+            // A range (at most `MAX_RUN` and its last sample) whole, then its members
+            // copied out of it once. A connection cut mid-answer is an `Io` error:
+            // another member may serve the run. A shard read from its start streams.
+            let bytes = receive_run(c, &catalog.bucket, &shard.key, &opts)?;
+            let samples = buffered_samples(&shard.key, bytes)?
+                .into_iter()
+                .map(|s| s.map(Delivered::Buffered));
+            return pick(samples, from, run, &shard.key);
         }
         let cut = Arc::new(AtomicBool::new(false));
         let reader = Watched {
@@ -609,9 +719,11 @@ pub fn register(catalog: &Catalog, spec: &EpochSpec, settings: &ReadSettings) ->
 mod tests {
     use super::*;
 
+    /// A run whose answer is cut mid-way is read whole from the next member: a shard read
+    /// from its start (streamed), and a range of a spanned shard (received whole).
     #[test]
     fn a_run_cut_mid_answer_is_read_whole_from_the_next_member() {
-        use super::super::catalog::ShardInfo;
+        use super::super::catalog::{SampleSpan, ShardInfo};
         use crate::fake::{tar_of, FakeServer, Reply};
         use crate::{ClusterView, Member, MemberState};
         use granary_proto::ring::{key_hash, Ring};
@@ -620,65 +732,86 @@ mod tests {
             ("s/1.bin", &[8u8; 3000]),
             ("s/2.bin", &[9u8; 3000]),
         ]);
-        // The owner stops halfway through the shard; the next member serves it whole.
-        let cut = Reply::ok(tar[..tar.len() / 2].to_vec())
-            .with_header("content-length", &tar.len().to_string())
-            .then_close();
-        let owner = FakeServer::start(vec![cut]);
-        let next = FakeServer::start(vec![Reply::ok(tar.clone())]);
-        let order = Ring::uniform(["a", "b"]).ranked(key_hash("bk", "d/s.tar"));
-        let urls = if order[0] == 0 {
-            [owner.endpoint(), next.endpoint()]
-        } else {
-            [next.endpoint(), owner.endpoint()]
-        };
-        let members = ["a", "b"]
-            .iter()
-            .zip(&urls)
-            .map(|(id, url)| Member {
-                id: (*id).into(),
-                url: url.clone(),
-                state: MemberState::Up,
-                weight: 100.0,
-                handover: None,
+        // Each sample: a header and 3000 bytes padded to 3072.
+        let spanned: Vec<SampleSpan> = (0..3u64)
+            .map(|i| SampleSpan {
+                start: i * 3584,
+                end: (i + 1) * 3584,
             })
             .collect();
-        let view = ClusterView {
-            node_id: "a".into(),
-            members,
-            owner: None,
-        };
-        let router = Router::from_view(&next.endpoint(), &view);
-        let catalog = Catalog {
-            bucket: "bk".into(),
-            prefix: "d/".into(),
-            shards: vec![ShardInfo {
-                key: "d/s.tar".into(),
-                etag: String::new(),
-                count: 3,
-                spans: None,
-                size: 0,
-            }],
-        };
-        let run = Run {
-            shard: 0,
-            first: 0,
-            last: 2,
-            take: vec![(0, 0), (2, 1)],
-            mark: None,
-        };
-        let mut clients = Clients::new(router, None, Duration::from_secs(5));
-        let got = fetch(&catalog, &run, &mut clients, false).unwrap();
-        let got: Vec<(usize, Vec<u8>)> = got
-            .into_iter()
-            .map(|(slot, d)| match d {
-                Delivered::Owned(s) => (slot, s.fields["bin"].clone()),
-                Delivered::Mapped(_) => panic!("mapped over TCP"),
-            })
-            .collect();
-        assert_eq!(got, vec![(0, vec![7u8; 3000]), (1, vec![9u8; 3000])]);
-        assert_eq!(owner.finish().len(), 1);
-        assert_eq!(next.finish().len(), 1);
+        for spans in [None, Some(spanned)] {
+            let ranged = spans.is_some();
+            let body = if ranged {
+                tar[..3 * 3584].to_vec()
+            } else {
+                tar.clone()
+            };
+            // The owner stops halfway through; the next member serves the run whole.
+            let cut = Reply::ok(body[..body.len() / 2].to_vec())
+                .with_header("content-length", &body.len().to_string())
+                .then_close();
+            let owner = FakeServer::start(vec![cut]);
+            let next = FakeServer::start(vec![Reply::ok(body.clone())]);
+            let order = Ring::uniform(["a", "b"]).ranked(key_hash("bk", "d/s.tar"));
+            let urls = if order[0] == 0 {
+                [owner.endpoint(), next.endpoint()]
+            } else {
+                [next.endpoint(), owner.endpoint()]
+            };
+            let members = ["a", "b"]
+                .iter()
+                .zip(&urls)
+                .map(|(id, url)| Member {
+                    id: (*id).into(),
+                    url: url.clone(),
+                    state: MemberState::Up,
+                    weight: 100.0,
+                    handover: None,
+                })
+                .collect();
+            let view = ClusterView {
+                node_id: "a".into(),
+                members,
+                owner: None,
+            };
+            let router = Router::from_view(&next.endpoint(), &view);
+            let catalog = Catalog {
+                bucket: "bk".into(),
+                prefix: "d/".into(),
+                shards: vec![ShardInfo {
+                    key: "d/s.tar".into(),
+                    etag: String::new(),
+                    count: 3,
+                    spans,
+                    size: 0,
+                }],
+            };
+            let run = Run {
+                shard: 0,
+                first: 0,
+                last: 2,
+                take: vec![(0, 0), (2, 1)],
+                mark: None,
+            };
+            let mut clients = Clients::new(router, None, Duration::from_secs(5));
+            let got = fetch(&catalog, &run, &mut clients, false).unwrap();
+            let got: Vec<(usize, Vec<u8>)> = got
+                .into_iter()
+                .map(|(slot, d)| match d {
+                    Delivered::Buffered(s) if ranged => {
+                        (slot, s.into_sample().fields["bin"].clone())
+                    }
+                    Delivered::Owned(s) if !ranged => (slot, s.fields["bin"].clone()),
+                    other => panic!("{other:?} for a run ranged: {ranged}"),
+                })
+                .collect();
+            assert_eq!(got, vec![(0, vec![7u8; 3000]), (1, vec![9u8; 3000])]);
+            let asked = owner.finish();
+            assert_eq!(asked.len(), 1);
+            let range = asked[0].header("range").map(str::to_owned);
+            assert_eq!(range, ranged.then(|| format!("bytes=0-{}", 3 * 3584 - 1)));
+            assert_eq!(next.finish().len(), 1);
+        }
     }
 
     #[test]
