@@ -242,7 +242,7 @@ impl Cache {
                     // The whole window, kept for the next hits where the budget allows
                     // (and the file is whole); else the bytes this hit sends, for it.
                     let kept = if meta.len() >= full_end {
-                        entry.maps.window(&self.maps, &file, w, w * WINDOW, full_end)?
+                        entry.maps.window(&self.maps, &file, w, w * WINDOW, full_end)
                     } else {
                         None
                     };

@@ -118,7 +118,7 @@ pub struct Maps {
 impl Maps {
     /// Window `number` of the file, `start..end` of it (the file holds those bytes):
     /// the one kept, else mapped now and kept when the budget allows; `None` when it
-    /// does not.
+    /// does not, or the mapping is refused.
     pub(super) fn window(
         &self,
         budget: &Arc<MapBudget>,
@@ -126,28 +126,26 @@ impl Maps {
         number: u64,
         start: u64,
         end: u64,
-    ) -> io::Result<Option<Window>> {
+    ) -> Option<Window> {
         let mut windows = self.windows.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(k) = windows.get(&number) {
-            return Ok(Some(Window::Kept(k.clone(), start)));
+            return Some(Window::Kept(k.clone(), start));
         }
         let len = end - start;
         if !budget.take(len) {
-            return Ok(None);
+            return None;
         }
-        let map = match FileBytes::new(file.clone(), start, len as usize) {
-            Ok(m) => m,
-            Err(e) => {
-                budget.give(len);
-                return Err(e);
-            }
+        // A mapping refused (an address-space limit) is left to the hit to map for itself.
+        let Ok(map) = FileBytes::new(file.clone(), start, len as usize) else {
+            budget.give(len);
+            return None;
         };
         let kept = Arc::new(Kept {
             map,
             budget: budget.clone(),
         });
         windows.insert(number, kept.clone());
-        Ok(Some(Window::Kept(kept, start)))
+        Some(Window::Kept(kept, start))
     }
 
     /// How many windows are kept.
