@@ -94,8 +94,12 @@ enum Local {
 
 impl Local {
     fn at_start(addr: &str) -> Local {
-        let off = std::env::var("GRANARY_LOCAL_SOCKET")
-            .is_ok_and(|v| matches!(v.as_str(), "off" | "0" | "false" | "no"));
+        Local::given(addr, std::env::var("GRANARY_LOCAL_SOCKET").ok().as_deref())
+    }
+
+    /// What a connection to `addr` starts with, `GRANARY_LOCAL_SOCKET` being `setting`.
+    fn given(addr: &str, setting: Option<&str>) -> Local {
+        let off = setting.is_some_and(|v| matches!(v, "off" | "0" | "false" | "no"));
         if off || addr.starts_with("unix:") {
             Local::Never
         } else {
@@ -702,5 +706,24 @@ impl Read for BodyReader {
             }
             Framing::Chunked(_) => self.read_chunked(buf),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Local;
+
+    #[test]
+    fn the_environment_and_unix_addresses_turn_socket_offers_off() {
+        assert_eq!(Local::given("127.0.0.1:7070", None), Local::Unknown);
+        assert_eq!(Local::given("127.0.0.1:7070", Some("on")), Local::Unknown);
+        for off in ["off", "0", "false", "no"] {
+            assert_eq!(
+                Local::given("127.0.0.1:7070", Some(off)),
+                Local::Never,
+                "{off}"
+            );
+        }
+        assert_eq!(Local::given("unix:/run/g.sock", None), Local::Never);
     }
 }
