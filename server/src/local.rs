@@ -244,6 +244,48 @@ impl granary_core::io::sendfile::FileSink for FdStream {
     }
 }
 
+/// Adds `x-granary-socket: PID PATH` to every answer over TCP to a client at a loopback
+/// address (on this machine), so that it may go on over the node's Unix socket at
+/// `path`. Answers to other clients are left alone: the socket is of no use to them.
+pub fn advertise(app: axum::Router, path: &Path) -> io::Result<axum::Router> {
+    use axum::extract::{ConnectInfo, Request};
+    use axum::http::HeaderValue;
+    use axum::middleware::Next;
+
+    let path = std::path::absolute(path)?;
+    let value = HeaderValue::from_str(&format!("{} {}", std::process::id(), path.display()))
+        .map_err(|_| io::Error::other("the socket's path cannot go in a header"))?;
+    Ok(app.layer(axum::middleware::from_fn(
+        move |ConnectInfo(TcpPeer(peer)): ConnectInfo<TcpPeer>, req: Request, next: Next| {
+            let value = value.clone();
+            async move {
+                let mut resp = next.run(req).await;
+                if peer.ip().is_loopback() {
+                    resp.headers_mut()
+                        .insert(granary_proto::headers::SOCKET, value);
+                }
+                resp
+            }
+        },
+    )))
+}
+
+/// A TCP connection's client address, as connect info.
+#[derive(Debug, Clone, Copy)]
+pub struct TcpPeer(pub std::net::SocketAddr);
+
+impl<L>
+    axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, crate::limits::Timed<L>>>
+    for TcpPeer
+where
+    L: axum::serve::Listener<Addr = std::net::SocketAddr>,
+    L::Io: granary_core::io::sendfile::FileSink,
+{
+    fn connect_info(stream: axum::serve::IncomingStream<'_, crate::limits::Timed<L>>) -> TcpPeer {
+        TcpPeer(*stream.remote_addr())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -328,47 +370,5 @@ mod tests {
         std::io::Seek::rewind(&mut f).unwrap();
         f.read_to_string(&mut got).unwrap();
         assert_eq!(got, "entry bytes");
-    }
-}
-
-/// Adds `x-granary-socket: PID PATH` to every answer over TCP to a client at a loopback
-/// address (on this machine), so that it may go on over the node's Unix socket at
-/// `path`. Answers to other clients are left alone: the socket is of no use to them.
-pub fn advertise(app: axum::Router, path: &Path) -> io::Result<axum::Router> {
-    use axum::extract::{ConnectInfo, Request};
-    use axum::http::HeaderValue;
-    use axum::middleware::Next;
-
-    let path = std::path::absolute(path)?;
-    let value = HeaderValue::from_str(&format!("{} {}", std::process::id(), path.display()))
-        .map_err(|_| io::Error::other("the socket's path cannot go in a header"))?;
-    Ok(app.layer(axum::middleware::from_fn(
-        move |ConnectInfo(TcpPeer(peer)): ConnectInfo<TcpPeer>, req: Request, next: Next| {
-            let value = value.clone();
-            async move {
-                let mut resp = next.run(req).await;
-                if peer.ip().is_loopback() {
-                    resp.headers_mut()
-                        .insert(granary_proto::headers::SOCKET, value);
-                }
-                resp
-            }
-        },
-    )))
-}
-
-/// A TCP connection's client address, as connect info.
-#[derive(Debug, Clone, Copy)]
-pub struct TcpPeer(pub std::net::SocketAddr);
-
-impl<L>
-    axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, crate::limits::Timed<L>>>
-    for TcpPeer
-where
-    L: axum::serve::Listener<Addr = std::net::SocketAddr>,
-    L::Io: granary_core::io::sendfile::FileSink,
-{
-    fn connect_info(stream: axum::serve::IncomingStream<'_, crate::limits::Timed<L>>) -> TcpPeer {
-        TcpPeer(*stream.remote_addr())
     }
 }

@@ -305,29 +305,6 @@ fn buffered_samples(shard: &str, run: Vec<u8>) -> Result<Vec<Result<BufferedSamp
         .collect())
 }
 
-/// A run's bytes received whole into one buffer, straight from the socket.
-fn receive_run(
-    c: &mut crate::Client,
-    bucket: &str,
-    key: &str,
-    opts: &GetOptions,
-) -> Result<Vec<u8>> {
-    let mut run: Vec<u8> = Vec::new();
-    let mut alloc = |n: usize| -> Result<*mut u8> {
-        run.clear();
-        run.try_reserve_exact(n).map_err(|_| {
-            Error::Invalid(format!("{bucket}/{key}: {n} bytes do not fit in memory"))
-        })?;
-        Ok(run.as_mut_ptr())
-    };
-    // SAFETY: `alloc` hands out `run`'s own room for `n` bytes, which nothing touches
-    // until the call returns; on `Ok(n)` all `n` bytes are written, and `run` holds them.
-    let n = unsafe { c.get_with_alloc(bucket, key, opts, &mut alloc) }?;
-    // SAFETY: as above: `n` bytes from the start were written, within the room reserved.
-    unsafe { run.set_len(n) };
-    Ok(run)
-}
-
 /// Fetches one run: the wanted samples with their slots; with `local`, as ranges of the
 /// node's cache file where it passes one.
 fn fetch(catalog: &Catalog, run: &Run, clients: &mut Clients, local: bool) -> Result<Fetched> {
@@ -348,6 +325,13 @@ fn fetch(catalog: &Catalog, run: &Run, clients: &mut Clients, local: bool) -> Re
                 ShardSamples::new(shard.key.clone(), stream).map(|s| s.map(Delivered::Owned));
             pick(samples, first, run, &shard.key)
         };
+        // Bytes held whole: their headers walked in place, each member a range of them.
+        let buffered = |bytes: Vec<u8>| {
+            let samples = buffered_samples(&shard.key, bytes)?
+                .into_iter()
+                .map(|s| s.map(Delivered::Buffered));
+            pick(samples, from, run, &shard.key)
+        };
         if local {
             return match c.open_local(&catalog.bucket, &shard.key, &opts)? {
                 crate::Local::File(f) => {
@@ -356,18 +340,14 @@ fn fetch(catalog: &Catalog, run: &Run, clients: &mut Clients, local: bool) -> Re
                         .map(|s| s.map(Delivered::Mapped));
                     pick(samples, from, run, &shard.key)
                 }
-                crate::Local::Bytes(bytes, _) => owned(Box::new(std::io::Cursor::new(bytes)), from),
+                crate::Local::Bytes(bytes, _) => buffered(bytes),
             };
         }
         if ranged && !shard.compressed() {
-            // A range (at most `MAX_RUN` and its last sample) whole, then its members
-            // copied out of it once. A connection cut mid-answer is an `Io` error:
-            // another member may serve the run. A shard read from its start streams.
-            let bytes = receive_run(c, &catalog.bucket, &shard.key, &opts)?;
-            let samples = buffered_samples(&shard.key, bytes)?
-                .into_iter()
-                .map(|s| s.map(Delivered::Buffered));
-            return pick(samples, from, run, &shard.key);
+            // A range (at most `MAX_RUN` and its last sample) received whole, straight
+            // from the socket. A connection cut mid-answer is an `Io` error: another
+            // member may serve the run. A shard read from its start streams.
+            return buffered(c.get_with(&catalog.bucket, &shard.key, &opts)?);
         }
         let cut = Arc::new(AtomicBool::new(false));
         let reader = Watched {

@@ -108,7 +108,7 @@ impl FileBytes {
     }
 
     /// The same mapping, its pages read in (on the blocking pool) where they are not.
-    pub async fn faulted_in(self) -> io::Result<FileBytes> {
+    async fn faulted_in(self) -> io::Result<FileBytes> {
         tokio::task::spawn_blocking(move || {
             self.map.fault_in();
             self
