@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -183,6 +184,7 @@ def main() -> int:
     finally:
         node.terminate()
         node.wait()
+        shutil.rmtree(work, ignore_errors=True)
     base = statistics.median(runs["synthetic"]) if "synthetic" in runs else None
     what = (f"ResNet-18 on {torch.cuda.get_device_name()}" if a.model == "resnet18"
             else f"a {a.step_ms:g} ms wait")

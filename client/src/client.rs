@@ -221,6 +221,11 @@ impl Client {
         &self.endpoint
     }
 
+    /// Whether the node offered its Unix socket and requests go over it.
+    pub(crate) fn offered_socket(&self) -> bool {
+        self.conn.on_offered_socket()
+    }
+
     /// How long a read or write on the socket may wait.
     pub(crate) fn timeout(&self) -> Duration {
         self.conn.timeout

@@ -155,6 +155,12 @@ impl Conn {
         c
     }
 
+    /// Whether requests go (or from the next on, will go) over the node's Unix socket,
+    /// which it offered.
+    pub(crate) fn on_offered_socket(&self) -> bool {
+        matches!(self.local, Local::Offered(..) | Local::Using(..))
+    }
+
     /// Keeps to the address given: an offer of the node's Unix socket is not taken.
     pub(crate) fn keep_address(&mut self) {
         self.local = Local::Never;

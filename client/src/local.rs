@@ -10,15 +10,14 @@
 //! allows anonymous reads), and a refused one is an error like any other.
 
 use std::io;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 
 use crate::client::Client;
 use crate::objects::{get_request, GetOptions, ObjectMeta};
 use crate::{Error, Result};
 
-/// Request header asking for a descriptor instead of the bytes.
-const LOCAL: &str = "x-granary-local";
+use granary_proto::headers::{LOCAL, LOCAL_RESIDENT};
 /// Largest object read into memory when a node answers a local read with the bytes.
 const MAX_FETCHED: usize = usize::MAX - 1;
 
@@ -61,7 +60,29 @@ impl LocalFile {
     /// after it is complete, so the mapping stays valid after the descriptor is closed,
     /// even if the object is replaced or removed meanwhile.
     pub fn map(&self) -> io::Result<Mapping> {
-        Mapping::new(self.fd.as_fd(), self.offset, self.len)
+        // Shards are read front to back: ask for read-ahead.
+        Mapping::new(
+            self.fd.as_fd(),
+            self.offset,
+            self.len,
+            libc::MADV_SEQUENTIAL,
+        )
+    }
+
+    /// The asked bytes, copied out of the file where every page of them is in the page
+    /// cache now (`mincore`); `None` where one is not. Asked for with
+    /// [`LOCAL_RESIDENT`]: the node brought the range in and checked it just before it
+    /// answered, and nothing here reads a page in from the disk behind its back (the
+    /// mapping is advised random, so a touch brings in no neighbour).
+    pub fn copy_resident(&self) -> io::Result<Option<Vec<u8>>> {
+        let map = Mapping::new(self.fd.as_fd(), self.offset, self.len, libc::MADV_RANDOM)?;
+        if !map.resident()? {
+            return Ok(None);
+        }
+        let mut out = Vec::new();
+        out.try_reserve_exact(map.len).map_err(io::Error::other)?;
+        out.extend_from_slice(&map);
+        Ok(Some(out))
     }
 
     /// The descriptor, for the caller to keep.
@@ -93,8 +114,8 @@ unsafe impl Send for Mapping {}
 unsafe impl Sync for Mapping {}
 
 impl Mapping {
-    fn new(fd: BorrowedFd<'_>, offset: u64, len: u64) -> io::Result<Mapping> {
-        use std::os::fd::AsRawFd;
+    /// Maps `len` bytes of `fd` from `offset`, with `advice` for the kernel.
+    fn new(fd: BorrowedFd<'_>, offset: u64, len: u64, advice: libc::c_int) -> io::Result<Mapping> {
         let len = usize::try_from(len).map_err(io::Error::other)?;
         if len == 0 {
             return Ok(Mapping {
@@ -124,15 +145,33 @@ impl Mapping {
         if base == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        // Shards are read front to back: ask for read-ahead. Advice only; ignore failure.
-        // SAFETY: advice on the mapping just made.
-        unsafe { libc::madvise(base, map_len, libc::MADV_SEQUENTIAL) };
-        Ok(Mapping {
+        let map = Mapping {
             base,
             map_len,
             skip,
             len,
-        })
+        };
+        // SAFETY: advice on the mapping just made.
+        if unsafe { libc::madvise(base, map_len, advice) } != 0 && advice == libc::MADV_RANDOM {
+            // Without it, a touch could read pages in: the caller relies on it.
+            return Err(io::Error::last_os_error());
+        }
+        Ok(map)
+    }
+
+    /// Whether every page of the mapping is in the page cache now.
+    fn resident(&self) -> io::Result<bool> {
+        if self.map_len == 0 {
+            return Ok(true);
+        }
+        // SAFETY: sysconf reads a constant.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
+        let mut vec = vec![0u8; self.map_len.div_ceil(page)];
+        // SAFETY: the mapping is ours, and `vec` has a byte per page of it.
+        if unsafe { libc::mincore(self.base, self.map_len, vec.as_mut_ptr()) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(vec.iter().all(|v| v & 1 == 1))
     }
 }
 
@@ -203,19 +242,53 @@ impl Client {
         self
     }
 
+    /// Whether this client reaches its node over the node's Unix socket (given, or
+    /// offered by the node on this machine), where the node can pass its cache file.
+    pub fn reads_locally(&self) -> bool {
+        self.local.is_some() || self.endpoint().starts_with("unix:") || self.offered_socket()
+    }
+
     /// Reads an object (a range, a member, a transform result, as `opts` says) as a
     /// descriptor of the node's cache file where one can be had, else as bytes over HTTP.
     pub fn open_local(&mut self, bucket: &str, key: &str, opts: &GetOptions) -> Result<Local> {
+        self.open_local_as(bucket, key, opts, "fd")
+    }
+
+    /// Reads what `opts` asks for as bytes. Where the node is on this machine, they are
+    /// copied out of its cache file rather than sent through the socket, if every page of
+    /// them is resident; else, and elsewhere, they come over HTTP ([`Client::get_with`]).
+    pub fn get_resident(&mut self, bucket: &str, key: &str, opts: &GetOptions) -> Result<Vec<u8>> {
+        if self.reads_locally() {
+            match self.open_local_as(bucket, key, opts, LOCAL_RESIDENT)? {
+                Local::Bytes(bytes, _) => return Ok(bytes),
+                Local::File(f) => {
+                    if let Some(bytes) = f.copy_resident().map_err(Error::Local)? {
+                        return Ok(bytes);
+                    }
+                }
+            }
+        }
+        self.get_with(bucket, key, opts)
+    }
+
+    /// [`Client::open_local`], the descriptor asked for with `how` (`x-granary-local`).
+    fn open_local_as(
+        &mut self,
+        bucket: &str,
+        key: &str,
+        opts: &GetOptions,
+        how: &str,
+    ) -> Result<Local> {
         if let Some(mut local) = self.local.take() {
-            let got = local.ask_local(bucket, key, opts);
+            let got = local.ask_local(bucket, key, opts, how);
             self.local = Some(local);
             match got {
                 // The socket is not there (another machine) or went away: read over HTTP.
                 Err(Error::Io { .. }) => {}
                 other => return other,
             }
-        } else if self.endpoint().starts_with("unix:") {
-            return self.ask_local(bucket, key, opts);
+        } else if self.reads_locally() {
+            return self.ask_local(bucket, key, opts, how);
         }
         let mut bytes = Vec::new();
         let meta = self.get_with_into(bucket, key, opts, &mut bytes)?;
@@ -241,8 +314,14 @@ impl Client {
     }
 
     /// Asks this client's node for a descriptor.
-    fn ask_local(&mut self, bucket: &str, key: &str, opts: &GetOptions) -> Result<Local> {
-        let req = get_request(bucket, key, opts)?.header(LOCAL, "fd");
+    fn ask_local(
+        &mut self,
+        bucket: &str,
+        key: &str,
+        opts: &GetOptions,
+        how: &str,
+    ) -> Result<Local> {
+        let req = get_request(bucket, key, opts)?.header(LOCAL, how);
         let (h, mut body) = self.call(req)?;
         let meta = ObjectMeta::from_head(&h);
         if h.header(LOCAL) != Some("fd") {
@@ -270,5 +349,52 @@ impl Client {
             len,
             meta: ObjectMeta { size: len, ..meta },
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    /// A range is copied out only while every page of it is resident: once the file's
+    /// pages are dropped from the page cache, `copy_resident` declines, and reads
+    /// nothing in.
+    #[test]
+    fn only_resident_pages_are_copied_out() {
+        let path = std::env::temp_dir().join(format!("granary-resident-{}", std::process::id()));
+        let data: Vec<u8> = (0..(1u32 << 20))
+            .map(|i| (i * 7 + i / 4096) as u8)
+            .collect();
+        let mut f = std::fs::File::create(&path).unwrap();
+        f.write_all(&data).unwrap();
+        f.sync_all().unwrap();
+        drop(f);
+        let file = std::fs::File::open(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let local = LocalFile {
+            fd: file.into(),
+            offset: 4096 + 7,
+            len: 500_000,
+            meta: ObjectMeta::default(),
+        };
+        let range = 4096 + 7..4096 + 7 + 500_000;
+        // Written a moment ago: resident.
+        let copy = local.copy_resident().unwrap().expect("resident pages");
+        assert!(copy == data[range.clone()]);
+
+        // SAFETY: advice on our own descriptor.
+        let dropped =
+            unsafe { libc::posix_fadvise(local.fd.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        assert_eq!(dropped, 0);
+        let probe = || {
+            Mapping::new(local.fd(), local.offset, local.len, libc::MADV_RANDOM)
+                .unwrap()
+                .resident()
+                .unwrap()
+        };
+        assert!(!probe(), "the pages left the page cache");
+        assert!(local.copy_resident().unwrap().is_none());
+        assert!(!probe(), "declining read nothing in");
     }
 }

@@ -19,9 +19,13 @@ pub const PEER_AUTH: &str = "x-granary-peer-auth";
 /// The hex SHA-256 of the body of a member's own request, which its `x-granary-peer-auth`
 /// covers (absent: no body).
 pub const PEER_SHA256: &str = "x-granary-peer-sha256";
-/// A request for the cache file's descriptor instead of the bytes (`fd`), and on the
-/// answer, where in the file the bytes lie.
+/// A request for the cache file's descriptor instead of the bytes (`fd`, or
+/// [`LOCAL_RESIDENT`]), and on the answer, where in the file the bytes lie.
 pub const LOCAL: &str = "x-granary-local";
+/// The [`LOCAL`] of a client that copies the range out of the file only where it finds
+/// every page of it resident, touching nothing else (so that it reads nothing in from
+/// the disk), and otherwise asks for the bytes. `fd`: the client maps the file.
+pub const LOCAL_RESIDENT: &str = "fd-resident";
 pub const LOCAL_OFFSET: &str = "x-granary-local-offset";
 pub const LOCAL_LENGTH: &str = "x-granary-local-length";
 /// On answers over TCP to a client on the node's machine (a loopback address), where the

@@ -362,6 +362,31 @@ def test_zero_copy_samples_over_the_local_socket(node):
     assert sorted(keys) == sorted(every)
 
 
+def test_samples_are_copied_out_of_the_cache_file_on_the_nodes_machine(node, monkeypatch):
+    """Given the HTTP address of a node on its machine, ShardDataset goes on over the
+    node's Unix socket, and each run is copied out of the cache file the node passes
+    (counted as a local read), not sent through the socket: the same `bytes`, in the
+    same order as kept on TCP, where the node passes no file."""
+    endpoint, every, _ = node
+    c = granary.Client(endpoint)
+
+    def epoch():
+        ds = granary.ShardDataset(endpoint, BUCKET, "ds/", seed=5, shuffle_buffer=8)
+        samples = list(ds)
+        for s in samples:
+            assert type(s["bin"]) is bytes and type(s["cls"]) is bytes
+        return [check_bytes(s, every) for s in samples]
+
+    before = c.stats()["local_reads"]
+    local = epoch()
+    assert sorted(local) == sorted(every)
+    copied = c.stats()["local_reads"] - before
+    assert copied >= 1, "runs were copied out of the cache file"
+    monkeypatch.setenv("GRANARY_LOCAL_SOCKET", "off")
+    assert epoch() == local
+    assert c.stats()["local_reads"] - before == copied, "none on TCP"
+
+
 def test_a_client_works_on_both_sides_of_a_fork(node):
     endpoint, every, _ = node
     c = granary.Client(endpoint)

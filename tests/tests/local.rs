@@ -249,6 +249,68 @@ fn local_reads_map_the_cache_file() -> Result<()> {
     Ok(())
 }
 
+/// A client that copies the range out only where it finds it resident
+/// (`x-granary-local: fd-resident`, `Client::get_resident`) gets it checked and brought
+/// in first, and the node goes on trusting what it checked: its next hits send those
+/// windows without checking them again. A client that maps the file (`fd`) may read
+/// pages in unseen: from then on every hit checks.
+#[test]
+fn copies_out_of_the_cache_file_leave_it_trusted() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (server, sock) = start(dir.path(), ServerOpts::open())?;
+    let mut local = unix_client(&sock);
+    local.create_bucket(BUCKET)?;
+    // Three whole 4 MiB windows of the mapped hit path.
+    let data = Pattern::new(91).bytes(0, 12 << 20);
+    local.put_bytes(BUCKET, "obj", &data)?;
+    let mut tcp = Client::new(&server.url())?.with_socket_offers(false);
+    let counts = || -> Result<(u64, u64)> {
+        let s = server.stats()?;
+        let n = |k: &str| s[k].as_u64().unwrap_or_else(|| panic!("{k} in {s}"));
+        Ok((n("local_reads"), n("bytes_checked_earlier")))
+    };
+    // The first hit checks every block, and marks its windows checked.
+    assert!(tcp.get(BUCKET, "obj")? == data);
+    let (reads0, earlier0) = counts()?;
+
+    let part = GetOptions {
+        range: Some(1_000_000..9_000_001),
+        ..GetOptions::default()
+    };
+    let got = local.get_resident(BUCKET, "obj", &part)?;
+    assert!(got == data[1_000_000..9_000_001], "the range's bytes");
+    let (reads1, earlier1) = counts()?;
+    assert_eq!(reads1 - reads0, 1, "copied out of the file the node passed");
+    assert!(
+        earlier1 > earlier0,
+        "its windows were checked before: not again"
+    );
+    assert!(tcp.get(BUCKET, "obj")? == data);
+    let (_, earlier2) = counts()?;
+    assert_eq!(
+        earlier2 - earlier1,
+        data.len() as u64,
+        "still trusted whole"
+    );
+
+    let Local::File(file) = local.open_local(BUCKET, "obj", &GetOptions::default())? else {
+        panic!("no descriptor for a cached object");
+    };
+    assert!(file.map()?[..] == data[..]);
+    for _ in 0..2 {
+        assert!(tcp.get(BUCKET, "obj")? == data);
+    }
+    let (reads3, earlier3) = counts()?;
+    assert_eq!(reads3 - reads1, 1);
+    assert_eq!(
+        earlier3, earlier2,
+        "after a mapping reader, every block is checked"
+    );
+    // Copies still come whole, checked by the node first.
+    assert!(local.get_resident(BUCKET, "obj", &GetOptions::default())? == data);
+    Ok(())
+}
+
 #[test]
 fn the_descriptor_cannot_write_the_cache_file() -> Result<()> {
     let dir = tempfile::tempdir()?;

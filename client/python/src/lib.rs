@@ -9,7 +9,7 @@ use std::time::Duration;
 use granary_client::dataset::catalog::Catalog;
 use granary_client::dataset::plan::{Round, Split};
 use granary_client::dataset::planned::{
-    plan_epoch, read_epoch, Delivered, EpochSpec, PlannedRead, ReadSettings, RunFile,
+    plan_epoch, read_epoch, Delivered, EpochSpec, LocalReads, PlannedRead, ReadSettings, RunFile,
 };
 use granary_client::dataset::route::Router;
 use granary_client::{BatchItem, Credentials, GetOptions, Local, Missing, ObjectReader, TarReader};
@@ -160,28 +160,10 @@ impl Client {
         let mut out: Option<Py<PyBytes>> = None;
         let mut alloc = |n: usize| -> granary_client::Result<*mut u8> {
             Python::attach(|py| {
-                let len = isize::try_from(n).map_err(|_| {
+                let (obj, ptr) = new_bytes(py, n).map_err(|_| {
                     granary_client::Error::Invalid(format!("{n} bytes do not fit in memory"))
                 })?;
-                // SAFETY: a new `bytes` of `len` bytes, contents to be written; owned here
-                // until it is handed to Python whole.
-                let (obj, ptr) = unsafe {
-                    let obj = pyo3::ffi::PyBytes_FromStringAndSize(std::ptr::null(), len);
-                    if obj.is_null() {
-                        PyErr::fetch(py);
-                        return Err(granary_client::Error::Invalid(format!(
-                            "{n} bytes do not fit in memory"
-                        )));
-                    }
-                    let ptr = pyo3::ffi::PyBytes_AsString(obj).cast::<u8>();
-                    (
-                        Bound::from_owned_ptr(py, obj)
-                            .cast_into_unchecked::<PyBytes>()
-                            .unbind(),
-                        ptr,
-                    )
-                };
-                out = Some(obj);
+                out = Some(obj.unbind());
                 Ok(ptr)
             })
         };
@@ -536,7 +518,7 @@ impl Shards {
                 credentials: creds,
                 timeout: Duration::from_secs_f64(timeout.max(0.001)),
                 read_ahead: 0,
-                local: false,
+                local: LocalReads::Off,
                 plan: true,
             };
             granary_client::dataset::planned::register(&catalog, &spec, &settings)
@@ -590,7 +572,11 @@ impl Shards {
                     credentials: creds,
                     timeout: Duration::from_secs_f64(timeout.max(0.001)),
                     read_ahead,
-                    local: zero_copy,
+                    local: if zero_copy {
+                        LocalReads::Mapped
+                    } else {
+                        LocalReads::Copied
+                    },
                     plan,
                 };
                 read_epoch(catalog, &spec, settings)
@@ -600,6 +586,22 @@ impl Shards {
             read: Mutex::new(Some(read)),
             maps: Mutex::new(Vec::new()),
         })
+    }
+}
+
+/// A new `bytes` of `n` bytes whose contents the caller writes, through the pointer,
+/// before handing it on (not zeroed first, as `PyBytes::new_with` would).
+fn new_bytes(py: Python<'_>, n: usize) -> PyResult<(Bound<'_, PyBytes>, *mut u8)> {
+    let len = isize::try_from(n).map_err(|_| PyValueError::new_err("too many bytes"))?;
+    // SAFETY: a new `bytes` of `len` bytes, its contents to be written; nothing else
+    // sees it until it is handed on.
+    unsafe {
+        let obj = pyo3::ffi::PyBytes_FromStringAndSize(std::ptr::null(), len);
+        if obj.is_null() {
+            return Err(PyErr::fetch(py));
+        }
+        let ptr = pyo3::ffi::PyBytes_AsString(obj).cast::<u8>();
+        Ok((Bound::from_owned_ptr(py, obj).cast_into_unchecked(), ptr))
     }
 }
 
@@ -673,7 +675,7 @@ impl SampleIter {
         kwargs.set_item("offset", start)?;
         // Python's mmap keeps its own duplicate of the descriptor.
         let m = mmap.getattr("mmap")?.call(
-            (file.fd.as_raw_fd(), file.offset + file.len - start),
+            (file.file.as_raw_fd(), file.offset + file.len - start),
             Some(&kwargs),
         )?;
         let view = PyMemoryView::from(&m)?.into_any();

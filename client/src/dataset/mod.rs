@@ -41,7 +41,7 @@ pub use samples::Sample;
 use crate::{Client, Credentials, Error, Result};
 use catalog::{Catalog, ShardInfo};
 use plan::{SampleId, Split};
-use planned::{read_epoch, Delivered, EpochSpec, PlannedRead, ReadSettings};
+use planned::{read_epoch, Delivered, EpochSpec, LocalReads, PlannedRead, ReadSettings};
 use route::Router;
 
 /// Settings of a [`Dataset`]; [`DatasetBuilder::build`] lists the shards.
@@ -259,8 +259,8 @@ impl Dataset {
             credentials: s.credentials.clone(),
             timeout: s.timeout,
             read_ahead: s.read_ahead,
-            // Local reads hand out ranges of the node's file, not owned bytes.
-            local: false,
+            // A node on this machine: each run copied out of its cache file.
+            local: LocalReads::Copied,
             plan: s.plan,
         };
         match read_epoch(self.catalog.clone(), &self.spec(epoch), settings) {
@@ -318,7 +318,7 @@ impl Iterator for Epoch {
         Some(match self.read.as_mut()?.next()? {
             Ok(Delivered::Owned(sample)) => Ok(sample),
             Ok(Delivered::Buffered(b)) => Ok(b.into_sample()),
-            // Never asked for (`local` is off): a node passes files only when asked.
+            // Never asked for: a node passes files for mapped reads only.
             Ok(Delivered::Mapped(m)) => Err(Error::Invalid(format!(
                 "sample {} of {} came as a file, which was not asked for",
                 m.key, m.shard

@@ -41,12 +41,26 @@ pub struct ReadSettings {
     pub timeout: Duration,
     /// Runs fetched ahead, by as many threads (0: each run fetched when it is needed).
     pub read_ahead: usize,
-    /// Ask the node for its cache file (a `unix:` endpoint on its machine) and deliver
-    /// samples as ranges of it ([`Delivered::Mapped`]); bytes where it sends bytes.
-    pub local: bool,
+    /// How shards of a node on this machine are read.
+    pub local: LocalReads,
     /// Register the epoch's plan with the cluster, so that its nodes fetch each shard
     /// ahead of its first read, and mark each read with where the rank stands.
     pub plan: bool,
+}
+
+/// How a planned epoch reads the shards of a node it reaches over the node's Unix socket
+/// (a `unix:` endpoint, or the socket the node offered).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LocalReads {
+    /// As any client: the bytes come through the socket.
+    Off,
+    /// Each run copied out of the node's cache file where it is resident there
+    /// ([`Client::get_resident`](crate::Client::get_resident)): bytes, as with `Off`,
+    /// with no copy through the socket.
+    Copied,
+    /// Each run's samples delivered as ranges of the node's cache file
+    /// ([`Delivered::Mapped`]); bytes where the node sends bytes.
+    Mapped,
 }
 
 impl ReadSettings {
@@ -161,7 +175,7 @@ pub struct MappedSample {
 /// A node's cache file, passed for one run: read-only, open while a sample needs it.
 #[derive(Debug)]
 pub struct RunFile {
-    pub fd: std::os::fd::OwnedFd,
+    pub file: std::fs::File,
     /// Where the run's bytes start in the file, and how many there are.
     pub offset: u64,
     pub len: u64,
@@ -265,7 +279,7 @@ fn mapped_samples(shard: &str, local: crate::LocalFile) -> Result<Vec<Result<Map
     drop(map);
     let (offset, len) = (local.offset(), local.len());
     let file = Arc::new(RunFile {
-        fd: local.into_fd(),
+        file: local.into_fd().into(),
         offset,
         len,
     });
@@ -305,9 +319,14 @@ fn buffered_samples(shard: &str, run: Vec<u8>) -> Result<Vec<Result<BufferedSamp
         .collect())
 }
 
-/// Fetches one run: the wanted samples with their slots; with `local`, as ranges of the
-/// node's cache file where it passes one.
-fn fetch(catalog: &Catalog, run: &Run, clients: &mut Clients, local: bool) -> Result<Fetched> {
+/// Fetches one run: the wanted samples with their slots; from a node on this machine, as
+/// `local` says.
+fn fetch(
+    catalog: &Catalog,
+    run: &Run,
+    clients: &mut Clients,
+    local: LocalReads,
+) -> Result<Fetched> {
     let shard = &catalog.shards[run.shard as usize];
     let ranged = shard.ranged();
     let opts = GetOptions {
@@ -318,8 +337,13 @@ fn fetch(catalog: &Catalog, run: &Run, clients: &mut Clients, local: bool) -> Re
     };
     // The sample the bytes start at: the run's first, or the shard's.
     let from = if ranged { run.first } else { 0 };
-    let local = local && !shard.compressed();
     on_best(clients, &catalog.bucket, &shard.key, |c| {
+        let local = match local {
+            _ if shard.compressed() || !c.reads_locally() => LocalReads::Off,
+            // A shard read from its start (its spans unknown) streams.
+            LocalReads::Copied if !ranged => LocalReads::Off,
+            other => other,
+        };
         let owned = |stream: Box<dyn Read + Send>, first: u32| {
             let samples =
                 ShardSamples::new(shard.key.clone(), stream).map(|s| s.map(Delivered::Owned));
@@ -332,7 +356,10 @@ fn fetch(catalog: &Catalog, run: &Run, clients: &mut Clients, local: bool) -> Re
                 .map(|s| s.map(Delivered::Buffered));
             pick(samples, from, run, &shard.key)
         };
-        if local {
+        if local == LocalReads::Copied {
+            return buffered(c.get_resident(&catalog.bucket, &shard.key, &opts)?);
+        }
+        if local == LocalReads::Mapped {
             return match c.open_local(&catalog.bucket, &shard.key, &opts)? {
                 crate::Local::File(f) => {
                     let samples = mapped_samples(&shard.key, f)?
@@ -409,7 +436,7 @@ pub struct PlannedRead {
     shared: Arc<Shared>,
     /// Without read-ahead: the runs and how they are fetched, here (connections, and
     /// whether reads are local).
-    inline: Option<(Arc<Catalog>, Vec<Run>, Clients, bool)>,
+    inline: Option<(Arc<Catalog>, Vec<Run>, Clients, LocalReads)>,
     failed: bool,
 }
 
@@ -774,7 +801,7 @@ mod tests {
                 mark: None,
             };
             let mut clients = Clients::new(router, None, Duration::from_secs(5));
-            let got = fetch(&catalog, &run, &mut clients, false).unwrap();
+            let got = fetch(&catalog, &run, &mut clients, LocalReads::Off).unwrap();
             let got: Vec<(usize, Vec<u8>)> = got
                 .into_iter()
                 .map(|(slot, d)| match d {

@@ -138,6 +138,10 @@ class ShardDataset(_Base):  # type: ignore[misc,valid-type]
     order whatever the number of workers; give the DataLoader's ``batch_size`` for exact
     resume with workers.
 
+    With the node on this machine (a ``unix:`` endpoint, or the socket the node offers
+    to ``http://127.0.0.1:…``), each run of samples is copied out of the node's cache
+    file where its pages are in memory, rather than sent through the socket.
+
     With ``zero_copy=True`` and a ``unix:`` endpoint (the node on this machine), member
     values are read-only ``memoryview``s of the node's cache file, mapped: no byte is
     copied (``numpy.frombuffer``/``torch.frombuffer`` take them as they are). They cannot

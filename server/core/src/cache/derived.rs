@@ -33,7 +33,7 @@ impl Cache {
         Fut: Future<Output = Result<(ObjectMeta, Bytes), E>>,
     {
         let ikey = index::key_of(bucket, key);
-        if mode == Mode::Local {
+        if let Mode::Local(reader) = mode {
             let fill = || async {
                 let read = self
                     .derived(bucket, key, &ikey, &|_| Ok(None), &compute)
@@ -42,7 +42,7 @@ impl Cache {
                     .await
                     .map_err(DeriveError::Cache)
             };
-            if let Some(read) = self.local(None, &ikey, range, fill).await? {
+            if let Some(read) = self.local(None, &ikey, range, reader, fill).await? {
                 return Ok(read);
             }
         }

@@ -19,7 +19,11 @@
 //!
 //! A block that fails its check drops the entry, so the next read refetches it, and the
 //! read fails before the bad bytes are sent. For a client on this machine the file itself
-//! is handed over (`local_file`), its range checked through a mapping first.
+//! is handed over (`local_file`), its range checked through a mapping first. A client
+//! that copies out only pages it finds resident ([`LocalReader::CopiesResident`]) is
+//! handed it once the range is as the mapped path would send it: brought in, and
+//! checked where the record says it must be. Its copy then follows within microseconds,
+//! as the socket's copy does here.
 //!
 //! The window between check and send, on the mapped path: a block is checked in the page
 //! cache and then copied (or sent) from the same pages by the connection's next write,
@@ -37,10 +41,11 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use futures::StreamExt;
 
 use super::index::Entry;
 use super::maps::Window;
-use super::{store, Body, Cache, CacheError, LocalFile, Origin, Read, HOT_MAX_OBJECT};
+use super::{store, Body, Cache, CacheError, LocalFile, LocalReader, Origin, Read, HOT_MAX_OBJECT};
 use crate::backend::{ByteRange, ByteStream, RangeFn};
 use crate::io::crc;
 use crate::io::mapped::Mapped;
@@ -96,12 +101,15 @@ impl Cache {
     /// when the entry is gone. The bytes of the range are checked against their checksums
     /// first where reads are checked (`--verify-reads`, or an entry not yet read whole
     /// since it was loaded); a mismatch drops the entry and fails, as a streamed read
-    /// would.
+    /// would. For a reader that copies out resident pages only, the range is made
+    /// resident and checked as a hit would send it (windows checked since their pages
+    /// came in are not checked again), and the entry stays trusted.
     pub(super) async fn local_file(
         self: &Arc<Self>,
         ikey: &str,
         entry: Arc<Entry>,
         range: &RangeFn<'_>,
+        reader: LocalReader,
     ) -> Result<Option<LocalFile>, CacheError> {
         let resolved = range(&entry.meta).map_err(CacheError::Refused)?;
         let size = entry.meta.size;
@@ -112,9 +120,23 @@ impl Cache {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(e.into()),
         };
-        // The client reads the file itself, unseen: what it reads in is never trusted.
-        entry.resident.share(entry.meta.size);
-        if self.verify_reads || !entry.verified.load(Ordering::Relaxed) {
+        if reader == LocalReader::CopiesResident {
+            // The hit's own path, its bytes not sent: each window resident and checked
+            // (or found so) before the client copies it.
+            let span = Span::of(&entry, resolved, self.verify_reads);
+            let mut pieces = self
+                .clone()
+                .mapped_stream(ikey.to_owned(), entry.clone(), span);
+            while let Some(piece) = pieces.next().await {
+                piece?;
+            }
+        } else {
+            // The client reads the file itself, unseen: what it reads in is never trusted.
+            entry.resident.share(entry.meta.size);
+        }
+        if reader == LocalReader::Maps
+            && (self.verify_reads || !entry.verified.load(Ordering::Relaxed))
+        {
             let (cache, e2, ik) = (self.clone(), entry.clone(), ikey.to_owned());
             let f2 = file.try_clone()?;
             tokio::task::spawn_blocking(move || cache.check_blocks(&ik, &e2, &f2, start, end))

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use futures::StreamExt;
 
 use super::index;
-use super::{Body, Cache, CacheError, Origin, Read};
+use super::{Body, Cache, CacheError, LocalReader, Origin, Read};
 use crate::backend::{ByteRange, RangeFn, Source};
 
 impl Cache {
@@ -18,6 +18,7 @@ impl Cache {
         stored: Option<(&dyn Source, &str, &str)>,
         ikey: &str,
         range: &RangeFn<'_>,
+        reader: LocalReader,
         fill: F,
     ) -> Result<Option<Read>, E>
     where
@@ -25,13 +26,18 @@ impl Cache {
         Fut: Future<Output = Result<bool, E>>,
         E: From<CacheError>,
     {
-        if let Some(read) = self.local_now(stored, ikey, range, Origin::Hit).await? {
+        if let Some(read) = self
+            .local_now(stored, ikey, range, reader, Origin::Hit)
+            .await?
+        {
             return Ok(Some(read));
         }
         if self.refusing() || !fill().await? {
             return Ok(None);
         }
-        Ok(self.local_now(stored, ikey, range, Origin::Miss).await?)
+        Ok(self
+            .local_now(stored, ikey, range, reader, Origin::Miss)
+            .await?)
     }
 
     /// The current entry's file, if this node holds one.
@@ -40,6 +46,7 @@ impl Cache {
         stored: Option<(&dyn Source, &str, &str)>,
         ikey: &str,
         range: &RangeFn<'_>,
+        reader: LocalReader,
         origin: Origin,
     ) -> Result<Option<Read>, CacheError> {
         let cached = self.lock_index().get(ikey);
@@ -51,7 +58,7 @@ impl Cache {
                 return Ok(None);
             }
         }
-        let Some(lf) = self.local_file(ikey, entry, range).await? else {
+        let Some(lf) = self.local_file(ikey, entry, range, reader).await? else {
             return Ok(None);
         };
         let whole = lf.offset == 0 && lf.len == lf.meta.size;

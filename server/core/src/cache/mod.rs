@@ -86,9 +86,22 @@ pub enum Mode {
     Committed,
     /// The entry's file for a client on this machine, filled first when absent; an
     /// object that cannot be held is read as with `Stream`.
-    Local,
+    Local(LocalReader),
     /// Metadata only: the entry's, else the source's.
     Head,
+}
+
+/// How a client on this machine reads the cache file it is handed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LocalReader {
+    /// It maps the file, and its touches may read pages in from the disk unseen: the
+    /// entry's record of checked windows is never trusted again.
+    Maps,
+    /// It copies out the range only where it finds every page of it resident (through
+    /// a mapping advised random, so that it reads nothing in), else asks for the bytes:
+    /// the range is checked where the record says it must be and brought in first, and
+    /// the record stays trusted.
+    CopiesResident,
 }
 
 /// Other nodes that may hold a committed copy of an object (the cluster).
@@ -551,11 +564,12 @@ impl Cache {
                 let entry = cached.ok_or(CacheError::NotHeld)?;
                 self.serve_entry(&ikey, entry, range)
             }
-            Mode::Local => {
+            Mode::Local(reader) => {
                 // Boxed: the hot paths should not carry the size of this one's future.
-                let held = Box::pin(self.local(Some((src, bucket, key)), &ikey, range, || {
-                    self.hold(src, bucket, key)
-                }));
+                let stored = Some((src, bucket, key));
+                let held = Box::pin(
+                    self.local(stored, &ikey, range, reader, || self.hold(src, bucket, key)),
+                );
                 match held.await? {
                     Some(read) => Ok(read),
                     None => self.stream(src, bucket, key, &ikey, range, false).await,

@@ -34,6 +34,7 @@ use crate::jobs::Jobs;
 use crate::stats::{Metric, Snapshot, Stats};
 use crate::transform::{Named, TransformError, Transforms};
 
+pub use crate::cache::LocalReader;
 pub use batch::{Data, Item, Outcome};
 pub use catalog::FRESH_FOR as CATALOG_FRESH_FOR;
 pub use drain::DRAIN_FILE;

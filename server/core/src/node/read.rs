@@ -13,7 +13,7 @@ use std::sync::Arc;
 use super::{Node, NodeError};
 use crate::archive::{self, Format};
 use crate::backend::{BackendError, ByteRange, ObjectMeta, Refusal};
-use crate::cache::{self, Body, CacheError, DeriveError, Mode, Origin};
+use crate::cache::{self, Body, CacheError, DeriveError, LocalReader, Mode, Origin};
 use crate::cluster::Member;
 use crate::stats::Metric;
 use crate::transform::{self, Derived, Named, TransformError, MAX_INPUT, RESULTS};
@@ -78,8 +78,9 @@ pub enum ReadMode {
     Head,
     /// A committed copy only, never a fill (a peer asking for it).
     Committed,
-    /// The cache file itself for a client on this machine, where it can be held.
-    Local,
+    /// The cache file itself for a client on this machine, where it can be held; the
+    /// client reads it as it says.
+    Local(LocalReader),
 }
 
 /// What to read.
@@ -250,8 +251,8 @@ impl Node {
         member: &str,
     ) -> Result<Reply, NodeError> {
         let format = shard_format(req.key, member)?;
-        if format == Format::Tar && req.mode == ReadMode::Local {
-            if let Some(reply) = self.local_member(req, member).await? {
+        if let (Format::Tar, ReadMode::Local(reader)) = (format, req.mode) {
+            if let Some(reply) = self.local_member(req, member, reader).await? {
                 return Ok(reply);
             }
         }
@@ -336,6 +337,7 @@ impl Node {
         self: &Arc<Self>,
         req: &ReadRequest<'_>,
         member: &str,
+        reader: LocalReader,
     ) -> Result<Option<Reply>, NodeError> {
         let (src, cache) = (&*self.backend, &self.cache);
         let mut origin = Origin::Hit;
@@ -367,7 +369,7 @@ impl Node {
             }))
         };
         let read = cache
-            .read(src, req.bucket, req.key, &part, Mode::Local)
+            .read(src, req.bucket, req.key, &part, Mode::Local(reader))
             .await?;
         let Body::File(file) = read.body else {
             return Ok(None);
@@ -411,7 +413,7 @@ impl Node {
             resolve(req.range, meta.size)
         };
         let mode = match req.mode {
-            ReadMode::Local => Mode::Local,
+            ReadMode::Local(reader) => Mode::Local(reader),
             _ => Mode::Stream,
         };
         let compute = || self.compute(&derived, &t);
@@ -502,7 +504,7 @@ fn mode_of(mode: ReadMode) -> Mode {
         ReadMode::Stream => Mode::Stream,
         ReadMode::Head => Mode::Head,
         ReadMode::Committed => Mode::Committed,
-        ReadMode::Local => Mode::Local,
+        ReadMode::Local(reader) => Mode::Local(reader),
     }
 }
 

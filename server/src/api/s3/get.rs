@@ -10,7 +10,9 @@ use std::os::fd::OwnedFd;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
 use axum::response::{IntoResponse, Response};
-use granary_proto::headers::{CACHE, LOCAL, LOCAL_LENGTH, LOCAL_OFFSET, NODE, PLAN, TRANSFORM};
+use granary_proto::headers::{
+    CACHE, LOCAL, LOCAL_LENGTH, LOCAL_OFFSET, LOCAL_RESIDENT, NODE, PLAN, TRANSFORM,
+};
 use granary_proto::range::RangeSpec;
 use http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
 
@@ -22,7 +24,9 @@ use granary_core::archive::{self, Format};
 use granary_core::backend::ByteRange;
 use granary_core::cache::{Body as Bytes, CacheError, LocalFile, Origin};
 use granary_core::cluster::calls;
-use granary_core::node::{Conditions, Item, NodeError, ReadMode, ReadRequest, Reply, Served};
+use granary_core::node::{
+    Conditions, Item, LocalReader, NodeError, ReadMode, ReadRequest, Reply, Served,
+};
 
 /// What was read: an object (and its headers), a shard member, or a transform's result.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -47,17 +51,18 @@ pub async fn get(state: &AppState, r: Req, head: bool) -> Result<Response, S3Err
     // Members' own headers count only from a member.
     let from_member = crate::api::FromMember::of_parts(&r.parts).is_some();
     let peer_fill = from_member && calls::asks_copy(&r.parts.headers) && !head;
-    let fds = if head || peer_fill {
+    let local = if head || peer_fill {
         None
     } else {
         local_sender(&r)
     };
-    let mode = match () {
-        () if head => ReadMode::Head,
-        () if peer_fill => ReadMode::Committed,
-        () if fds.is_some() => ReadMode::Local,
-        () => ReadMode::Stream,
+    let mode = match (head, peer_fill, local.as_ref()) {
+        (true, _, _) => ReadMode::Head,
+        (_, true, _) => ReadMode::Committed,
+        (_, _, Some((_, reader))) => ReadMode::Local(*reader),
+        _ => ReadMode::Stream,
     };
+    let fds = local.map(|(fds, _)| fds);
     let mut conditions = conditions(&r.parts.headers);
     let mut range = r.header("range").and_then(RangeSpec::parse);
     let part = match r.q("partNumber") {
@@ -474,18 +479,16 @@ fn set_length(resp: &mut Response, resolved: Option<ByteRange>, size: u64) {
 }
 
 /// The connection's descriptor channel, when the request asks for a descriptor and came
-/// over the Unix socket.
-fn local_sender(r: &Req) -> Option<FdSender> {
-    if !r
-        .header(LOCAL)
-        .is_some_and(|v| v.eq_ignore_ascii_case("fd"))
-    {
-        return None;
-    }
-    r.parts
-        .extensions
-        .get::<ConnectInfo<FdSender>>()
-        .map(|c| c.0.clone())
+/// over the Unix socket, and how the client will read the file: `fd` maps it,
+/// `fd-resident` copies out the range only where it finds it resident.
+fn local_sender(r: &Req) -> Option<(FdSender, LocalReader)> {
+    let reader = match r.header(LOCAL)? {
+        v if v.eq_ignore_ascii_case("fd") => LocalReader::Maps,
+        v if v.eq_ignore_ascii_case(LOCAL_RESIDENT) => LocalReader::CopiesResident,
+        _ => return None,
+    };
+    let fds = r.parts.extensions.get::<ConnectInfo<FdSender>>()?;
+    Some((fds.0.clone(), reader))
 }
 
 /// Turns `resp` (an answer's headers, its body empty) into a descriptor answer: the file
