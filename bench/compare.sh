@@ -294,25 +294,38 @@ stop_nginx_proxy() {
   while kill -0 "$master" 2>/dev/null; do sleep 0.05; done
   rm -rf "$ng_dir"
 }
+# Busy CPU seconds of the whole machine so far: every process and kernel thread (the
+# flusher's writeback, softirqs), not idle, iowait or steal.
+machine_busy() { awk '/^cpu / {printf "%.2f\n", ($2 + $3 + $4 + $7 + $8) / 100}' /proc/stat; }
+# Runs granary-bench ARGS for one P3 side, then writes back what it left dirty (`sync`),
+# and records the machine's busy CPU over both in NAME.machine.json.
+p3_side() { # NAME ARGS...
+  local name=$1 t0 t1; shift
+  sync; t0=$(machine_busy)
+  b "$@"
+  sync; t1=$(machine_busy)
+  awk -v a="$t0" -v b="$t1" 'BEGIN {printf "{\"machine_cpu_s\": %.2f}\n", b - a}' \
+    >"$out/$name.machine.json"
+}
 log "P3: moto, $p3_n x $p3_size objects"
 export AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing AWS_REGION=us-east-1 \
   AWS_DEFAULT_REGION=us-east-1 AWS_EC2_METADATA_DISABLED=true
 b run --endpoint "$moto_url" --bucket cold --objects "$p3_n" --object-size "$p3_size" \
   --pct-put 100 --epochs 1 --workers 4
 for r in $(seq "$rounds"); do
-  b run --endpoint "$moto_url" --bucket cold --epochs 1 --workers 4 \
+  p3_side "p3-direct-$r" run --endpoint "$moto_url" --bucket cold --epochs 1 --workers 4 \
     --server-pid "$moto_pid" --json "$out/p3-direct-$r.json"
   start_granary "g-s3-$r" --backend s3 --s3-endpoint "$moto_url"
   AWS_ACCESS_KEY_ID= AWS_SECRET_ACCESS_KEY= \
-    b run --endpoint "$g_url" --bucket cold --epochs 1 --workers 4 \
+    p3_side "p3-granary-$r" run --endpoint "$g_url" --bucket cold --epochs 1 --workers 4 \
     --server-pid "$g_pid" --json "$out/p3-granary-$r.json"
   stop_granary
   rm -rf "$work/g-s3-$r"
   for mode in cache pass; do
     start_nginx_proxy "$mode" "ng-$mode-$r"
     AWS_ACCESS_KEY_ID= AWS_SECRET_ACCESS_KEY= \
-      b run --endpoint "$ng_url" --bucket cold --epochs 1 --workers 4 \
-      --server-pid "$ng_pids" --json "$out/p3-nginx-$mode-$r.json"
+      p3_side "p3-nginx-$mode-$r" run --endpoint "$ng_url" --bucket cold --epochs 1 \
+      --workers 4 --server-pid "$ng_pids" --json "$out/p3-nginx-$mode-$r.json"
     stop_nginx_proxy
   done
 done
@@ -519,6 +532,20 @@ if have("p3-granary-1"):
              "p3-nginx-cache-{r}", "read_throughput_mb_s", "MB/s")
         pair("p3_vs_nginx_cache_cpu", "P3 Granary / nginx proxy_cache, CPU s/GiB", "p3-granary-{r}",
              "p3-nginx-cache-{r}", "server_cpu.cpu_s_per_gib", "s", "{:.3f}")
+    if have("p3-nginx-cache-1.machine"):
+        # The whole machine's busy CPU over each side's pass and the `sync` after it, per
+        # GiB: what a server leaves to kernel threads (nginx's writeback) counts too. Less
+        # moto read directly's: what the proxy adds to the machine.
+        def machine(side, r):
+            return j(f"{side}-{r}.machine")["machine_cpu_s"] / (j(f"{side}-{r}")["bytes_read"] / 2**30)
+        g = [machine("p3-granary", r) - machine("p3-direct", r) for r in R]
+        n = [machine("p3-nginx-cache", r) - machine("p3-direct", r) for r in R]
+        ratios = [a / b if b > 0 else float("nan") for a, b in zip(g, n)]
+        res["p3_vs_nginx_cache_machine_cpu"] = {"granary": g, "reference": n, "ratios": ratios,
+                                                "ratio": med(ratios)}
+        rows.append(("P3 Granary / nginx proxy_cache, CPU s/GiB added to the machine (writeback included)",
+                     " / ".join(f"{x:.3f}" for x in g) + " s", " / ".join(f"{x:.3f}" for x in n) + " s",
+                     f"**{med(ratios):.2f}**"))
 
 def wrk_rps(path):
     m = re.search(r"Requests/sec:\s+([\d.]+)", open(path).read())
