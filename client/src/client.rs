@@ -221,9 +221,10 @@ impl Client {
         &self.endpoint
     }
 
-    /// Whether the node offered its Unix socket and requests go over it.
-    pub(crate) fn offered_socket(&self) -> bool {
-        self.conn.on_offered_socket()
+    /// Whether this client reaches its node over the node's Unix socket (given, or
+    /// offered by the node on this machine), where the node can pass its cache file.
+    pub fn reads_locally(&self) -> bool {
+        self.local.is_some() || self.endpoint.starts_with("unix:") || self.conn.on_offered_socket()
     }
 
     /// How long a read or write on the socket may wait.

@@ -491,15 +491,33 @@ impl BodyReader {
             .map_or_else(Vec::new, |s| s.get_mut().take_fds())
     }
 
-    /// Reads what is left of the body, up to `limit` bytes (more is an error).
+    /// Reads what is left of the body, up to `limit` bytes (more is an error): of a known
+    /// length, into one buffer of that size, straight from the socket ([`Self::fill_raw`]).
     pub(crate) fn read_all(&mut self, limit: usize) -> io::Result<Vec<u8>> {
+        let too_large = || {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("the answer is larger than {limit} bytes"),
+            )
+        };
+        if let Some(left) = self.remaining() {
+            let n = usize::try_from(left)
+                .ok()
+                .filter(|&n| n <= limit)
+                .ok_or_else(too_large)?;
+            let mut out = Vec::new();
+            out.try_reserve_exact(n).map_err(io::Error::other)?;
+            // SAFETY: `out` has room for `n` bytes, all written if the call succeeds.
+            unsafe {
+                self.fill_raw(out.as_mut_ptr(), n, true)?;
+                out.set_len(n);
+            }
+            return Ok(out);
+        }
         let mut out = Vec::new();
         self.by_ref().take(limit as u64 + 1).read_to_end(&mut out)?;
         if out.len() > limit {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("the answer is larger than {limit} bytes"),
-            ));
+            return Err(too_large());
         }
         Ok(out)
     }

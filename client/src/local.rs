@@ -242,12 +242,6 @@ impl Client {
         self
     }
 
-    /// Whether this client reaches its node over the node's Unix socket (given, or
-    /// offered by the node on this machine), where the node can pass its cache file.
-    pub fn reads_locally(&self) -> bool {
-        self.local.is_some() || self.endpoint().starts_with("unix:") || self.offered_socket()
-    }
-
     /// Reads an object (a range, a member, a transform result, as `opts` says) as a
     /// descriptor of the node's cache file where one can be had, else as bytes over HTTP.
     pub fn open_local(&mut self, bucket: &str, key: &str, opts: &GetOptions) -> Result<Local> {

@@ -124,9 +124,10 @@ impl Cache {
             // The hit's own path, its bytes not sent: each window resident and checked
             // (or found so) before the client copies it.
             let span = Span::of(&entry, resolved, self.verify_reads);
-            let mut pieces = self
-                .clone()
-                .mapped_stream(ikey.to_owned(), entry.clone(), span);
+            let opened = Some(file.try_clone()?);
+            let mut pieces =
+                self.clone()
+                    .mapped_stream(ikey.to_owned(), entry.clone(), span, opened);
             while let Some(piece) = pieces.next().await {
                 piece?;
             }
@@ -228,7 +229,7 @@ impl Cache {
         if span.size <= HOT_MAX_OBJECT || span.end - span.start <= SMALL_READ {
             self.read_stream(ikey, entry, span)
         } else {
-            self.mapped_stream(ikey, entry, span)
+            self.mapped_stream(ikey, entry, span, None)
         }
     }
 
@@ -238,11 +239,21 @@ impl Cache {
     /// the socket's copy waits on the disk in the runtime. A checked hit checks a window
     /// only where its pages came from the disk since it was last checked whole
     /// ([`Residency`](super::resident::Residency)); with `--sendfile` the kernel reads the
-    /// file itself, and every block is checked.
-    fn mapped_stream(self: Arc<Self>, ikey: String, entry: Arc<Entry>, span: Span) -> ByteStream {
+    /// file itself, and every block is checked. `opened`: the entry's file, where the
+    /// caller has it open already.
+    fn mapped_stream(
+        self: Arc<Self>,
+        ikey: String,
+        entry: Arc<Entry>,
+        span: Span,
+        opened: Option<File>,
+    ) -> ByteStream {
         let stream = async_stream::try_stream! {
             if span.start < span.end {
-                let file = Arc::new(File::open(&entry.path)?);
+                let file = Arc::new(match opened {
+                    Some(f) => f,
+                    None => File::open(&entry.path)?,
+                });
                 // A mapping read past the end of its file faults: the node never shortens
                 // an entry file, only damage does, so check once here.
                 let meta = file.metadata()?;
