@@ -112,6 +112,8 @@ struct State {
     used: Instant,
     /// Ranks' furthest places in the current epoch, noted here.
     noted: HashMap<u32, u64>,
+    /// The epoch of each shard's last planned read noted here, by key.
+    last_read: HashMap<String, u64>,
     /// At the home: each member's last report.
     reports: HashMap<String, (Instant, Report)>,
     /// The standing last learned (from the home, or made here at the home).
@@ -135,6 +137,7 @@ impl Plan {
                 sent: None,
                 used: Instant::now(),
                 noted: HashMap::new(),
+                last_read: HashMap::new(),
                 reports: HashMap::new(),
                 standing: Standing {
                     epoch,
@@ -213,6 +216,15 @@ impl Plan {
             st.schedule = Arc::new(s);
             st.noted.clear();
         }
+    }
+
+    /// Whether `key` was read here in an earlier epoch and not yet in this one: its
+    /// read of this epoch is still to come, wherever the ranks' places stand.
+    pub fn unread_here(&self, key: &str) -> bool {
+        let st = self.lock();
+        st.last_read
+            .get(key)
+            .is_some_and(|&e| e < st.schedule.epoch)
     }
 
     /// This node's report to the plan's home.
@@ -494,7 +506,7 @@ impl Plans {
 
     /// A planned read was served here: notes the rank's place, and whether the read
     /// found its object committed (`ready`). Marks of plans not held are ignored.
-    pub fn note(&self, mark: &PlanMark, ready: bool) {
+    pub fn note(&self, mark: &PlanMark, key: &str, ready: bool) {
         let Some(plan) = self.get(&mark.plan) else {
             return;
         };
@@ -509,6 +521,11 @@ impl Plans {
         if mark.epoch == st.spec.epoch {
             let p = st.noted.entry(mark.rank).or_default();
             *p = (*p).max(mark.place);
+        }
+        if let Some(e) = st.last_read.get_mut(key) {
+            *e = (*e).max(mark.epoch);
+        } else if st.spec.shards.iter().any(|s| s.key == key) {
+            st.last_read.insert(key.to_owned(), mark.epoch);
         }
     }
 }
@@ -591,8 +608,8 @@ mod tests {
         let plans = Plans::new(Duration::from_secs(60));
         let plan = plans.register(spec(2)).unwrap().plan;
         let id = plan.id.clone();
-        plans.note(&mark(&id, 0, 0, 7), true);
-        plans.note(&mark(&id, 0, 0, 5), false);
+        plans.note(&mark(&id, 0, 0, 7), "p/0.tar", true);
+        plans.note(&mark(&id, 0, 0, 5), "p/0.tar", false);
         // One rank seen: the slowest place is not known yet.
         let s = plan.merge("a", plan.report());
         assert_eq!((s.place, s.consumed), (0, 7));
@@ -614,9 +631,36 @@ mod tests {
         let v = plan.view(Duration::from_secs(60));
         assert_eq!((v.place, v.consumed, v.reads_ready), (4, 11, 1));
         // A mark of the next epoch moves the plan on, with no client call.
-        plans.note(&mark(&id, 1, 0, 1), true);
+        plans.note(&mark(&id, 1, 0, 1), "p/0.tar", true);
         assert_eq!(plan.spec().epoch, 1);
         assert_eq!(plan.position().1, 0);
+    }
+
+    #[test]
+    fn a_shard_read_last_epoch_is_unread_until_its_read_of_this_one() {
+        let plans = Plans::new(Duration::from_secs(60));
+        let plan = plans.register(spec(1)).unwrap().plan;
+        let id = plan.id.clone();
+        assert!(
+            !plan.unread_here("p/0.tar"),
+            "no read noted: the places decide"
+        );
+        plans.note(&mark(&id, 0, 0, 3), "p/0.tar", true);
+        plans.note(&mark(&id, 0, 0, 4), "p/1.tar", true);
+        assert!(!plan.unread_here("p/0.tar"), "read in this epoch");
+        // The ranks move on to epoch 1 and read shard 1 first.
+        plans.note(&mark(&id, 1, 0, 0), "p/1.tar", true);
+        assert!(
+            plan.unread_here("p/0.tar"),
+            "its read of epoch 1 is still to come"
+        );
+        assert!(!plan.unread_here("p/1.tar"));
+        plans.note(&mark(&id, 1, 0, 9), "p/0.tar", true);
+        assert!(!plan.unread_here("p/0.tar"));
+        // A key of no shard of the plan is not kept.
+        plans.note(&mark(&id, 1, 0, 9), "q/x.tar", true);
+        assert!(!plan.unread_here("q/x.tar"));
+        assert_eq!(plan.lock().last_read.len(), 2);
     }
 
     #[test]

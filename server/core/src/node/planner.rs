@@ -15,9 +15,12 @@
 //!   holding (Belady's choice); the first of them not in the cache is fetched through
 //!   the cache (a miss like any other:
 //!   one fill, read by whoever asks meanwhile) when it fits beside what is there, or
-//!   when dropping planned entries needed later than it makes room. At most
-//!   [`FETCHES`] at once, and one while the node's own clients' misses wait on the
-//!   backend: demand reads go first, and the planner still gets ahead of them.
+//!   when dropping planned entries needed later than it makes room. One while the
+//!   node's own clients' misses wait on the backend (demand reads go first, and the
+//!   planner still gets ahead of them; a read that joins a planned fetch is none);
+//!   else as many as the shards still missing need at one fetch's measured
+//!   throughput, [`FETCHES`] − 1 to 2 × [`FETCHES`]: members share a backend per
+//!   connection, and one that owns more of the misses takes more of it.
 //! - **Just in time.** A fetch starts no earlier than it must: the planner measures
 //!   the backend's throughput while it fetches, and starts the next fetch once the
 //!   shards still missing, fetched one after another at that rate, would otherwise
@@ -27,8 +30,12 @@
 //!   Times come from the ranks' pace when no read waits; while clients' reads have
 //!   waited on the backend within [`BEHIND`], the planner is behind, and fetches the
 //!   shards still to be read in this epoch as soon as it can.
-//! - **Dropping.** Only entries of a plan's shards the ranks have read in this epoch,
-//!   never one a read holds, and only for a shard needed sooner. Entries of no plan
+//! - **Dropping.** Only entries of a plan's shards the ranks have read in this epoch
+//!   (by their places, and, where this node served the shard's read of the last
+//!   epoch, by its read of this one), never one a read holds, and only for a shard
+//!   needed sooner. A shard of the next epoch takes the place of an entry kept for
+//!   the next epoch only when it can wait no longer: fetched early, it holds that
+//!   place across the epoch's end, and the entry it replaced is fetched again. Entries of no plan
 //!   stay under the cache's policy. A dropped entry's next read is an ordinary miss:
 //!   bytes never change.
 
@@ -68,6 +75,8 @@ pub struct Planner {
     fetching: Mutex<HashMap<String, u64>>,
     /// The backend's throughput as the planner's fetches see it.
     meter: Mutex<Meter>,
+    /// One fetch's throughput, bytes per second (0: not measured yet).
+    per_fetch: Mutex<f64>,
     exchanging: AtomicBool,
     /// The node's clients' reads waiting on the backend.
     demand: Arc<AtomicUsize>,
@@ -112,17 +121,13 @@ impl Meter {
     }
 }
 
-/// Whether a fetch should start now: the latest time the first of `missing` (sizes and
-/// seconds to their reads, soonest first) can start, when they are fetched one after
-/// another at `rate` bytes per second behind `backlog` bytes already in flight, is
-/// within `slack` and the time of one more fetch (fetches in flight share the rate, so
-/// the first one started may end later than alone); always, when the rate is not known.
-fn due_now(missing: &[(u64, f64)], backlog: u64, rate: f64, slack: f64) -> bool {
-    let Some(&(first, _)) = missing.first() else {
-        return false;
-    };
-    if rate <= 0.0 {
-        return true;
+/// How long the first of `missing` (sizes and seconds to their reads, soonest first)
+/// may wait to start, when they are fetched one after another at `rate` bytes per
+/// second behind `backlog` bytes already in flight (below 0: late already); `None`
+/// when nothing is missing or the rate is not known.
+fn spare(missing: &[(u64, f64)], backlog: u64, rate: f64) -> Option<f64> {
+    if missing.is_empty() || rate <= 0.0 {
+        return None;
     }
     let mut done = backlog as f64 / rate;
     let mut latest = f64::INFINITY;
@@ -130,7 +135,35 @@ fn due_now(missing: &[(u64, f64)], backlog: u64, rate: f64, slack: f64) -> bool 
         done += size as f64 / rate;
         latest = latest.min(due - done);
     }
-    latest <= slack + first as f64 / rate
+    Some(latest)
+}
+
+/// The rate, in bytes per second, at which `missing` (as in [`spare`]) must come for
+/// each to be in before its read.
+fn need(missing: &[(u64, f64)], backlog: u64) -> f64 {
+    let mut bytes = backlog as f64;
+    let mut most = 0.0f64;
+    for &(size, due) in missing {
+        bytes += size as f64;
+        most = most.max(bytes / due.max(0.05));
+    }
+    most
+}
+
+/// Whether a fetch should start now: the first of `missing` can wait no more than
+/// `slack` and the time of one more fetch (fetches in flight share the rate, so the
+/// first one started may end later than alone); always, when the rate is not known.
+fn due_now(missing: &[(u64, f64)], backlog: u64, rate: f64, slack: f64) -> bool {
+    let Some(&(first, _)) = missing.first() else {
+        return false;
+    };
+    spare(missing, backlog, rate).is_none_or(|s| s <= slack + first as f64 / rate)
+}
+
+/// Whether `p`'s read comes within `slack` and its own fetch (behind `backlog` bytes in
+/// flight, at `rate` bytes per second): a fetch that can wait no longer.
+fn just_in_time(p: &Planned, backlog: u64, rate: f64, slack: f64) -> bool {
+    rate <= 0.0 || (p.due - p.early).max(0.0) <= slack + (backlog + p.size) as f64 / rate
 }
 
 /// One of this node's shards as the plans see it.
@@ -226,11 +259,12 @@ impl Node {
         self.plans.get(id).map(|p| p.view(self.plans.ttl()))
     }
 
-    /// A planned read was served here (`mark`: its `x-granary-plan`), from a committed
-    /// entry or not.
-    pub fn planned_read(&self, mark: &str, origin: Origin) {
+    /// A planned read of `key` was served here (`mark`: its `x-granary-plan`), from a
+    /// committed entry or not.
+    pub fn planned_read(&self, mark: &str, key: &str, origin: Origin) {
+        tracing::debug!(mark, ?origin, "a planned read");
         if let Some(m) = PlanMark::parse(mark) {
-            self.plans.note(&m, origin == Origin::Hit);
+            self.plans.note(&m, key, origin == Origin::Hit);
         }
     }
 
@@ -245,12 +279,37 @@ impl Node {
     /// starts no fetch meanwhile.
     pub fn demand(&self) -> Demand {
         self.planner.demand.fetch_add(1, Ordering::AcqRel);
+        self.waited_now();
+        Demand(self.planner.demand.clone())
+    }
+
+    /// A client's read waits on the backend: on a fetch of the planner's (a read that
+    /// joins it adds nothing to the backend's load, and counts as no demand), or on
+    /// its own.
+    pub(super) fn waited_now(&self) {
         *self
             .planner
             .waited
             .lock()
             .unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
-        Demand(self.planner.demand.clone())
+    }
+
+    /// Whether a client's read waited on the backend within [`BEHIND`].
+    fn waited_lately(&self) -> bool {
+        self.planner
+            .waited
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some_and(|at| at.elapsed() < BEHIND)
+    }
+
+    /// Whether the planner is fetching `bucket/key`.
+    pub(super) fn fetching_planned(&self, bucket: &str, key: &str) -> bool {
+        self.planner
+            .fetching
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(&format!("{bucket}/{key}"))
     }
 
     /// Starts the planner's loop (within the runtime); it ends with the node.
@@ -387,7 +446,7 @@ impl Node {
         (missing, held)
     }
 
-    fn next_step(&self, fetching: &HashMap<String, u64>) -> Option<Step> {
+    fn next_step(&self, fetching: &HashMap<String, u64>, demand: bool) -> Option<Step> {
         let (mut wanted, held) = self.split_held();
         // Shards being read now are the readers' to bring (by range, as they go); the
         // planner brings the next ones before their first read. A shard a client's read
@@ -430,27 +489,59 @@ impl Node {
         // Behind: a client's read waited lately, and the shard first needed is still to be
         // read in this epoch. A shard for the next epoch waits for its time even then:
         // fetched early, it is the first entry dropped for a read of this epoch's.
-        let behind = wanted.first().is_some_and(|p| p.due < p.reuse)
-            && self
-                .planner
-                .waited
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .is_some_and(|at| at.elapsed() < BEHIND);
-        let rate = self
+        let behind = wanted.first().is_some_and(|p| p.due < p.reuse) && self.waited_lately();
+        // One fetch's throughput, and how many at once the shards still missing need
+        // to come in before their reads: members share the backend per connection,
+        // so a member with more to fetch takes a larger share by running more.
+        let one = *self
+            .planner
+            .per_fetch
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let most = if demand {
+            1
+        } else if one > 0.0 {
+            let wanted = (need(&missing, backlog) / one).ceil() as usize;
+            let wanted = wanted.max(FETCHES - 1) + usize::from(self.waited_lately());
+            wanted.clamp(1, 2 * FETCHES)
+        } else {
+            FETCHES
+        };
+        // When to start: as if [`FETCHES`] ran at once, at the throughput measured (a
+        // span in which this member had the backend to itself says little of one in
+        // which every member fetches).
+        let measured = self
             .planner
             .meter
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .rate;
+        // (Fetches that end quickly leave no span long enough to measure, and the rate
+        // stays unknown: every fetch is due then.)
+        let rate = if measured > 0.0 && one > 0.0 {
+            measured.min(one * FETCHES as f64)
+        } else {
+            measured
+        };
+        if fetching.len() >= most {
+            return None;
+        }
         if !behind && !due_now(&missing, backlog, rate, SLACK.as_secs_f64()) {
             return None;
         }
         let first = wanted.into_iter().next().filter(|p| p.due <= horizon)?;
-        match self.room_for(&first, held)? {
-            v if v.is_empty() => Some(Step::Fetch(first)),
-            v => Some(Step::DropThenFetch(v, first)),
+        let victims = self.room_for(&first, held)?;
+        if victims.is_empty() {
+            return Some(Step::Fetch(first));
         }
+        // A shard of the next epoch fetched before this epoch's reads are over, in
+        // place of an entry kept for the next epoch, takes that entry's place across
+        // the epoch's end, and the entry is fetched again: only when it can wait no
+        // longer (once the ranks read the next epoch, its entries read make room).
+        if first.due >= first.reuse && !just_in_time(&first, backlog, rate, SLACK.as_secs_f64()) {
+            return None;
+        }
+        Some(Step::DropThenFetch(victims, first))
     }
 
     /// The planned entries to drop so that `target` fits: none when it fits now, `None`
@@ -462,10 +553,12 @@ impl Node {
             return Some(Vec::new());
         }
         // Farthest first; only those needed later than the shard, and read already in
-        // this epoch (their next read is the next epoch's): one that is still to be read
-        // in this epoch is worth keeping until then, as an entry read meanwhile will
-        // make room (dropping it for a fetch made early would cost its fetch again).
-        held.retain(|p| p.due > target.due && p.due >= p.reuse);
+        // this epoch (their next read is the next epoch's, and no read of the last epoch
+        // is the last one noted here: the ranks' places run ahead of a slow reader's):
+        // one that is still to be read in this epoch is worth keeping until then, as an
+        // entry read meanwhile will make room (dropping it for a fetch made early would
+        // cost its fetch again).
+        held.retain(|p| p.due > target.due && p.due >= p.reuse && !p.plan.unread_here(&p.key));
         held.sort_by(|a, b| b.due.total_cmp(&a.due));
         let mut freed = room;
         let mut victims = Vec::new();
@@ -532,12 +625,8 @@ impl Node {
         }
         // Clients' reads waiting on the backend go first: one planned fetch at most
         // beside them (the planner then keeps its place ahead of them, which is what
-        // keeps them from waiting).
-        let most = if self.planner.demand.load(Ordering::Acquire) > 0 {
-            1
-        } else {
-            FETCHES
-        };
+        // keeps them from waiting); reads that join a planned fetch are none of them.
+        let demand = self.planner.demand.load(Ordering::Acquire) > 0;
         let step = {
             let fetching = self
                 .planner
@@ -553,10 +642,10 @@ impl Node {
                     self.stats.get(Metric::BytesFromBackend),
                     Instant::now(),
                 );
-            if fetching.len() >= most {
+            if fetching.len() >= 2 * FETCHES {
                 return;
             }
-            self.next_step(&fetching)
+            self.next_step(&fetching, demand)
         };
         let shard = match step {
             None => return,
@@ -580,10 +669,18 @@ impl Node {
         tracing::debug!(key = %shard.key, due_s = shard.due, reuse_s = shard.reuse, "a planned fetch starts");
         let node = self.clone();
         tokio::spawn(async move {
+            let started = Instant::now();
             match node.fetch_planned(&shard.bucket, &shard.key).await {
                 Ok(bytes) if bytes > 0 => {
                     shard.plan.fetched(bytes);
                     node.stats.add(Metric::BytesPlanned, bytes);
+                    let r = bytes as f64 / started.elapsed().as_secs_f64().max(1e-3);
+                    let mut one = node
+                        .planner
+                        .per_fetch
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner());
+                    *one = if *one > 0.0 { 0.7 * *one + 0.3 * r } else { r };
                 }
                 Ok(_) => {}
                 Err(e) => tracing::warn!(key = %shard.key, error = %e, "a planned fetch failed"),
@@ -659,6 +756,22 @@ mod tests {
         // No rate known yet: now; nothing missing: never.
         assert!(due_now(&missing, 0, 0.0, slack));
         assert!(!due_now(&[], 0, MB as f64, slack));
+    }
+
+    #[test]
+    fn the_rate_needed_is_the_steepest_of_the_shards_still_missing() {
+        // 1 MB by 10 s, 2 MB by 11 s, 3 MB by 12 s: 0.25 MB/s would do.
+        let missing = [(MB, 10.0), (MB, 11.0), (MB, 12.0)];
+        assert!((need(&missing, 0) - 0.25 * MB as f64).abs() < 1.0);
+        // 2 MB in flight ahead of them: 5 MB by 12 s.
+        assert!((need(&missing, 2 * MB) - 5.0 / 12.0 * MB as f64).abs() < 1.0);
+        // One read soon sets the pace: 1 MB in half a second.
+        let soon = [(MB, 0.5), (MB, 11.0)];
+        assert!((need(&soon, 0) - 2.0 * MB as f64).abs() < 1.0);
+        assert_eq!(need(&[], 0), 0.0);
+        // Late already: the first may wait less than nothing.
+        assert!(spare(&[(4 * MB, 2.0)], 0, MB as f64).is_some_and(|s| s < 0.0));
+        assert_eq!(spare(&[(MB, 2.0)], 0, 0.0), None, "no rate known");
     }
 
     /// The meter measures only spans in which a fetch was in flight throughout.

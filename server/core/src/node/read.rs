@@ -162,15 +162,19 @@ impl Node {
             (None, None) => {
                 self.room_for_planned(req.bucket, req.key);
                 let reply = self.read_object(req, mode_of(req.mode)).await?;
-                Ok(self.counted_as_demand(reply))
+                Ok(self.counted_as_demand(req, reply))
             }
         }
     }
 
     /// A client's read waiting on the backend: the planner, when it has plans, waits
     /// for it while its body lives (with none, nothing to count on the read path).
-    fn counted_as_demand(&self, mut reply: Reply) -> Reply {
+    fn counted_as_demand(&self, req: &ReadRequest<'_>, mut reply: Reply) -> Reply {
         if !matches!(reply.origin, Origin::Miss | Origin::Bypass) || self.plans.is_empty() {
+            return reply;
+        }
+        if reply.origin == Origin::Miss && self.fetching_planned(req.bucket, req.key) {
+            self.waited_now();
             return reply;
         }
         tracing::debug!(origin = ?reply.origin, range = ?reply.range, "a client's read waits on the backend");
@@ -210,7 +214,7 @@ impl Node {
             }
             other => other,
         }?;
-        Ok(Served::Here(self.counted_as_demand(reply)))
+        Ok(Served::Here(self.counted_as_demand(req, reply)))
     }
 
     pub(super) async fn read_object(

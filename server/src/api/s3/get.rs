@@ -124,7 +124,7 @@ pub async fn get(state: &AppState, r: Req, head: bool) -> Result<Response, S3Err
         }
     };
     if let Some(mark) = r.header(PLAN) {
-        node.planned_read(mark, reply.origin);
+        node.planned_read(mark, r.key(), reply.origin);
     }
     let mut resp = answer(state, &r, kind, reply, fds.as_ref());
     if let Some(p) = part.filter(|p| p.count > 1 || p.etag.contains('-')) {
