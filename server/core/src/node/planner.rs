@@ -35,9 +35,9 @@
 //!   epoch, by its read of this one), never one a read holds, and only for a shard
 //!   needed sooner. A shard of the next epoch takes the place of an entry kept for
 //!   the next epoch only when it can wait no longer: fetched early, it holds that
-//!   place across the epoch's end, and the entry it replaced is fetched again. Entries of no plan
-//!   stay under the cache's policy. A dropped entry's next read is an ordinary miss:
-//!   bytes never change.
+//!   place across the epoch's end, and the entry it replaced is fetched again.
+//!   Entries of no plan stay under the cache's policy. A dropped entry's next read is
+//!   an ordinary miss: bytes never change.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -75,8 +75,6 @@ pub struct Planner {
     fetching: Mutex<HashMap<String, u64>>,
     /// The backend's throughput as the planner's fetches see it.
     meter: Mutex<Meter>,
-    /// One fetch's throughput, bytes per second (0: not measured yet).
-    per_fetch: Mutex<f64>,
     exchanging: AtomicBool,
     /// The node's clients' reads waiting on the backend.
     demand: Arc<AtomicUsize>,
@@ -92,6 +90,17 @@ struct Meter {
     since: Option<(Instant, u64)>,
     /// Bytes per second (0: not measured yet).
     rate: f64,
+    /// One planned fetch's throughput, bytes per second (0: not measured yet).
+    one: f64,
+}
+
+/// `old` moved toward a new measure `r` (`r` itself where nothing was measured yet).
+fn smoothed(old: f64, r: f64) -> f64 {
+    if old > 0.0 {
+        0.7 * old + 0.3 * r
+    } else {
+        r
+    }
 }
 
 impl Meter {
@@ -109,15 +118,16 @@ impl Meter {
             None => self.since = Some((now, bytes)),
             Some((at, before)) if now.duration_since(at) >= Self::SPAN => {
                 let r = bytes.saturating_sub(before) as f64 / now.duration_since(at).as_secs_f64();
-                self.rate = if self.rate > 0.0 {
-                    0.7 * self.rate + 0.3 * r
-                } else {
-                    r
-                };
+                self.rate = smoothed(self.rate, r);
                 self.since = Some((now, bytes));
             }
             Some(_) => {}
         }
+    }
+
+    /// A planned fetch brought `bytes` in `took`.
+    fn fetched(&mut self, bytes: u64, took: Duration) {
+        self.one = smoothed(self.one, bytes as f64 / took.as_secs_f64().max(1e-3));
     }
 }
 
@@ -163,7 +173,7 @@ fn due_now(missing: &[(u64, f64)], backlog: u64, rate: f64, slack: f64) -> bool 
 /// Whether `p`'s read comes within `slack` and its own fetch (behind `backlog` bytes in
 /// flight, at `rate` bytes per second): a fetch that can wait no longer.
 fn just_in_time(p: &Planned, backlog: u64, rate: f64, slack: f64) -> bool {
-    rate <= 0.0 || (p.due - p.early).max(0.0) <= slack + (backlog + p.size) as f64 / rate
+    spare(&[(p.size, (p.due - p.early).max(0.0))], backlog, rate).is_none_or(|s| s <= slack)
 }
 
 /// One of this node's shards as the plans see it.
@@ -446,7 +456,7 @@ impl Node {
         (missing, held)
     }
 
-    fn next_step(&self, fetching: &HashMap<String, u64>, demand: bool) -> Option<Step> {
+    fn next_step(&self, fetching: &HashMap<String, u64>) -> Option<Step> {
         let (mut wanted, held) = self.split_held();
         // Shards being read now are the readers' to bring (by range, as they go); the
         // planner brings the next ones before their first read. A shard a client's read
@@ -489,33 +499,29 @@ impl Node {
         // Behind: a client's read waited lately, and the shard first needed is still to be
         // read in this epoch. A shard for the next epoch waits for its time even then:
         // fetched early, it is the first entry dropped for a read of this epoch's.
-        let behind = wanted.first().is_some_and(|p| p.due < p.reuse) && self.waited_lately();
-        // One fetch's throughput, and how many at once the shards still missing need
-        // to come in before their reads: members share the backend per connection,
-        // so a member with more to fetch takes a larger share by running more.
-        let one = *self
-            .planner
-            .per_fetch
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        let most = if demand {
+        let waited = self.waited_lately();
+        let behind = wanted.first().is_some_and(|p| p.due < p.reuse) && waited;
+        let (measured, one) = {
+            let m = self.planner.meter.lock().unwrap_or_else(|p| p.into_inner());
+            (m.rate, m.one)
+        };
+        // Clients' reads waiting on the backend go first: one planned fetch at most
+        // beside them (the planner then keeps its place ahead of them, which is what
+        // keeps them from waiting); reads that join a planned fetch are none of them.
+        // Else as many as the shards still missing need to come in before their reads,
+        // at one fetch's throughput: members share the backend per connection, so a
+        // member with more to fetch takes a larger share by running more.
+        let most = if self.planner.demand.load(Ordering::Acquire) > 0 {
             1
         } else if one > 0.0 {
             let wanted = (need(&missing, backlog) / one).ceil() as usize;
-            let wanted = wanted.max(FETCHES - 1) + usize::from(self.waited_lately());
-            wanted.clamp(1, 2 * FETCHES)
+            (wanted.max(FETCHES - 1) + usize::from(waited)).clamp(1, 2 * FETCHES)
         } else {
             FETCHES
         };
         // When to start: as if [`FETCHES`] ran at once, at the throughput measured (a
         // span in which this member had the backend to itself says little of one in
         // which every member fetches).
-        let measured = self
-            .planner
-            .meter
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .rate;
         // (Fetches that end quickly leave no span long enough to measure, and the rate
         // stays unknown: every fetch is due then.)
         let rate = if measured > 0.0 && one > 0.0 {
@@ -623,10 +629,6 @@ impl Node {
         if self.cache.usage().capacity == 0 {
             return;
         }
-        // Clients' reads waiting on the backend go first: one planned fetch at most
-        // beside them (the planner then keeps its place ahead of them, which is what
-        // keeps them from waiting); reads that join a planned fetch are none of them.
-        let demand = self.planner.demand.load(Ordering::Acquire) > 0;
         let step = {
             let fetching = self
                 .planner
@@ -642,10 +644,11 @@ impl Node {
                     self.stats.get(Metric::BytesFromBackend),
                     Instant::now(),
                 );
+            // The most there can be (`next_step` decides how many there should be).
             if fetching.len() >= 2 * FETCHES {
                 return;
             }
-            self.next_step(&fetching, demand)
+            self.next_step(&fetching)
         };
         let shard = match step {
             None => return,
@@ -674,13 +677,11 @@ impl Node {
                 Ok(bytes) if bytes > 0 => {
                     shard.plan.fetched(bytes);
                     node.stats.add(Metric::BytesPlanned, bytes);
-                    let r = bytes as f64 / started.elapsed().as_secs_f64().max(1e-3);
-                    let mut one = node
-                        .planner
-                        .per_fetch
+                    node.planner
+                        .meter
                         .lock()
-                        .unwrap_or_else(|p| p.into_inner());
-                    *one = if *one > 0.0 { 0.7 * *one + 0.3 * r } else { r };
+                        .unwrap_or_else(|p| p.into_inner())
+                        .fetched(bytes, started.elapsed());
                 }
                 Ok(_) => {}
                 Err(e) => tracing::warn!(key = %shard.key, error = %e, "a planned fetch failed"),
