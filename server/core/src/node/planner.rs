@@ -23,8 +23,9 @@
 //!   connection, and one that owns more of the misses takes more of it.
 //! - **Just in time.** A fetch starts no earlier than it must: the planner measures
 //!   the backend's throughput while it fetches, and starts the next fetch once the
-//!   shards still missing, fetched one after another at that rate, would otherwise
-//!   come later than [`SLACK`] before their reads. A fetch made earlier than that
+//!   shards still missing, fetched one after another at [`SHARE`] of that rate, would
+//!   otherwise come later than [`SLACK`] before their reads (the rate was measured
+//!   while other members may have fetched less than they are about to). A fetch made earlier than that
 //!   would drop an entry that is read before the fetched shard's turn comes, and cost
 //!   its fetch again: the bytes from the backend stay at what the cache's size forces.
 //!   Times come from the ranks' pace when no read waits; while clients' reads have
@@ -61,6 +62,9 @@ pub const EXCHANGE_EVERY: Duration = Duration::from_secs(1);
 pub const FETCHES: usize = 2;
 /// How long before its read a planned shard should be in the cache, at least.
 pub const SLACK: Duration = Duration::from_millis(400);
+/// The part of the backend's measured throughput that the planner counts on when it
+/// decides that a fetch of this epoch's shards can wait.
+pub const SHARE: f64 = 0.75;
 /// How long after a client's read waited on the backend the planner fetches as soon as
 /// it can, rather than just in time.
 pub const BEHIND: Duration = Duration::from_secs(2);
@@ -532,7 +536,10 @@ impl Node {
         if fetching.len() >= most {
             return None;
         }
-        if !behind && !due_now(&missing, backlog, rate, SLACK.as_secs_f64()) {
+        // Counting on [`SHARE`] of that rate: it was measured while other members may
+        // have fetched less than they are about to, and a member that starts late
+        // cannot make up the time at a share of the backend it does not have.
+        if !behind && !due_now(&missing, backlog, SHARE * rate, SLACK.as_secs_f64()) {
             return None;
         }
         let first = wanted.into_iter().next().filter(|p| p.due <= horizon)?;
