@@ -112,7 +112,8 @@ struct State {
     used: Instant,
     /// Ranks' furthest places in the current epoch, noted here.
     noted: HashMap<u32, u64>,
-    /// The epoch of each shard's last planned read noted here, by key.
+    /// The epoch of each shard's last planned read noted here, by key (keys under the
+    /// dataset's prefix, no more than the plan has shards).
     last_read: HashMap<String, u64>,
     /// At the home: each member's last report.
     reports: HashMap<String, (Instant, Report)>,
@@ -522,9 +523,11 @@ impl Plans {
             let p = st.noted.entry(mark.rank).or_default();
             *p = (*p).max(mark.place);
         }
+        // On the read path: no search of the plan's shards. A key under the dataset's
+        // prefix, at most as many as the plan has shards.
         if let Some(e) = st.last_read.get_mut(key) {
             *e = (*e).max(mark.epoch);
-        } else if st.spec.shards.iter().any(|s| s.key == key) {
+        } else if key.starts_with(&st.spec.prefix) && st.last_read.len() < st.spec.shards.len() {
             st.last_read.insert(key.to_owned(), mark.epoch);
         }
     }

@@ -25,9 +25,10 @@
 //!   the backend's throughput while it fetches, and starts the next fetch once the
 //!   shards still missing, fetched one after another at [`SHARE`] of that rate, would
 //!   otherwise come later than [`SLACK`] before their reads (the rate was measured
-//!   while other members may have fetched less than they are about to). A fetch made earlier than that
-//!   would drop an entry that is read before the fetched shard's turn comes, and cost
-//!   its fetch again: the bytes from the backend stay at what the cache's size forces.
+//!   while other members may have fetched less than they are about to). A fetch made
+//!   earlier than that would drop an entry that is read before the fetched shard's
+//!   turn comes, and cost its fetch again: the bytes from the backend stay at what the
+//!   cache's size forces.
 //!   Times come from the ranks' pace when no read waits; while clients' reads have
 //!   waited on the backend within [`BEHIND`], the planner is behind, and fetches the
 //!   shards still to be read in this epoch as soon as it can.
