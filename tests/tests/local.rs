@@ -442,35 +442,14 @@ fn without_a_descriptor_local_reads_fall_back_to_http() -> Result<()> {
 
     // Two nodes: a key the other node owns comes over HTTP through this node's socket.
     let dir = tempfile::tempdir()?;
-    let sock = dir.path().join("a.sock");
-    let addrs = reserve_ports(2)?;
-    let peers = [
-        "--peer".to_owned(),
-        format!("a=http://{}", addrs[0]),
-        "--peer".to_owned(),
-        format!("b=http://{}", addrs[1]),
-    ];
-    let peers: Vec<&str> = peers.iter().map(String::as_str).collect();
-    let backend = format!("fs:{}", dir.path().join("origin").display());
-    let shared = ServerOpts::open()
-        .args(&["--backend", &backend])
-        .args(&peers);
-    let (a_opts, b_opts) = (shared.clone().listen(addrs[0]), shared.listen(addrs[1]));
-    let a =
-        Server::start(a_opts.args(&["--node-id", "a", "--listen-unix", sock.to_str().unwrap()]))?;
-    let b = Server::start(b_opts.args(&["--node-id", "b"]))?;
-    Server::wait_cluster_up(&[&a, &b], Duration::from_secs(20))?;
+    let (a, _b, sock) = two_nodes(dir.path())?;
     let mut tcp = Client::new(&a.url())?;
     tcp.create_bucket(BUCKET)?;
     let mut mine = None;
     let mut theirs = None;
     for i in 0..64 {
         let key = format!("k{i}");
-        let owner = a.cluster_view(Some((BUCKET, &key)))?["owner"]
-            .as_str()
-            .unwrap_or("")
-            .to_owned();
-        match owner.as_str() {
+        match owner(&a, &key)?.as_str() {
             "a" if mine.is_none() => mine = Some(key),
             "b" if theirs.is_none() => theirs = Some(key),
             _ => {}
@@ -487,5 +466,111 @@ fn without_a_descriptor_local_reads_fall_back_to_http() -> Result<()> {
     let got = local.get_local(BUCKET, &theirs)?;
     assert!(!got.is_mapped(), "a key the other node owns");
     assert_eq!(&got[..], &data[..]);
+    Ok(())
+}
+
+/// Two nodes of one cluster over an fs backend in `dir`: `a`, also serving on the
+/// returned socket, and `b`, on TCP only.
+fn two_nodes(dir: &Path) -> Result<(Server, Server, PathBuf)> {
+    let sock = dir.join("a.sock");
+    let addrs = reserve_ports(2)?;
+    let peers = [
+        "--peer".to_owned(),
+        format!("a=http://{}", addrs[0]),
+        "--peer".to_owned(),
+        format!("b=http://{}", addrs[1]),
+    ];
+    let peers: Vec<&str> = peers.iter().map(String::as_str).collect();
+    let backend = format!("fs:{}", dir.join("origin").display());
+    let shared = ServerOpts::open()
+        .args(&["--backend", &backend])
+        .args(&peers);
+    let (a_opts, b_opts) = (shared.clone().listen(addrs[0]), shared.listen(addrs[1]));
+    let a =
+        Server::start(a_opts.args(&["--node-id", "a", "--listen-unix", sock.to_str().unwrap()]))?;
+    let b = Server::start(b_opts.args(&["--node-id", "b"]))?;
+    Server::wait_cluster_up(&[&a, &b], Duration::from_secs(20))?;
+    Ok((a, b, sock))
+}
+
+/// The member that owns `key` in `BUCKET`, as `node` sees the ring.
+fn owner(node: &Server, key: &str) -> Result<String> {
+    Ok(node.cluster_view(Some((BUCKET, key)))?["owner"]
+        .as_str()
+        .unwrap_or("")
+        .to_owned())
+}
+
+/// A dataset read through a node on this machine without fetching its runs ahead (as a
+/// DataLoader worker reads) copies them out of the node's cache file, and starts its
+/// read-ahead threads only once a run comes from another member. The
+/// runs read here before the switch (out of order: a shuffle buffer wider than a shard)
+/// and those the threads fetch after it are every sample of the plan once, in order, with
+/// their bytes.
+#[test]
+fn a_dataset_read_here_and_from_another_member_yields_its_plan() -> Result<()> {
+    const PER_SHARD: usize = 3;
+    let size_of = |s: usize, i: usize| 1_000 + (s * 7_919 + i * 104_729) % 60_000;
+    let dir = tempfile::tempdir()?;
+    let (a, _b, _sock) = two_nodes(dir.path())?;
+    let mut tcp = Client::new(&a.url())?;
+    tcp.create_bucket(BUCKET)?;
+    // In key order (shards not shuffled): 10 shards of this node, then 10 of either.
+    let mut keys = Vec::new();
+    for n in 0.. {
+        let key = format!("ds/a{n:03}.tar");
+        if keys.len() < 10 && owner(&a, &key)? == "a" {
+            keys.push(key);
+        }
+        if keys.len() == 10 {
+            break;
+        }
+    }
+    let mut others = 0;
+    for n in 0..10 {
+        let key = format!("ds/b{n:03}.tar");
+        others += usize::from(owner(&a, &key)? == "b");
+        keys.push(key);
+    }
+    assert!(others > 0, "a shard of the other member among {keys:?}");
+    for (s, key) in keys.iter().enumerate() {
+        let members: Vec<(String, Vec<u8>)> = (0..PER_SHARD)
+            .map(|i| {
+                let bin = Pattern::new((s * PER_SHARD + i) as u64).bytes(0, size_of(s, i));
+                (format!("s{s:02}/{i:03}.bin"), bin)
+            })
+            .collect();
+        tcp.put_bytes(BUCKET, key, &tar_of(&members))?;
+    }
+    for (read_ahead, buffer) in [(2, 7), (1, 0), (0, 7)] {
+        let ds = granary_client::Dataset::builder()
+            .endpoint(&a.url())
+            .bucket(BUCKET)
+            .prefix("ds/")
+            .shuffle_shards(false)
+            .read_ahead(read_ahead)
+            .read_ahead_here(false)
+            .shuffle_buffer(buffer)
+            .build()?;
+        let planned: Vec<String> = ds
+            .plan(1)?
+            .iter()
+            .map(|id| format!("s{:02}/{:03}", id.shard, id.index))
+            .collect();
+        assert_eq!(planned.len(), keys.len() * PER_SHARD);
+        let mut read = Vec::new();
+        for sample in ds.epoch(1) {
+            let sample = sample?;
+            let (s, i) = sample.key.split_once('/').unwrap();
+            let (s, i): (usize, usize) = (s[1..].parse()?, i.parse()?);
+            let want = Pattern::new((s * PER_SHARD + i) as u64).bytes(0, size_of(s, i));
+            assert!(sample.fields["bin"] == want, "{}", sample.key);
+            read.push(sample.key);
+        }
+        assert_eq!(
+            read, planned,
+            "read_ahead {read_ahead}, shuffle buffer {buffer}"
+        );
+    }
     Ok(())
 }

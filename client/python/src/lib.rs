@@ -518,6 +518,7 @@ impl Shards {
                 credentials: creds,
                 timeout: Duration::from_secs_f64(timeout.max(0.001)),
                 read_ahead: 0,
+                ahead_here: true,
                 local: LocalReads::Off,
                 plan: true,
             };
@@ -528,7 +529,7 @@ impl Shards {
     /// Starts reading one rank's (and worker's) part of an epoch. `rounds`: the resume
     /// history, `(world_size, shuffle_buffer, drop_last, consumed)` each. `route`: read
     /// each shard from its owner, as the cluster's ring says.
-    #[pyo3(signature = (endpoint, epoch, seed, shuffle_shards, rounds, world_size, shuffle_buffer, drop_last, rank, worker, workers, batch_size, read_ahead, route=true, access_key=None, secret_key=None, region="us-east-1", timeout=60.0, zero_copy=false, plan=true))]
+    #[pyo3(signature = (endpoint, epoch, seed, shuffle_shards, rounds, world_size, shuffle_buffer, drop_last, rank, worker, workers, batch_size, read_ahead, route=true, access_key=None, secret_key=None, region="us-east-1", timeout=60.0, zero_copy=false, plan=true, ahead_here=true))]
     #[allow(clippy::too_many_arguments)]
     fn read(
         &self,
@@ -553,6 +554,7 @@ impl Shards {
         timeout: f64,
         zero_copy: bool,
         plan: bool,
+        ahead_here: bool,
     ) -> PyResult<SampleIter> {
         let creds = credentials(access_key, secret_key, region)?;
         let spec = spec_of(
@@ -572,6 +574,7 @@ impl Shards {
                     credentials: creds,
                     timeout: Duration::from_secs_f64(timeout.max(0.001)),
                     read_ahead,
+                    ahead_here,
                     local: if zero_copy {
                         LocalReads::Mapped
                     } else {

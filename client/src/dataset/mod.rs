@@ -57,6 +57,7 @@ pub struct DatasetBuilder {
     shuffle_shards: bool,
     shuffle_buffer: usize,
     read_ahead: usize,
+    read_ahead_here: bool,
     route: bool,
     plan: bool,
     credentials: Option<Credentials>,
@@ -76,6 +77,7 @@ impl Default for DatasetBuilder {
             shuffle_shards: true,
             shuffle_buffer: 0,
             read_ahead: 0,
+            read_ahead_here: true,
             route: true,
             plan: true,
             credentials: None,
@@ -147,6 +149,17 @@ impl DatasetBuilder {
     /// fetched when the epoch reaches it). Runs fetched ahead wait in memory.
     pub fn read_ahead(mut self, runs: usize) -> Self {
         self.read_ahead = runs;
+        self
+    }
+
+    /// Whether runs copied out of the cache file of a node on this machine are fetched
+    /// ahead too (on, the default: the copies overlap the reader's own work). Off where
+    /// the reader is one of several processes sharing the cores, as DataLoader workers
+    /// are: each such run is copied when it is needed, and the read-ahead threads start
+    /// only once a run waits on more than a copy (it came from another member, or the
+    /// node filled it from its backend first).
+    pub fn read_ahead_here(mut self, on: bool) -> Self {
+        self.read_ahead_here = on;
         self
     }
 
@@ -259,6 +272,7 @@ impl Dataset {
             credentials: s.credentials.clone(),
             timeout: s.timeout,
             read_ahead: s.read_ahead,
+            ahead_here: s.read_ahead_here,
             // A node on this machine: each run copied out of its cache file.
             local: LocalReads::Copied,
             plan: s.plan,

@@ -41,6 +41,11 @@ pub struct ReadSettings {
     pub timeout: Duration,
     /// Runs fetched ahead, by as many threads (0: each run fetched when it is needed).
     pub read_ahead: usize,
+    /// Whether runs copied out of the cache file of a node on this machine are fetched
+    /// ahead too. Off for a reader that is one of several processes sharing the cores
+    /// (a DataLoader worker): it copies each such run when it needs it, and starts its
+    /// read-ahead threads only once a run waits on more than a copy.
+    pub ahead_here: bool,
     /// How shards of a node on this machine are read.
     pub local: LocalReads,
     /// Register the epoch's plan with the cluster, so that its nodes fetch each shard
@@ -320,13 +325,14 @@ fn buffered_samples(shard: &str, run: Vec<u8>) -> Result<Vec<Result<BufferedSamp
 }
 
 /// Fetches one run: the wanted samples with their slots; from a node on this machine, as
-/// `local` says.
+/// `local` says. The flag: whether the member that served it is on this machine (a
+/// first read may go over TCP and learn of the node's socket in its answer).
 fn fetch(
     catalog: &Catalog,
     run: &Run,
     clients: &mut Clients,
     local: LocalReads,
-) -> Result<Fetched> {
+) -> Result<(Fetched, bool)> {
     let shard = &catalog.shards[run.shard as usize];
     let ranged = shard.ranged();
     let opts = GetOptions {
@@ -338,64 +344,79 @@ fn fetch(
     // The sample the bytes start at: the run's first, or the shard's.
     let from = if ranged { run.first } else { 0 };
     on_best(clients, &catalog.bucket, &shard.key, |c| {
-        let local = match local {
-            _ if shard.compressed() || !c.reads_locally() => LocalReads::Off,
-            // A shard read from its start (its spans unknown) streams.
-            LocalReads::Copied if !ranged => LocalReads::Off,
-            other => other,
-        };
-        let owned = |stream: Box<dyn Read + Send>, first: u32| {
-            let samples =
-                ShardSamples::new(shard.key.clone(), stream).map(|s| s.map(Delivered::Owned));
-            pick(samples, first, run, &shard.key)
-        };
-        // Bytes held whole: their headers walked in place, each member a range of them.
-        let buffered = |bytes: Vec<u8>| {
-            let samples = buffered_samples(&shard.key, bytes)?
-                .into_iter()
-                .map(|s| s.map(Delivered::Buffered));
-            pick(samples, from, run, &shard.key)
-        };
-        if local == LocalReads::Copied {
-            return buffered(c.get_resident(&catalog.bucket, &shard.key, &opts)?);
-        }
-        if local == LocalReads::Mapped {
-            return match c.open_local(&catalog.bucket, &shard.key, &opts)? {
-                crate::Local::File(f) => {
-                    let samples = mapped_samples(&shard.key, f)?
-                        .into_iter()
-                        .map(|s| s.map(Delivered::Mapped));
-                    pick(samples, from, run, &shard.key)
-                }
-                crate::Local::Bytes(bytes, _) => buffered(bytes),
-            };
-        }
-        if ranged && !shard.compressed() {
-            // A range (at most `MAX_RUN` and its last sample) received whole, straight
-            // from the socket. A connection cut mid-answer is an `Io` error: another
-            // member may serve the run. A shard read from its start streams.
-            return buffered(c.get_with(&catalog.bucket, &shard.key, &opts)?);
-        }
-        let cut = Arc::new(AtomicBool::new(false));
-        let reader = Watched {
-            inner: c.open_with(&catalog.bucket, &shard.key, &opts)?,
-            failed: cut.clone(),
-        };
-        let got = if shard.compressed() {
-            owned(Box::new(flate2::read::MultiGzDecoder::new(reader)), 0)
-        } else {
-            owned(Box::new(reader), from)
-        };
-        match got {
-            // The connection failed mid-answer (the member stopped): another member may
-            // serve the run whole, and nothing of this one was delivered.
-            Err(Error::Shard { source, .. }) if cut.load(Ordering::Relaxed) => Err(Error::Io {
-                addr: c.endpoint().to_owned(),
-                source,
-            }),
-            other => other,
-        }
+        let got = fetch_from(c, catalog, run, &opts, from, local)?;
+        Ok((got, c.reads_locally()))
     })
+}
+
+/// Fetches one run from the member `c` reaches (see [`fetch`]); `from` is the sample
+/// its bytes start at.
+fn fetch_from(
+    c: &mut crate::Client,
+    catalog: &Catalog,
+    run: &Run,
+    opts: &GetOptions,
+    from: u32,
+    local: LocalReads,
+) -> Result<Fetched> {
+    let shard = &catalog.shards[run.shard as usize];
+    let ranged = shard.ranged();
+    let local = match local {
+        _ if shard.compressed() || !c.reads_locally() => LocalReads::Off,
+        // A shard read from its start (its spans unknown) streams.
+        LocalReads::Copied if !ranged => LocalReads::Off,
+        other => other,
+    };
+    let owned = |stream: Box<dyn Read + Send>, first: u32| {
+        let samples = ShardSamples::new(shard.key.clone(), stream).map(|s| s.map(Delivered::Owned));
+        pick(samples, first, run, &shard.key)
+    };
+    // Bytes held whole: their headers walked in place, each member a range of them.
+    let buffered = |bytes: Vec<u8>| {
+        let samples = buffered_samples(&shard.key, bytes)?
+            .into_iter()
+            .map(|s| s.map(Delivered::Buffered));
+        pick(samples, from, run, &shard.key)
+    };
+    if local == LocalReads::Copied {
+        return buffered(c.get_resident(&catalog.bucket, &shard.key, opts)?);
+    }
+    if local == LocalReads::Mapped {
+        return match c.open_local(&catalog.bucket, &shard.key, opts)? {
+            crate::Local::File(f) => {
+                let samples = mapped_samples(&shard.key, f)?
+                    .into_iter()
+                    .map(|s| s.map(Delivered::Mapped));
+                pick(samples, from, run, &shard.key)
+            }
+            crate::Local::Bytes(bytes, _) => buffered(bytes),
+        };
+    }
+    if ranged && !shard.compressed() {
+        // A range (at most `MAX_RUN` and its last sample) received whole, straight
+        // from the socket. A connection cut mid-answer is an `Io` error: another
+        // member may serve the run. A shard read from its start streams.
+        return buffered(c.get_with(&catalog.bucket, &shard.key, opts)?);
+    }
+    let cut = Arc::new(AtomicBool::new(false));
+    let reader = Watched {
+        inner: c.open_with(&catalog.bucket, &shard.key, opts)?,
+        failed: cut.clone(),
+    };
+    let got = if shard.compressed() {
+        owned(Box::new(flate2::read::MultiGzDecoder::new(reader)), 0)
+    } else {
+        owned(Box::new(reader), from)
+    };
+    match got {
+        // The connection failed mid-answer (the member stopped): another member may
+        // serve the run whole, and nothing of this one was delivered.
+        Err(Error::Shard { source, .. }) if cut.load(Ordering::Relaxed) => Err(Error::Io {
+            addr: c.endpoint().to_owned(),
+            source,
+        }),
+        other => other,
+    }
 }
 
 /// A body that notes whether reading it failed, so that a cut connection is told apart
@@ -426,6 +447,23 @@ struct Shared {
     wake: Condvar,
 }
 
+/// A run read from a node on this machine in longer than this waited on more than a copy
+/// (the node filled it from its backend first): the reader then fetches ahead, as it does
+/// where a run comes from another machine.
+const WAITED: Duration = Duration::from_millis(25);
+
+/// Runs fetched by the reader itself, as each is needed.
+struct Here {
+    catalog: Arc<Catalog>,
+    runs: Arc<Vec<Run>>,
+    clients: Clients,
+    settings: ReadSettings,
+    /// Which runs have been fetched.
+    fetched: Vec<bool>,
+    /// Where the fetching threads, once started, send what they fetch.
+    tx: mpsc::Sender<(usize, Result<Fetched>)>,
+}
+
 /// Samples of a planned epoch in output order (an iterator).
 pub struct PlannedRead {
     slots: usize,
@@ -434,9 +472,9 @@ pub struct PlannedRead {
     ready: HashMap<usize, Delivered>,
     results: Receiver<(usize, Result<Fetched>)>,
     shared: Arc<Shared>,
-    /// Without read-ahead: the runs and how they are fetched, here (connections, and
-    /// whether reads are local).
-    inline: Option<(Arc<Catalog>, Vec<Run>, Clients, LocalReads)>,
+    /// Until the fetching threads start (without read-ahead, never): the runs and how
+    /// they are fetched here.
+    here: Option<Here>,
     failed: bool,
 }
 
@@ -453,6 +491,13 @@ impl PlannedRead {
 
     /// [`PlannedRead::start`], each run marked as a read of a registered plan: `mark`
     /// is the plan's mark up to the place (`PLAN:EPOCH:RANK:`), and each slot's place.
+    ///
+    /// Where a node on this machine may serve the runs from its cache file and
+    /// `ahead_here` is off, the reader fetches each run itself as it needs it, and starts
+    /// the `read_ahead` threads only once a run waits on more than a copy (it came from
+    /// another member, or the node filled it first): a copy out of the page cache has no
+    /// wait to hide, and threads copying ahead of a DataLoader worker take the cores the
+    /// other workers and the training loop run on.
     fn start_marked(
         catalog: Arc<Catalog>,
         wanted: &[(SampleId, usize)],
@@ -483,44 +528,19 @@ impl PlannedRead {
             wake: Condvar::new(),
         });
         let (tx, results) = mpsc::channel();
-        let ahead = settings.read_ahead;
-        let mut inline = None;
-        if ahead == 0 {
-            inline = Some((catalog, runs, settings.clients(), settings.local));
+        let runs = Arc::new(runs);
+        let mut here = None;
+        if settings.read_ahead == 0 || (settings.local != LocalReads::Off && !settings.ahead_here) {
+            here = Some(Here {
+                fetched: vec![false; runs.len()],
+                clients: settings.clients(),
+                catalog,
+                runs,
+                settings,
+                tx,
+            });
         } else {
-            let runs = Arc::new(runs);
-            for _ in 0..ahead {
-                let (catalog, runs, settings, shared, tx) = (
-                    catalog.clone(),
-                    runs.clone(),
-                    settings.clone(),
-                    shared.clone(),
-                    tx.clone(),
-                );
-                std::thread::spawn(move || {
-                    let mut clients = settings.clients();
-                    loop {
-                        let i = {
-                            let mut p = shared.progress.lock().unwrap_or_else(|p| p.into_inner());
-                            loop {
-                                let (next, wanted, stop, started) = *p;
-                                if stop || next >= runs.len() {
-                                    return;
-                                }
-                                if next == 0 || (started && next <= wanted + ahead) {
-                                    p.0 += 1;
-                                    break next;
-                                }
-                                p = shared.wake.wait(p).unwrap_or_else(|p| p.into_inner());
-                            }
-                        };
-                        let got = fetch(&catalog, &runs[i], &mut clients, settings.local);
-                        if tx.send((i, got)).is_err() {
-                            return;
-                        }
-                    }
-                });
-            }
+            fetch_ahead(catalog, runs, &settings, &shared, tx, Arc::new(Vec::new()));
         }
         PlannedRead {
             slots,
@@ -529,7 +549,7 @@ impl PlannedRead {
             ready: HashMap::new(),
             results,
             shared,
-            inline,
+            here,
             failed: false,
         }
     }
@@ -539,6 +559,110 @@ impl PlannedRead {
             self.ready.insert(slot, sample);
         }
         Ok(())
+    }
+
+    /// Fetches run `run` here; starts the fetching threads after it where it waited on
+    /// more than a copy and read-ahead is asked for.
+    fn fetch_here(&mut self, run: usize) -> Result<Fetched> {
+        let Some(h) = &mut self.here else {
+            return Err(Error::Invalid("no run is fetched here".into()));
+        };
+        let began = std::time::Instant::now();
+        let first = !h.fetched.contains(&true);
+        let got = fetch(&h.catalog, &h.runs[run], &mut h.clients, h.settings.local);
+        h.fetched[run] = true;
+        // The first read's time is the connection's too: it is not judged by it.
+        let waited = match &got {
+            Ok((_, here)) => !here || (!first && began.elapsed() > WAITED),
+            Err(_) => false,
+        };
+        if waited && h.settings.read_ahead > 0 {
+            if let Some(h) = self.here.take() {
+                let first = h.fetched.iter().position(|&f| !f).unwrap_or(h.runs.len());
+                *self
+                    .shared
+                    .progress
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner()) = (first, run, false, true);
+                let fetched = Arc::new(h.fetched);
+                fetch_ahead(h.catalog, h.runs, &h.settings, &self.shared, h.tx, fetched);
+            }
+        }
+        got.map(|(samples, _)| samples)
+    }
+
+    /// Waits for run `run` from the fetching threads (any run they fetched is taken).
+    fn fetched_ahead(&mut self, run: usize) -> Result<Fetched> {
+        {
+            let mut p = self
+                .shared
+                .progress
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            p.1 = p.1.max(run);
+        }
+        self.shared.wake.notify_all();
+        let got = match self.results.recv() {
+            Ok((_, got)) => got,
+            Err(_) => Err(Error::Invalid("the read-ahead threads stopped".into())),
+        };
+        self.shared
+            .progress
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .3 = true;
+        self.shared.wake.notify_all();
+        got
+    }
+}
+
+/// Starts `settings.read_ahead` threads, each with its own connections, fetching the
+/// runs in order from the shared progress on (those marked in `done` skipped), no
+/// further than `read_ahead` past the furthest the reader has asked for.
+fn fetch_ahead(
+    catalog: Arc<Catalog>,
+    runs: Arc<Vec<Run>>,
+    settings: &ReadSettings,
+    shared: &Arc<Shared>,
+    tx: mpsc::Sender<(usize, Result<Fetched>)>,
+    done: Arc<Vec<bool>>,
+) {
+    let ahead = settings.read_ahead;
+    for _ in 0..ahead {
+        let (catalog, runs, settings, shared, tx, done) = (
+            catalog.clone(),
+            runs.clone(),
+            settings.clone(),
+            shared.clone(),
+            tx.clone(),
+            done.clone(),
+        );
+        std::thread::spawn(move || {
+            let mut clients = settings.clients();
+            loop {
+                let i = {
+                    let mut p = shared.progress.lock().unwrap_or_else(|p| p.into_inner());
+                    loop {
+                        let (next, wanted, stop, started) = *p;
+                        if stop || next >= runs.len() {
+                            return;
+                        }
+                        if done.get(next).copied().unwrap_or(false) {
+                            p.0 += 1;
+                        } else if next == 0 || (started && next <= wanted + ahead) {
+                            p.0 += 1;
+                            break next;
+                        } else {
+                            p = shared.wake.wait(p).unwrap_or_else(|p| p.into_inner());
+                        }
+                    }
+                };
+                let got = fetch(&catalog, &runs[i], &mut clients, settings.local);
+                if tx.send((i, got.map(|(samples, _)| samples))).is_err() {
+                    return;
+                }
+            }
+        });
     }
 }
 
@@ -552,29 +676,10 @@ impl Iterator for PlannedRead {
         let slot = self.next_slot;
         let run = self.run_of_slot[slot] as usize;
         while !self.ready.contains_key(&slot) {
-            let got = if let Some((catalog, runs, clients, local)) = &mut self.inline {
-                fetch(catalog, &runs[run], clients, *local)
+            let got = if self.here.is_some() {
+                self.fetch_here(run)
             } else {
-                {
-                    let mut p = self
-                        .shared
-                        .progress
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner());
-                    p.1 = p.1.max(run);
-                }
-                self.shared.wake.notify_all();
-                let got = match self.results.recv() {
-                    Ok((_, got)) => got,
-                    Err(_) => Err(Error::Invalid("the read-ahead threads stopped".into())),
-                };
-                self.shared
-                    .progress
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .3 = true;
-                self.shared.wake.notify_all();
-                got
+                self.fetched_ahead(run)
             };
             if let Err(e) = self.take(got) {
                 self.failed = true;
@@ -801,7 +906,8 @@ mod tests {
                 mark: None,
             };
             let mut clients = Clients::new(router, None, Duration::from_secs(5));
-            let got = fetch(&catalog, &run, &mut clients, LocalReads::Off).unwrap();
+            let (got, here) = fetch(&catalog, &run, &mut clients, LocalReads::Off).unwrap();
+            assert!(!here, "a run read over HTTP is not taken from a file here");
             let got: Vec<(usize, Vec<u8>)> = got
                 .into_iter()
                 .map(|(slot, d)| match d {

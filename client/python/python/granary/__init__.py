@@ -246,7 +246,11 @@ class ShardDataset(_Base):  # type: ignore[misc,valid-type]
             self.endpoint, self.epoch, self.seed, self.shuffle_shards,
             self._current_rounds(), self.world_size, self.shuffle_buffer, self.drop_last,
             self.rank, worker, workers, self.batch_size, self.read_ahead, self.route,
-            access_key, secret_key, region, timeout, self.zero_copy, self.plan)
+            access_key, secret_key, region, timeout, self.zero_copy, self.plan,
+            # A DataLoader worker copies runs out of a node on this machine as it needs
+            # them: the workers are the parallelism, and threads copying ahead take the
+            # cores the other workers and the training loop run on.
+            info is None)
         if self.device is not None:
             samples = (self._to_device(s) for s in samples)
         if self.map is None:
