@@ -447,10 +447,13 @@ struct Shared {
     wake: Condvar,
 }
 
-/// A run read from a node on this machine in longer than this waited on more than a copy
-/// (the node filled it from its backend first): the reader then fetches ahead, as it does
-/// where a run comes from another machine.
-const WAITED: Duration = Duration::from_millis(25);
+/// A run read from a node on this machine in longer than this, and [`WAITED_PER_MIB`] for
+/// each MiB of it, waited on more than a copy (the node filled it from its backend
+/// first): the reader then fetches ahead, as it does where a run comes from another
+/// machine. A copy out of the page cache on two busy cores takes 1-2 ms per MiB; a fill
+/// from a store at a connection's 100 MB/s, 10.
+const WAITED: Duration = Duration::from_millis(10);
+const WAITED_PER_MIB: Duration = Duration::from_millis(4);
 
 /// Runs fetched by the reader itself, as each is needed.
 struct Here {
@@ -569,11 +572,19 @@ impl PlannedRead {
         };
         let began = std::time::Instant::now();
         let first = !h.fetched.contains(&true);
-        let got = fetch(&h.catalog, &h.runs[run], &mut h.clients, h.settings.local);
+        let r = &h.runs[run];
+        let shard = &h.catalog.shards[r.shard as usize];
+        let bytes = if shard.ranged() {
+            shard.span(r.last).end - shard.span(r.first).start
+        } else {
+            shard.size
+        };
+        let limit = WAITED + WAITED_PER_MIB * (bytes >> 20) as u32;
+        let got = fetch(&h.catalog, r, &mut h.clients, h.settings.local);
         h.fetched[run] = true;
         // The first read's time is the connection's too: it is not judged by it.
         let waited = match &got {
-            Ok((_, here)) => !here || (!first && began.elapsed() > WAITED),
+            Ok((_, here)) => !here || (!first && began.elapsed() > limit),
             Err(_) => false,
         };
         if waited && h.settings.read_ahead > 0 {
