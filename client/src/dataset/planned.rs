@@ -18,7 +18,7 @@ use std::sync::mpsc::{self, Receiver};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use super::catalog::Catalog;
+use super::catalog::{Catalog, ShardInfo};
 use super::plan::{epoch_list, rank_plan, PlanRound, PlanShard, PlanSpec, Round, SampleId, Split};
 use super::route::{on_best, Clients, Router};
 use super::samples::ShardSamples;
@@ -85,6 +85,16 @@ struct Run {
     take: Vec<(u32, usize)>,
     /// Its `x-granary-plan`, in a planned epoch.
     mark: Option<String>,
+}
+
+impl Run {
+    /// The bytes of `shard` (its own) the run reads by range; `None` for a shard read
+    /// from its start.
+    fn range(&self, shard: &ShardInfo) -> Option<std::ops::Range<u64>> {
+        shard
+            .ranged()
+            .then(|| shard.span(self.first).start..shard.span(self.last).end)
+    }
 }
 
 /// Splits the wanted samples, given in span order with their output slots, into runs.
@@ -334,33 +344,30 @@ fn fetch(
     local: LocalReads,
 ) -> Result<(Fetched, bool)> {
     let shard = &catalog.shards[run.shard as usize];
-    let ranged = shard.ranged();
     let opts = GetOptions {
-        range: ranged.then(|| shard.span(run.first).start..shard.span(run.last).end),
+        range: run.range(shard),
         if_match: Some(shard.etag.clone()).filter(|e| !e.is_empty()),
         plan: run.mark.clone(),
         ..GetOptions::default()
     };
-    // The sample the bytes start at: the run's first, or the shard's.
-    let from = if ranged { run.first } else { 0 };
     on_best(clients, &catalog.bucket, &shard.key, |c| {
-        let got = fetch_from(c, catalog, run, &opts, from, local)?;
+        let got = fetch_from(c, catalog, run, &opts, local)?;
         Ok((got, c.reads_locally()))
     })
 }
 
-/// Fetches one run from the member `c` reaches (see [`fetch`]); `from` is the sample
-/// its bytes start at.
+/// Fetches one run from the member `c` reaches (see [`fetch`]), as `opts` ask.
 fn fetch_from(
     c: &mut crate::Client,
     catalog: &Catalog,
     run: &Run,
     opts: &GetOptions,
-    from: u32,
     local: LocalReads,
 ) -> Result<Fetched> {
     let shard = &catalog.shards[run.shard as usize];
-    let ranged = shard.ranged();
+    let ranged = opts.range.is_some();
+    // The sample the bytes start at: the run's first, or the shard's.
+    let from = if ranged { run.first } else { 0 };
     let local = match local {
         _ if shard.compressed() || !c.reads_locally() => LocalReads::Off,
         // A shard read from its start (its spans unknown) streams.
@@ -447,6 +454,13 @@ struct Shared {
     wake: Condvar,
 }
 
+impl Shared {
+    /// The progress, locked (a thread that panicked holding it left it whole).
+    fn progress(&self) -> std::sync::MutexGuard<'_, (usize, usize, bool, bool)> {
+        self.progress.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
 /// A run read from a node on this machine in longer than this, and [`WAITED_PER_MIB`] for
 /// each MiB of it, waited on more than a copy (the node filled it from its backend
 /// first): the reader then fetches ahead, as it does where a run comes from another
@@ -461,8 +475,9 @@ struct Here {
     runs: Arc<Vec<Run>>,
     clients: Clients,
     settings: ReadSettings,
-    /// Which runs have been fetched.
+    /// Which runs have been fetched, and whether any has.
     fetched: Vec<bool>,
+    any: bool,
     /// Where the fetching threads, once started, send what they fetch.
     tx: mpsc::Sender<(usize, Result<Fetched>)>,
 }
@@ -536,6 +551,7 @@ impl PlannedRead {
         if settings.read_ahead == 0 || (settings.local != LocalReads::Off && !settings.ahead_here) {
             here = Some(Here {
                 fetched: vec![false; runs.len()],
+                any: false,
                 clients: settings.clients(),
                 catalog,
                 runs,
@@ -571,30 +587,22 @@ impl PlannedRead {
             return Err(Error::Invalid("no run is fetched here".into()));
         };
         let began = std::time::Instant::now();
-        let first = !h.fetched.contains(&true);
         let r = &h.runs[run];
         let shard = &h.catalog.shards[r.shard as usize];
-        let bytes = if shard.ranged() {
-            shard.span(r.last).end - shard.span(r.first).start
-        } else {
-            shard.size
-        };
+        let bytes = r.range(shard).map_or(shard.size, |b| b.end - b.start);
         let limit = WAITED + WAITED_PER_MIB * (bytes >> 20) as u32;
         let got = fetch(&h.catalog, r, &mut h.clients, h.settings.local);
-        h.fetched[run] = true;
         // The first read's time is the connection's too: it is not judged by it.
+        let judged = std::mem::replace(&mut h.any, true);
+        h.fetched[run] = true;
         let waited = match &got {
-            Ok((_, here)) => !here || (!first && began.elapsed() > limit),
+            Ok((_, here)) => !here || (judged && began.elapsed() > limit),
             Err(_) => false,
         };
         if waited && h.settings.read_ahead > 0 {
             if let Some(h) = self.here.take() {
                 let first = h.fetched.iter().position(|&f| !f).unwrap_or(h.runs.len());
-                *self
-                    .shared
-                    .progress
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner()) = (first, run, false, true);
+                *self.shared.progress() = (first, run, false, true);
                 let fetched = Arc::new(h.fetched);
                 fetch_ahead(h.catalog, h.runs, &h.settings, &self.shared, h.tx, fetched);
             }
@@ -605,11 +613,7 @@ impl PlannedRead {
     /// Waits for run `run` from the fetching threads (any run they fetched is taken).
     fn fetched_ahead(&mut self, run: usize) -> Result<Fetched> {
         {
-            let mut p = self
-                .shared
-                .progress
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
+            let mut p = self.shared.progress();
             p.1 = p.1.max(run);
         }
         self.shared.wake.notify_all();
@@ -617,11 +621,7 @@ impl PlannedRead {
             Ok((_, got)) => got,
             Err(_) => Err(Error::Invalid("the read-ahead threads stopped".into())),
         };
-        self.shared
-            .progress
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .3 = true;
+        self.shared.progress().3 = true;
         self.shared.wake.notify_all();
         got
     }
@@ -652,7 +652,7 @@ fn fetch_ahead(
             let mut clients = settings.clients();
             loop {
                 let i = {
-                    let mut p = shared.progress.lock().unwrap_or_else(|p| p.into_inner());
+                    let mut p = shared.progress();
                     loop {
                         let (next, wanted, stop, started) = *p;
                         if stop || next >= runs.len() {
@@ -704,11 +704,7 @@ impl Iterator for PlannedRead {
 
 impl Drop for PlannedRead {
     fn drop(&mut self) {
-        self.shared
-            .progress
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .2 = true;
+        self.shared.progress().2 = true;
         self.shared.wake.notify_all();
     }
 }
