@@ -69,20 +69,19 @@ impl LocalFile {
         )
     }
 
-    /// The asked bytes, copied out of the file where every page of them is in the page
-    /// cache now (`mincore`); `None` where one is not. Asked for with
-    /// [`LOCAL_RESIDENT`]: the node brought the range in and checked it just before it
-    /// answered, and nothing here reads a page in from the disk behind its back (the
-    /// mapping is advised random, so a touch brings in no neighbour).
-    pub fn copy_resident(&self) -> io::Result<Option<Vec<u8>>> {
-        let map = Mapping::new(self.fd.as_fd(), self.offset, self.len, libc::MADV_RANDOM)?;
-        if !map.resident()? {
+    /// The asked bytes mapped, where every page of them is in the page cache now
+    /// (`mincore`); `None` where one is not. Asked for with [`LOCAL_RESIDENT`]: the node
+    /// brought the range in and checked it just before it answered. The mapping is
+    /// advised random, so a touch brings in no neighbour; its bytes are read through
+    /// [`Mapping::copy_resident`], which reads no page in from the disk behind the node's
+    /// back.
+    pub fn map_resident(self) -> io::Result<Option<Mapping>> {
+        let mut map = Mapping::new(self.fd.as_fd(), self.offset, self.len, libc::MADV_RANDOM)?;
+        if !map.resident(0..map.len)? {
             return Ok(None);
         }
-        let mut out = Vec::new();
-        out.try_reserve_exact(map.len).map_err(io::Error::other)?;
-        out.extend_from_slice(&map);
-        Ok(Some(out))
+        map.file = Some(self.fd);
+        Ok(Some(map))
     }
 
     /// The descriptor, for the caller to keep.
@@ -106,6 +105,9 @@ pub struct Mapping {
     /// Where the asked bytes start within the mapping.
     skip: usize,
     len: usize,
+    /// The file, kept where its bytes are copied out only while it is the node's
+    /// ([`Mapping::copy_resident`]).
+    file: Option<OwnedFd>,
 }
 
 // SAFETY: the mapping is read-only and owned: shared references read immutable memory.
@@ -123,6 +125,7 @@ impl Mapping {
                 map_len: 0,
                 skip: 0,
                 len: 0,
+                file: None,
             });
         }
         // SAFETY: sysconf reads a constant.
@@ -150,6 +153,7 @@ impl Mapping {
             map_len,
             skip,
             len,
+            file: None,
         };
         // SAFETY: advice on the mapping just made.
         if unsafe { libc::madvise(base, map_len, advice) } != 0 && advice == libc::MADV_RANDOM {
@@ -159,19 +163,71 @@ impl Mapping {
         Ok(map)
     }
 
-    /// Whether every page of the mapping is in the page cache now.
-    fn resident(&self) -> io::Result<bool> {
-        if self.map_len == 0 {
+    /// Whether every page of bytes `range` (of the asked bytes) is in the page cache now.
+    fn resident(&self, range: std::ops::Range<usize>) -> io::Result<bool> {
+        if range.is_empty() {
             return Ok(true);
         }
         // SAFETY: sysconf reads a constant.
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
-        let mut vec = vec![0u8; self.map_len.div_ceil(page)];
-        // SAFETY: the mapping is ours, and `vec` has a byte per page of it.
-        if unsafe { libc::mincore(self.base, self.map_len, vec.as_mut_ptr()) } != 0 {
+        let from = (self.skip + range.start) / page * page;
+        let len = self.skip + range.end - from;
+        let mut vec = vec![0u8; len.div_ceil(page)];
+        // SAFETY: `from..from + len` lies in the mapping (page aligned), and `vec` has a
+        // byte per page of it.
+        let got = unsafe {
+            libc::mincore(
+                self.base.cast::<u8>().add(from).cast(),
+                len,
+                vec.as_mut_ptr(),
+            )
+        };
+        if got != 0 {
             return Err(io::Error::last_os_error());
         }
         Ok(vec.iter().all(|v| v & 1 == 1))
+    }
+
+    /// Whether the node still keeps the file (it is linked): one it dropped — found a
+    /// block of it damaged, or made room — may hold pages it read in and refused.
+    fn kept(&self) -> io::Result<bool> {
+        let Some(fd) = &self.file else {
+            return Ok(true);
+        };
+        // SAFETY: `stat` is plain data, for which all zeroes is a value.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: fstat of an open descriptor into a struct of ours.
+        if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(st.st_nlink > 0)
+    }
+
+    /// Copies bytes `range` (of the asked bytes) to `dst` where every page of them is in
+    /// the page cache now and the node still keeps the file, checked just before;
+    /// `false`, and nothing copied, where not. A page taken from memory between the
+    /// check and the copy is read in again by the copy (one page: the mapping of
+    /// [`LocalFile::map_resident`] is advised random).
+    ///
+    /// # Safety
+    ///
+    /// `dst` must be valid for writes of `range.len()` bytes.
+    ///
+    /// # Panics
+    ///
+    /// Where `range` is not within the asked bytes.
+    pub unsafe fn copy_resident(
+        &self,
+        range: std::ops::Range<usize>,
+        dst: *mut u8,
+    ) -> io::Result<bool> {
+        let src = &self[range.clone()];
+        if !self.resident(range)? || !self.kept()? {
+            return Ok(false);
+        }
+        // SAFETY: the caller vouches for `dst`; `src` is mapped while self lives.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) };
+        Ok(true)
     }
 }
 
@@ -252,17 +308,50 @@ impl Client {
     /// copied out of its cache file rather than sent through the socket, if every page of
     /// them is resident; else, and elsewhere, they come over HTTP ([`Client::get_with`]).
     pub fn get_resident(&mut self, bucket: &str, key: &str, opts: &GetOptions) -> Result<Vec<u8>> {
+        match self.open_resident(bucket, key, opts)? {
+            LocalBytes::Fetched(bytes) => Ok(bytes),
+            LocalBytes::Mapped(map) => {
+                let mut out = Vec::new();
+                out.try_reserve_exact(map.len()).map_err(|_| {
+                    Error::Invalid(format!(
+                        "{bucket}/{key}: {} bytes do not fit in memory",
+                        map.len()
+                    ))
+                })?;
+                // SAFETY: `out` has room for the mapping's bytes, all written when it
+                // returns true.
+                if unsafe { map.copy_resident(0..map.len(), out.as_mut_ptr()) }
+                    .map_err(Error::Local)?
+                {
+                    // SAFETY: as above.
+                    unsafe { out.set_len(map.len()) };
+                    return Ok(out);
+                }
+                self.get_with(bucket, key, opts)
+            }
+        }
+    }
+
+    /// What `opts` asks for as a mapping of the cache file of a node on this machine
+    /// where every page of it is in the page cache ([`LocalFile::map_resident`]): its
+    /// bytes are to be read with [`Mapping::copy_resident`]. Else the bytes, over HTTP.
+    pub fn open_resident(
+        &mut self,
+        bucket: &str,
+        key: &str,
+        opts: &GetOptions,
+    ) -> Result<LocalBytes> {
         if self.reads_locally() {
             match self.open_local_as(bucket, key, opts, LOCAL_RESIDENT)? {
-                Local::Bytes(bytes, _) => return Ok(bytes),
+                Local::Bytes(bytes, _) => return Ok(LocalBytes::Fetched(bytes)),
                 Local::File(f) => {
-                    if let Some(bytes) = f.copy_resident().map_err(Error::Local)? {
-                        return Ok(bytes);
+                    if let Some(map) = f.map_resident().map_err(Error::Local)? {
+                        return Ok(LocalBytes::Mapped(map));
                     }
                 }
             }
         }
-        self.get_with(bucket, key, opts)
+        self.get_with(bucket, key, opts).map(LocalBytes::Fetched)
     }
 
     /// [`Client::open_local`], the descriptor asked for with `how` (`x-granary-local`).
@@ -351,11 +440,12 @@ mod tests {
     use super::*;
     use std::io::Write;
 
-    /// A range is copied out only while every page of it is resident: once the file's
-    /// pages are dropped from the page cache, `copy_resident` declines, and reads
-    /// nothing in.
+    /// A range is copied out only while every page of it is resident and the file is
+    /// still linked: once the file's pages are dropped from the page cache,
+    /// `copy_resident` declines and reads nothing in, and once the file is removed (the
+    /// node dropped the entry) it declines even where the pages are there.
     #[test]
-    fn only_resident_pages_are_copied_out() {
+    fn only_resident_pages_of_a_kept_file_are_copied_out() {
         let path = std::env::temp_dir().join(format!("granary-resident-{}", std::process::id()));
         let data: Vec<u8> = (0..(1u32 << 20))
             .map(|i| (i * 7 + i / 4096) as u8)
@@ -364,31 +454,51 @@ mod tests {
         f.write_all(&data).unwrap();
         f.sync_all().unwrap();
         drop(f);
-        let file = std::fs::File::open(&path).unwrap();
-        std::fs::remove_file(&path).unwrap();
-        let local = LocalFile {
-            fd: file.into(),
-            offset: 4096 + 7,
+        const AT: usize = 4096 + 7;
+        let open = || LocalFile {
+            fd: std::fs::File::open(&path).unwrap().into(),
+            offset: AT as u64,
             len: 500_000,
             meta: ObjectMeta::default(),
         };
-        let range = 4096 + 7..4096 + 7 + 500_000;
         // Written a moment ago: resident.
-        let copy = local.copy_resident().unwrap().expect("resident pages");
-        assert!(copy == data[range.clone()]);
-
-        // SAFETY: advice on our own descriptor.
-        let dropped =
-            unsafe { libc::posix_fadvise(local.fd.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-        assert_eq!(dropped, 0);
-        let probe = || {
-            Mapping::new(local.fd(), local.offset, local.len, libc::MADV_RANDOM)
-                .unwrap()
-                .resident()
+        let map = open().map_resident().unwrap().expect("resident pages");
+        let mut out = vec![0u8; 100_000];
+        // SAFETY: `out` holds 100,000 bytes.
+        let copy = |map: &Mapping, from: usize, out: &mut Vec<u8>| unsafe {
+            map.copy_resident(from..from + 100_000, out.as_mut_ptr())
                 .unwrap()
         };
-        assert!(!probe(), "the pages left the page cache");
-        assert!(local.copy_resident().unwrap().is_none());
-        assert!(!probe(), "declining read nothing in");
+        assert!(copy(&map, 1000, &mut out));
+        assert!(out == data[AT + 1000..AT + 101_000]);
+
+        drop(map);
+
+        let file = std::fs::File::open(&path).unwrap();
+        // SAFETY: advice on our own descriptor.
+        let dropped =
+            unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        assert_eq!(dropped, 0);
+        assert!(open().map_resident().unwrap().is_none(), "the pages left");
+        let map = Mapping::new(file.as_fd(), AT as u64, 500_000, libc::MADV_RANDOM).unwrap();
+        assert!(!copy(&map, 1000, &mut out));
+        assert!(
+            !map.resident(0..500_000).unwrap(),
+            "declining read nothing in"
+        );
+        drop(map);
+
+        // Read in again; then the file removed (the node dropped the entry).
+        assert!(std::fs::read(&path).unwrap() == data);
+        let map = open().map_resident().unwrap().expect("resident pages");
+        assert!(
+            copy(&map, 1000, &mut out),
+            "resident, and the file is linked"
+        );
+        std::fs::remove_file(&path).unwrap();
+        assert!(
+            !copy(&map, 1000, &mut out),
+            "the file is no longer the node's"
+        );
     }
 }

@@ -12,6 +12,7 @@
 
 pub mod ctl;
 mod data;
+pub mod disk;
 pub mod faults;
 mod http;
 mod sdk;

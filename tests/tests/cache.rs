@@ -8,6 +8,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{bail, Result};
+use granary_tests::disk::{cache_entries, damage_on_disk};
 use granary_tests::{
     md5_hex, raw_request_blocking, request_bytes, Moto, Pattern, Server, ServerOpts,
 };
@@ -295,7 +296,7 @@ fn kill_during_fills(origin: Origin) {
     println!("entries that survived the kill: {cached_after_crash} of {N}");
     assert!(cached_after_crash >= 5, "committed entries survive kill -9");
     // A damaged entry on disk is dropped at start, never served.
-    if let Some(entry) = walk_entries(&cache).first() {
+    if let Some(entry) = cache_entries(&cache).first() {
         let f = std::fs::OpenOptions::new().write(true).open(entry).unwrap();
         f.set_len(1000).unwrap();
     }
@@ -315,21 +316,6 @@ fn kill_during_fills(origin: Origin) {
         assert_eq!(md5, objects[key]);
     }
     assert_eq!(stat(&server, "objects"), N as u64);
-}
-
-fn walk_entries(cache: &Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    for d in std::fs::read_dir(cache.join("objects"))
-        .into_iter()
-        .flatten()
-        .flatten()
-    {
-        for f in std::fs::read_dir(d.path()).into_iter().flatten().flatten() {
-            out.push(f.path());
-        }
-    }
-    out.sort();
-    out
 }
 
 /// A node with `--sendfile` and `--verify-reads` as given, holding one object of `size`
@@ -372,7 +358,7 @@ fn corrupt_entry_is_cut_short_dropped_and_refetched() -> Result<()> {
             // Checked once read whole; after a restart, checked again until then.
             server.kill_and_restart()?;
         }
-        let entries = walk_entries(&server.data_dir().join("cache"));
+        let entries = cache_entries(&server.data_dir().join("cache"));
         let [entry] = entries.as_slice() else {
             bail!("one entry expected, found {entries:?}")
         };
@@ -410,8 +396,6 @@ fn corrupt_entry_is_cut_short_dropped_and_refetched() -> Result<()> {
 /// pages dropped from memory, is read in again, checked and never sent.
 #[test]
 fn a_block_damaged_on_the_disk_after_its_pages_left_memory_is_never_sent() -> Result<()> {
-    use std::os::fd::AsRawFd;
-    use std::os::unix::fs::{FileExt, OpenOptionsExt};
     const SIZE: usize = 12 << 20;
     const DAMAGE: u64 = (9 << 20) + 77;
     let (server, how, key, want) = one_object_in_mode("false", "true", SIZE)?;
@@ -435,29 +419,14 @@ fn a_block_damaged_on_the_disk_after_its_pages_left_memory_is_never_sent() -> Re
         "checked once, sent twice"
     );
 
-    let entries = walk_entries(&server.data_dir().join("cache"));
+    let entries = cache_entries(&server.data_dir().join("cache"));
     let [entry] = entries.as_slice() else {
         bail!("one entry expected, found {entries:?}")
     };
-    let Ok(f) = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(entry)
-    else {
+    if !damage_on_disk(entry, DAMAGE)? {
         eprintln!("this filesystem refuses O_DIRECT: nothing to damage around the page cache");
         return Ok(());
-    };
-    let mut buf = vec![0u8; 8192];
-    let off = buf.as_ptr().align_offset(4096);
-    let page = &mut buf[off..off + 4096];
-    let base = DAMAGE / 4096 * 4096;
-    f.read_exact_at(page, base)?;
-    page[(DAMAGE - base) as usize] ^= 0xff;
-    f.write_all_at(page, base)?;
-    // SAFETY: advice on an open descriptor.
-    unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-    drop(f);
+    }
     let path = format!("/{BUCKET}/{key}");
     let req = request_bytes("GET", &path, server.addr(), &[], b"");
     if let Ok(r) = raw_request_blocking(server.addr(), &req) {

@@ -574,3 +574,75 @@ fn a_dataset_read_here_and_from_another_member_yields_its_plan() -> Result<()> {
     }
     Ok(())
 }
+
+/// A dataset read through a node on this machine copies each member straight out of the
+/// node's cache file where its pages are in memory. A member whose pages left memory
+/// after the node checked its run is asked of the node again, which reads them in and
+/// checks them: a block damaged on the disk meanwhile is never delivered. The node drops
+/// the damaged entry, and the pages it read in and refused stay in memory: the members
+/// after it are asked of the node too (the file is no longer the node's), and every
+/// member comes whole.
+#[test]
+fn a_member_whose_pages_left_memory_is_read_through_the_node() -> Result<()> {
+    const MEMBER: usize = 256 << 10;
+    let dir = tempfile::tempdir()?;
+    let backend = format!("fs:{}", dir.path().join("origin").display());
+    let (server, sock) = start(
+        dir.path(),
+        ServerOpts::open().args(&["--backend", &backend]),
+    )?;
+    let mut c = unix_client(&sock);
+    c.create_bucket(BUCKET)?;
+    let members: Vec<(String, Vec<u8>)> = (0..6)
+        .map(|i| {
+            (
+                format!("s/{i:03}.bin"),
+                Pattern::new(500 + i).bytes(0, MEMBER),
+            )
+        })
+        .collect();
+    let key = "ds/only.tar";
+    c.put_bytes(BUCKET, key, &tar_of(&members))?;
+    let ds = granary_client::Dataset::builder()
+        .endpoint(&format!("unix:{}", sock.display()))
+        .bucket(BUCKET)
+        .prefix("ds/")
+        .shuffle_shards(false)
+        .shuffle_buffer(0)
+        .read_ahead(0)
+        .build()?;
+    let mut epoch = ds.epoch(0);
+    let first = epoch.next().expect("a sample")?;
+    assert!(first.fields["bin"] == members[0].1, "{}", first.key);
+
+    // The run is mapped, its first member copied out. Member 4's bytes are damaged on
+    // the disk, and its pages dropped from memory.
+    let Local::File(f) = c.open_local(BUCKET, key, &GetOptions::default())? else {
+        panic!("no descriptor for a cached shard");
+    };
+    let at = f.offset() + 4 * (512 + MEMBER as u64) + 512 + 1000;
+    drop(f);
+    let entries = granary_tests::disk::cache_entries(&server.data_dir().join("cache"));
+    let [entry] = entries.as_slice() else {
+        panic!("one entry expected, found {entries:?}")
+    };
+    if !granary_tests::disk::damage_on_disk(entry, at)? {
+        eprintln!("this filesystem refuses O_DIRECT: nothing to damage around the page cache");
+        return Ok(());
+    }
+    let (checked, misses) = (server.stat("bytes_checked"), server.stat("misses"));
+    for (i, sample) in epoch.enumerate() {
+        let sample = sample?;
+        assert_eq!(sample.key, format!("s/{:03}", i + 1));
+        assert!(sample.fields["bin"] == members[i + 1].1, "{}", sample.key);
+    }
+    assert!(
+        server.stat("bytes_checked") > checked,
+        "the node read the dropped pages in again and checked them"
+    );
+    assert!(
+        server.stat("misses") > misses,
+        "it dropped the damaged entry: the members after it were read anew"
+    );
+    Ok(())
+}

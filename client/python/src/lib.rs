@@ -724,6 +724,34 @@ impl SampleIter {
                     d.set_item(ext, PyBytes::new(py, &sample.run[range.clone()]))?;
                 }
             }
+            Delivered::Resident(sample) => {
+                d.set_item("__key__", &sample.key)?;
+                d.set_item("__url__", &sample.shard)?;
+                let (mut members, mut ptrs) = (Vec::new(), Vec::new());
+                for (ext, range) in &sample.fields {
+                    let (bytes, ptr) = new_bytes(py, range.len())?;
+                    members.push((ext, bytes));
+                    ptrs.push(ptr as usize);
+                }
+                // Each copied once, straight out of the page cache (or from the node,
+                // where its pages left memory), the GIL released.
+                py.detach(|| {
+                    let mut g = self.read.lock().unwrap_or_else(|p| p.into_inner());
+                    let Some(read) = g.as_mut() else {
+                        return Err(granary_client::Error::Invalid("the epoch ended".into()));
+                    };
+                    for (i, ptr) in ptrs.iter().enumerate() {
+                        // SAFETY: each `bytes` was made with room for its member, and
+                        // is handed on only once it is written.
+                        unsafe { read.copy_member(&sample, i, *ptr as *mut u8)? };
+                    }
+                    Ok(())
+                })
+                .map_err(py_err)?;
+                for (ext, bytes) in members {
+                    d.set_item(ext, bytes)?;
+                }
+            }
             Delivered::Mapped(sample) => {
                 d.set_item("__key__", &sample.key)?;
                 d.set_item("__url__", &sample.shard)?;

@@ -332,6 +332,7 @@ impl Iterator for Epoch {
         Some(match self.read.as_mut()?.next()? {
             Ok(Delivered::Owned(sample)) => Ok(sample),
             Ok(Delivered::Buffered(b)) => Ok(b.into_sample()),
+            Ok(Delivered::Resident(r)) => self.read.as_mut()?.copied(r),
             // Never asked for: a node passes files for mapped reads only.
             Ok(Delivered::Mapped(m)) => Err(Error::Invalid(format!(
                 "sample {} of {} came as a file, which was not asked for",

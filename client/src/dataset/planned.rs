@@ -59,9 +59,11 @@ pub struct ReadSettings {
 pub enum LocalReads {
     /// As any client: the bytes come through the socket.
     Off,
-    /// Each run copied out of the node's cache file where it is resident there
-    /// ([`Client::get_resident`](crate::Client::get_resident)): bytes, as with `Off`,
-    /// with no copy through the socket.
+    /// Each run copied out of the node's cache file where it is resident there: bytes,
+    /// as with `Off`, with no copy through the socket. A fetching thread copies the run
+    /// whole ([`Client::get_resident`](crate::Client::get_resident)); a reader fetching
+    /// its own runs keeps each mapped and copies every member once, as its sample is
+    /// delivered ([`Delivered::Resident`]).
     Copied,
     /// Each run's samples delivered as ranges of the node's cache file
     /// ([`Delivered::Mapped`]); bytes where the node sends bytes.
@@ -141,6 +143,7 @@ pub enum Delivered {
     Owned(Sample),
     Buffered(BufferedSample),
     Mapped(MappedSample),
+    Resident(ResidentSample),
 }
 
 /// A sample whose members are ranges of its run's bytes, received whole into one buffer
@@ -172,6 +175,30 @@ impl BufferedSample {
             fields,
         }
     }
+}
+
+/// A sample whose members are ranges of a run mapped from the cache file of a node on
+/// this machine, every page of it in the page cache when it was read (the node checked
+/// them just before): each member is copied out once, by
+/// [`PlannedRead::copy_member`], straight from the cache into what the caller hands on.
+#[derive(Debug, Clone)]
+pub struct ResidentSample {
+    /// The members' common name up to the first `.` of the file name.
+    pub key: String,
+    /// The object key of the shard it came from.
+    pub shard: String,
+    run: Arc<ResidentRun>,
+    /// Extension and range of the run's bytes; in archive order.
+    pub fields: Vec<(String, std::ops::Range<usize>)>,
+}
+
+/// A run's bytes mapped, and where they lie in their shard (to ask the node for a member
+/// whose pages left memory).
+#[derive(Debug)]
+struct ResidentRun {
+    map: crate::Mapping,
+    shard: u32,
+    start: u64,
 }
 
 /// A sample whose members are ranges of a node's cache file.
@@ -314,6 +341,14 @@ fn mapped_samples(shard: &str, local: crate::LocalFile) -> Result<Vec<Result<Map
         .collect())
 }
 
+/// Members as ranges of the bytes they were walked in.
+fn ranges(fields: Vec<(String, u64, u64)>) -> Vec<(String, std::ops::Range<usize>)> {
+    fields
+        .into_iter()
+        .map(|(ext, at, size)| (ext, at as usize..(at + size) as usize))
+        .collect()
+}
+
 /// The samples of a run received whole: each member a range of its bytes.
 fn buffered_samples(shard: &str, run: Vec<u8>) -> Result<Vec<Result<BufferedSample>>> {
     let samples = samples_in(shard, &run)?;
@@ -325,23 +360,24 @@ fn buffered_samples(shard: &str, run: Vec<u8>) -> Result<Vec<Result<BufferedSamp
                 key,
                 shard: shard.to_owned(),
                 run: run.clone(),
-                fields: fields
-                    .into_iter()
-                    .map(|(ext, at, size)| (ext, at as usize..(at + size) as usize))
-                    .collect(),
+                fields: ranges(fields),
             })
         })
         .collect())
 }
 
 /// Fetches one run: the wanted samples with their slots; from a node on this machine, as
-/// `local` says. The flag: whether the member that served it is on this machine (a
-/// first read may go over TCP and learn of the node's socket in its answer).
+/// `local` says. `inline`: the reader fetches it itself, as it needs it (a run copied out
+/// of a node's cache file then stays mapped, and each member is copied out as its sample
+/// is delivered; a fetching thread copies the run whole, off the reader's thread). The
+/// flag: whether the member that served it is on this machine (a first read may go over
+/// TCP and learn of the node's socket in its answer).
 fn fetch(
     catalog: &Catalog,
     run: &Run,
     clients: &mut Clients,
     local: LocalReads,
+    inline: bool,
 ) -> Result<(Fetched, bool)> {
     let shard = &catalog.shards[run.shard as usize];
     let opts = GetOptions {
@@ -351,7 +387,7 @@ fn fetch(
         ..GetOptions::default()
     };
     on_best(clients, &catalog.bucket, &shard.key, |c| {
-        let got = fetch_from(c, catalog, run, &opts, local)?;
+        let got = fetch_from(c, catalog, run, &opts, local, inline)?;
         Ok((got, c.reads_locally()))
     })
 }
@@ -363,6 +399,7 @@ fn fetch_from(
     run: &Run,
     opts: &GetOptions,
     local: LocalReads,
+    inline: bool,
 ) -> Result<Fetched> {
     let shard = &catalog.shards[run.shard as usize];
     let ranged = opts.range.is_some();
@@ -385,8 +422,32 @@ fn fetch_from(
             .map(|s| s.map(Delivered::Buffered));
         pick(samples, from, run, &shard.key)
     };
-    if local == LocalReads::Copied {
+    if local == LocalReads::Copied && !inline {
         return buffered(c.get_resident(&catalog.bucket, &shard.key, opts)?);
+    }
+    if local == LocalReads::Copied {
+        let map = match c.open_resident(&catalog.bucket, &shard.key, opts)? {
+            crate::LocalBytes::Mapped(map) => map,
+            crate::LocalBytes::Fetched(bytes) => return buffered(bytes),
+        };
+        // Headers walked in the mapping, whose every page is in memory: the node
+        // checked them just before it answered.
+        let samples = samples_in(&shard.key, &map)?;
+        let start = opts.range.as_ref().map_or(0, |r| r.start);
+        let mapped = Arc::new(ResidentRun {
+            map,
+            shard: run.shard,
+            start,
+        });
+        let samples = samples.into_iter().map(|(key, fields)| {
+            Ok(Delivered::Resident(ResidentSample {
+                key,
+                shard: shard.key.clone(),
+                run: mapped.clone(),
+                fields: ranges(fields),
+            }))
+        });
+        return pick(samples, from, run, &shard.key);
     }
     if local == LocalReads::Mapped {
         return match c.open_local(&catalog.bucket, &shard.key, opts)? {
@@ -494,6 +555,10 @@ pub struct PlannedRead {
     /// they are fetched here.
     here: Option<Here>,
     failed: bool,
+    catalog: Arc<Catalog>,
+    settings: ReadSettings,
+    /// Connections for members whose pages left memory before they were copied out.
+    spare: Option<Clients>,
 }
 
 impl PlannedRead {
@@ -547,6 +612,7 @@ impl PlannedRead {
         });
         let (tx, results) = mpsc::channel();
         let runs = Arc::new(runs);
+        let (kept, settings_kept) = (catalog.clone(), settings.clone());
         let mut here = None;
         if settings.read_ahead == 0 || (settings.local != LocalReads::Off && !settings.ahead_here) {
             here = Some(Here {
@@ -570,6 +636,81 @@ impl PlannedRead {
             shared,
             here,
             failed: false,
+            catalog: kept,
+            settings: settings_kept,
+            spare: None,
+        }
+    }
+
+    /// `sample` with its members copied out ([`PlannedRead::copy_member`]).
+    pub fn copied(&mut self, sample: ResidentSample) -> Result<Sample> {
+        let mut fields = std::collections::BTreeMap::new();
+        for (i, (ext, range)) in sample.fields.iter().enumerate() {
+            let mut bytes = Vec::with_capacity(range.len());
+            // SAFETY: `bytes` has room for the member, all written where this is `Ok`.
+            unsafe {
+                self.copy_member(&sample, i, bytes.as_mut_ptr())?;
+                bytes.set_len(range.len());
+            }
+            fields.insert(ext.clone(), bytes);
+        }
+        Ok(Sample {
+            key: sample.key,
+            shard: sample.shard,
+            fields,
+        })
+    }
+
+    /// Copies member `i` of `sample` to `dst`: out of the page cache where its pages are
+    /// still there, else from the node, which reads and checks them first (their pages
+    /// left memory since the node checked the run, and the disk is not trusted unchecked).
+    ///
+    /// # Safety
+    ///
+    /// `dst` must be valid for writes of the member's length; they are all written only
+    /// where this returns `Ok`.
+    pub unsafe fn copy_member(
+        &mut self,
+        sample: &ResidentSample,
+        i: usize,
+        dst: *mut u8,
+    ) -> Result<()> {
+        let range = sample.fields[i].1.clone();
+        let run = &sample.run;
+        // SAFETY: the caller vouches for `dst`.
+        if unsafe { run.map.copy_resident(range.clone(), dst) }.map_err(Error::Local)? {
+            return Ok(());
+        }
+        let shard = &self.catalog.shards[run.shard as usize];
+        let opts = GetOptions {
+            range: Some(run.start + range.start as u64..run.start + range.end as u64),
+            if_match: Some(shard.etag.clone()).filter(|e| !e.is_empty()),
+            ..GetOptions::default()
+        };
+        let bucket = &self.catalog.bucket;
+        let clients = self.spare.get_or_insert_with(|| self.settings.clients());
+        let len = range.len();
+        let ask = |clients: &mut Clients| {
+            on_best(clients, bucket, &shard.key, |c| {
+                let mut room = |n: usize| {
+                    if n == len {
+                        Ok(dst)
+                    } else {
+                        Err(Error::Protocol(format!(
+                            "{}: {n} bytes for a member of {len}",
+                            shard.key
+                        )))
+                    }
+                };
+                // SAFETY: `room` hands out `dst` for the member's length only.
+                unsafe { c.get_with_alloc(bucket, &shard.key, &opts, &mut room) }
+            })
+        };
+        // A node that finds a block damaged cuts its answer short and drops the entry:
+        // asked once more, it reads the object anew.
+        match ask(clients) {
+            Err(e) if e.is_retryable() => ask(clients).map(drop),
+            other => other.map(drop),
         }
     }
 
@@ -591,7 +732,7 @@ impl PlannedRead {
         let shard = &h.catalog.shards[r.shard as usize];
         let bytes = r.range(shard).map_or(shard.size, |b| b.end - b.start);
         let limit = WAITED + WAITED_PER_MIB * (bytes >> 20) as u32;
-        let got = fetch(&h.catalog, r, &mut h.clients, h.settings.local);
+        let got = fetch(&h.catalog, r, &mut h.clients, h.settings.local, true);
         // The first read's time is the connection's too: it is not judged by it.
         let judged = std::mem::replace(&mut h.any, true);
         h.fetched[run] = true;
@@ -668,7 +809,7 @@ fn fetch_ahead(
                         }
                     }
                 };
-                let got = fetch(&catalog, &runs[i], &mut clients, settings.local);
+                let got = fetch(&catalog, &runs[i], &mut clients, settings.local, false);
                 if tx.send((i, got.map(|(samples, _)| samples))).is_err() {
                     return;
                 }
@@ -913,7 +1054,7 @@ mod tests {
                 mark: None,
             };
             let mut clients = Clients::new(router, None, Duration::from_secs(5));
-            let (got, here) = fetch(&catalog, &run, &mut clients, LocalReads::Off).unwrap();
+            let (got, here) = fetch(&catalog, &run, &mut clients, LocalReads::Off, true).unwrap();
             assert!(!here, "a run read over HTTP is not taken from a file here");
             let got: Vec<(usize, Vec<u8>)> = got
                 .into_iter()
