@@ -601,8 +601,16 @@ fn a_member_whose_pages_left_memory_is_read_through_the_node() -> Result<()> {
             )
         })
         .collect();
+    // Each sample a member of 256 KiB and an empty one.
+    let with_empty: Vec<(String, Vec<u8>)> = members
+        .iter()
+        .flat_map(|(name, bin)| {
+            let empty = (name.replace(".bin", ".cls"), Vec::new());
+            [(name.clone(), bin.clone()), empty]
+        })
+        .collect();
     let key = "ds/only.tar";
-    c.put_bytes(BUCKET, key, &tar_of(&members))?;
+    c.put_bytes(BUCKET, key, &tar_of(&with_empty))?;
     let ds = granary_client::Dataset::builder()
         .endpoint(&format!("unix:{}", sock.display()))
         .bucket(BUCKET)
@@ -620,7 +628,7 @@ fn a_member_whose_pages_left_memory_is_read_through_the_node() -> Result<()> {
     let Local::File(f) = c.open_local(BUCKET, key, &GetOptions::default())? else {
         panic!("no descriptor for a cached shard");
     };
-    let at = f.offset() + 4 * (512 + MEMBER as u64) + 512 + 1000;
+    let at = f.offset() + 4 * (512 + MEMBER as u64 + 512) + 512 + 1000;
     drop(f);
     let entries = granary_tests::disk::cache_entries(&server.data_dir().join("cache"));
     let [entry] = entries.as_slice() else {
@@ -635,6 +643,7 @@ fn a_member_whose_pages_left_memory_is_read_through_the_node() -> Result<()> {
         let sample = sample?;
         assert_eq!(sample.key, format!("s/{:03}", i + 1));
         assert!(sample.fields["bin"] == members[i + 1].1, "{}", sample.key);
+        assert_eq!(sample.fields["cls"], b"", "{}", sample.key);
     }
     assert!(
         server.stat("bytes_checked") > checked,

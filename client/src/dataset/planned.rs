@@ -669,6 +669,10 @@ impl PlannedRead {
     ///
     /// `dst` must be valid for writes of the member's length; they are all written only
     /// where this returns `Ok`.
+    ///
+    /// # Panics
+    ///
+    /// Where `sample` has no member `i`.
     pub unsafe fn copy_member(
         &mut self,
         sample: &ResidentSample,
@@ -676,6 +680,9 @@ impl PlannedRead {
         dst: *mut u8,
     ) -> Result<()> {
         let range = sample.fields[i].1.clone();
+        if range.is_empty() {
+            return Ok(());
+        }
         let run = &sample.run;
         // SAFETY: the caller vouches for `dst`.
         if unsafe { run.map.copy_resident(range.clone(), dst) }.map_err(Error::Local)? {
