@@ -72,9 +72,9 @@ impl LocalFile {
     /// The asked bytes mapped, where every page of them is in the page cache now
     /// (`mincore`); `None` where one is not. Asked for with [`LOCAL_RESIDENT`]: the node
     /// brought the range in and checked it just before it answered. The mapping is
-    /// advised random, so a touch brings in no neighbour; its bytes are read through
-    /// [`Mapping::copy_resident`], which reads no page in from the disk behind the node's
-    /// back.
+    /// advised random, so a touch brings in no neighbour; its bytes are copied out at
+    /// once, or later through [`Mapping::copy_resident`], which checks them again and
+    /// reads no page in from the disk behind the node's back.
     pub fn map_resident(self) -> io::Result<Option<Mapping>> {
         let mut map = Mapping::new(self.fd.as_fd(), self.offset, self.len, libc::MADV_RANDOM)?;
         if !map.resident(0..map.len)? {
@@ -318,23 +318,17 @@ impl Client {
                         map.len()
                     ))
                 })?;
-                // SAFETY: `out` has room for the mapping's bytes, all written when it
-                // returns true.
-                if unsafe { map.copy_resident(0..map.len(), out.as_mut_ptr()) }
-                    .map_err(Error::Local)?
-                {
-                    // SAFETY: as above.
-                    unsafe { out.set_len(map.len()) };
-                    return Ok(out);
-                }
-                self.get_with(bucket, key, opts)
+                // Every page was found resident a moment ago (`open_resident`).
+                out.extend_from_slice(&map);
+                Ok(out)
             }
         }
     }
 
     /// What `opts` asks for as a mapping of the cache file of a node on this machine
     /// where every page of it is in the page cache ([`LocalFile::map_resident`]): its
-    /// bytes are to be read with [`Mapping::copy_resident`]. Else the bytes, over HTTP.
+    /// bytes are to be copied out at once, or later with [`Mapping::copy_resident`].
+    /// Else the bytes, over HTTP.
     pub fn open_resident(
         &mut self,
         bucket: &str,

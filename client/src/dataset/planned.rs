@@ -532,10 +532,8 @@ const WAITED_PER_MIB: Duration = Duration::from_millis(4);
 
 /// Runs fetched by the reader itself, as each is needed.
 struct Here {
-    catalog: Arc<Catalog>,
     runs: Arc<Vec<Run>>,
     clients: Clients,
-    settings: ReadSettings,
     /// Which runs have been fetched, and whether any has.
     fetched: Vec<bool>,
     any: bool,
@@ -612,20 +610,18 @@ impl PlannedRead {
         });
         let (tx, results) = mpsc::channel();
         let runs = Arc::new(runs);
-        let (kept, settings_kept) = (catalog.clone(), settings.clone());
         let mut here = None;
         if settings.read_ahead == 0 || (settings.local != LocalReads::Off && !settings.ahead_here) {
             here = Some(Here {
                 fetched: vec![false; runs.len()],
                 any: false,
                 clients: settings.clients(),
-                catalog,
                 runs,
-                settings,
                 tx,
             });
         } else {
-            fetch_ahead(catalog, runs, &settings, &shared, tx, Arc::new(Vec::new()));
+            let done = Arc::new(Vec::new());
+            fetch_ahead(catalog.clone(), runs, &settings, &shared, tx, done);
         }
         PlannedRead {
             slots,
@@ -636,8 +632,8 @@ impl PlannedRead {
             shared,
             here,
             failed: false,
-            catalog: kept,
-            settings: settings_kept,
+            catalog,
+            settings,
             spare: None,
         }
     }
@@ -736,10 +732,10 @@ impl PlannedRead {
         };
         let began = std::time::Instant::now();
         let r = &h.runs[run];
-        let shard = &h.catalog.shards[r.shard as usize];
+        let shard = &self.catalog.shards[r.shard as usize];
         let bytes = r.range(shard).map_or(shard.size, |b| b.end - b.start);
         let limit = WAITED + WAITED_PER_MIB * (bytes >> 20) as u32;
-        let got = fetch(&h.catalog, r, &mut h.clients, h.settings.local, true);
+        let got = fetch(&self.catalog, r, &mut h.clients, self.settings.local, true);
         // The first read's time is the connection's too: it is not judged by it.
         let judged = std::mem::replace(&mut h.any, true);
         h.fetched[run] = true;
@@ -747,12 +743,12 @@ impl PlannedRead {
             Ok((_, here)) => !here || (judged && began.elapsed() > limit),
             Err(_) => false,
         };
-        if waited && h.settings.read_ahead > 0 {
+        if waited && self.settings.read_ahead > 0 {
             if let Some(h) = self.here.take() {
                 let first = h.fetched.iter().position(|&f| !f).unwrap_or(h.runs.len());
                 *self.shared.progress() = (first, run, false, true);
-                let fetched = Arc::new(h.fetched);
-                fetch_ahead(h.catalog, h.runs, &h.settings, &self.shared, h.tx, fetched);
+                let (catalog, fetched) = (self.catalog.clone(), Arc::new(h.fetched));
+                fetch_ahead(catalog, h.runs, &self.settings, &self.shared, h.tx, fetched);
             }
         }
         got.map(|(samples, _)| samples)
