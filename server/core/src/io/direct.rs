@@ -4,7 +4,8 @@
 //! dirty, and leave the fill's `fsync` to write them all back (about three times the CPU
 //! per byte here). The tail that does not fill a whole block, and everything on a
 //! filesystem that refuses direct I/O, is written through the page cache as before.
-//! MinIO writes its object parts the same way.
+//! MinIO writes its object parts the same way. The aligned buffers are kept between
+//! fills, on huge pages (`slots`).
 
 use std::alloc::{self, Layout};
 use std::fs::File;
@@ -187,10 +188,13 @@ fn set_direct(file: &File, on: bool) -> io::Result<()> {
     Ok(())
 }
 
-/// A zeroed heap buffer whose address is a multiple of [`ALIGN`].
+/// A buffer whose address is a multiple of [`ALIGN`], every byte initialised. One that
+/// divides a huge page is a slot of one ([`slots`]), kept for the next fill when this one
+/// is done; any other is a zeroed heap allocation.
 struct Aligned {
     ptr: *mut u8,
     len: usize,
+    pooled: bool,
 }
 
 // SAFETY: the buffer is owned, like a Vec<u8>.
@@ -202,6 +206,14 @@ impl Aligned {
             return Aligned {
                 ptr: std::ptr::NonNull::dangling().as_ptr(),
                 len: 0,
+                pooled: false,
+            };
+        }
+        if let Some(ptr) = slots::take(len) {
+            return Aligned {
+                ptr,
+                len,
+                pooled: true,
             };
         }
         let layout = Layout::from_size_align(len, ALIGN).expect("a page-aligned layout");
@@ -210,7 +222,11 @@ impl Aligned {
         if ptr.is_null() {
             alloc::handle_alloc_error(layout);
         }
-        Aligned { ptr, len }
+        Aligned {
+            ptr,
+            len,
+            pooled: false,
+        }
     }
 
     fn len(&self) -> usize {
@@ -225,9 +241,106 @@ impl Aligned {
 
 impl Drop for Aligned {
     fn drop(&mut self) {
-        if self.len > 0 {
+        if self.pooled {
+            slots::give_back(self.ptr, self.len);
+        } else if self.len > 0 {
             // SAFETY: allocated in `new` with this layout.
             unsafe { alloc::dealloc(self.ptr, Layout::from_size_align_unchecked(self.len, ALIGN)) }
+        }
+    }
+}
+
+/// Direct writes' buffers, carved out of 2 MiB regions the kernel is asked to back with
+/// huge pages, and kept for the next fill: a buffer the socket's bytes are copied into
+/// and the device reads from is one TLB entry and one page to pin, not 128, and it is
+/// never faulted in again.
+mod slots {
+    use std::sync::Mutex;
+
+    /// A region: one huge page.
+    pub(super) const REGION: usize = 2 << 20;
+    /// The most regions kept: 32 MiB, 64 buffers of 512 KiB. Beyond them buffers come
+    /// from the heap and go back to it.
+    pub(super) const MAX_REGIONS: usize = 16;
+
+    struct Slots {
+        regions: usize,
+        /// Free buffers by size (each size divides [`REGION`]), as addresses.
+        free: Vec<(usize, Vec<usize>)>,
+    }
+
+    impl Slots {
+        fn of(&mut self, len: usize) -> &mut Vec<usize> {
+            let i = match self.free.iter().position(|(l, _)| *l == len) {
+                Some(i) => i,
+                None => {
+                    self.free.push((len, Vec::new()));
+                    self.free.len() - 1
+                }
+            };
+            &mut self.free[i].1
+        }
+    }
+
+    static SLOTS: Mutex<Slots> = Mutex::new(Slots {
+        regions: 0,
+        free: Vec::new(),
+    });
+
+    /// A free buffer of `len` bytes (a multiple of a page that divides a region), from a
+    /// new region if none is free and fewer than [`MAX_REGIONS`] are kept.
+    pub(super) fn take(len: usize) -> Option<*mut u8> {
+        if len > REGION || !REGION.is_multiple_of(len) || !len.is_multiple_of(super::ALIGN) {
+            return None;
+        }
+        let mut slots = SLOTS.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(at) = slots.of(len).pop() {
+            return Some(at as *mut u8);
+        }
+        if slots.regions >= MAX_REGIONS {
+            return None;
+        }
+        let region = map_region()?;
+        slots.regions += 1;
+        slots
+            .of(len)
+            .extend((len..REGION).step_by(len).map(|off| region as usize + off));
+        Some(region)
+    }
+
+    pub(super) fn give_back(ptr: *mut u8, len: usize) {
+        let mut slots = SLOTS.lock().unwrap_or_else(|p| p.into_inner());
+        slots.of(len).push(ptr as usize);
+    }
+
+    /// A zeroed region aligned to its size, advised to be backed by a huge page.
+    fn map_region() -> Option<*mut u8> {
+        let span = 2 * REGION;
+        // SAFETY: a fresh private anonymous mapping; the parts outside the aligned region
+        // are unmapped at once, and the region itself is never unmapped.
+        unsafe {
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                span,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            );
+            if p == libc::MAP_FAILED {
+                return None;
+            }
+            let start = p as usize;
+            let aligned = start.next_multiple_of(REGION);
+            if aligned > start {
+                libc::munmap(p, aligned - start);
+            }
+            let tail = start + span - (aligned + REGION);
+            if tail > 0 {
+                libc::munmap((aligned + REGION) as *mut libc::c_void, tail);
+            }
+            libc::madvise(aligned as *mut libc::c_void, REGION, libc::MADV_HUGEPAGE);
+            Some(aligned as *mut u8)
         }
     }
 }
@@ -300,6 +413,53 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Kept buffers are page-aligned, never overlap, are written whole, and come from
+    /// at most `MAX_REGIONS` regions: past them the heap gives buffers, as before.
+    #[test]
+    fn kept_buffers_are_aligned_disjoint_and_bounded() {
+        let len = 256 << 10;
+        let mut taken = Vec::new();
+        while let Some(p) = slots::take(len) {
+            taken.push(p as usize);
+            if taken.len() > 4 * slots::MAX_REGIONS * (slots::REGION / len) {
+                break;
+            }
+        }
+        assert!(
+            !taken.is_empty() && taken.len() <= slots::MAX_REGIONS * (slots::REGION / len),
+            "{} buffers of {len} bytes kept",
+            taken.len()
+        );
+        taken.sort_unstable();
+        assert!(
+            taken.windows(2).all(|w| w[1] - w[0] >= len),
+            "overlapping buffers"
+        );
+        assert!(taken.iter().all(|p| p % ALIGN == 0), "unaligned buffer");
+        for (i, &p) in taken.iter().enumerate() {
+            // SAFETY: `len` bytes this test holds.
+            unsafe { std::ptr::write_bytes(p as *mut u8, i as u8, len) };
+        }
+        for (i, &p) in taken.iter().enumerate() {
+            // SAFETY: as above.
+            let got = unsafe { std::slice::from_raw_parts(p as *const u8, len) };
+            assert!(
+                got.iter().all(|&b| b == i as u8),
+                "buffer {i} was written over"
+            );
+        }
+        for &p in &taken {
+            slots::give_back(p as *mut u8, len);
+        }
+        // A buffer given back is the next one taken of its size.
+        let again = slots::take(len).expect("a buffer given back");
+        assert!(taken.binary_search(&(again as usize)).is_ok());
+        slots::give_back(again, len);
+        // A writer whose buffer is kept writes what it is given, as one whose buffer is not.
+        let dir = tempfile::tempdir().unwrap();
+        write_all(dir.path(), (3 << 20) + 5, 70001, len);
     }
 
     /// The point of it: what was written directly is not in the page cache (where the
