@@ -12,6 +12,7 @@ mod body;
 mod errors;
 mod keys;
 mod list;
+mod wire;
 
 use std::collections::HashMap;
 use std::io;
@@ -122,6 +123,8 @@ impl S3Backend {
             .load()
             .await;
         let mut conf = aws_sdk_s3::config::Builder::from(&sdk)
+            // Plain-HTTP reads arrive in aligned blocks a fill writes from (`wire`).
+            .http_client(wire::client())
             // Streamed bodies of known length need no checksum trailers; Content-MD5 is
             // sent where the client gave one.
             .request_checksum_calculation(RequestChecksumCalculation::WhenRequired)

@@ -23,6 +23,7 @@ use std::fs::File;
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use futures::{FutureExt, StreamExt};
@@ -41,6 +42,8 @@ const PIECE_MIN: usize = 256 << 10;
 const PIECE_MAX: usize = 1 << 20;
 /// Pieces waiting for the writer: the memory a fill holds ahead of the disk.
 const PIECES_QUEUED: usize = 2;
+/// The longest a fill waits for its readers before it goes on without waiting again.
+const PACE_WAIT: Duration = Duration::from_secs(1);
 /// The bytes of the last pieces received that readers take from memory: two whole pieces,
 /// so a reader a piece behind the source still sends from memory (from the temp file, a
 /// direct fill's bytes are read from the disk).
@@ -83,9 +86,26 @@ pub struct FillState {
     /// memory, as soon as they arrive, instead of waiting for the disk and reading back
     /// what was just written.
     pub recent: Recent,
+    /// Readers following the fill, and the furthest byte any of them has taken: the
+    /// source is read no further ahead of that reader than its bytes stay in `recent`.
+    pub readers: usize,
+    pub lead: u64,
 }
 
 impl FillState {
+    fn new(phase: Phase) -> FillState {
+        FillState {
+            phase,
+            meta: None,
+            received: 0,
+            written: 0,
+            sums: Vec::new(),
+            recent: Recent::default(),
+            readers: 0,
+            lead: 0,
+        }
+    }
+
     /// Takes the checksums in `crcs` (every block's from the first) that are new.
     fn add_sums(&mut self, crcs: &[u32]) {
         if let Some(new) = crcs.get(self.sums.len()..) {
@@ -134,14 +154,7 @@ pub enum FillError {
 
 impl Fill {
     pub fn new() -> Arc<Fill> {
-        let (tx, _) = watch::channel(FillState {
-            phase: Phase::Starting,
-            meta: None,
-            received: 0,
-            written: 0,
-            sums: Vec::new(),
-            recent: Recent::default(),
-        });
+        let (tx, _) = watch::channel(FillState::new(Phase::Starting));
         Arc::new(Fill {
             state: tx,
             file: std::sync::OnceLock::new(),
@@ -170,14 +183,7 @@ impl Fill {
             .wait_for(|s| s.phase != Phase::Starting)
             .await
             .map(|s| s.clone());
-        st.unwrap_or(FillState {
-            phase: Phase::Abandoned,
-            meta: None,
-            received: 0,
-            written: 0,
-            sums: Vec::new(),
-            recent: Recent::default(),
-        })
+        st.unwrap_or(FillState::new(Phase::Abandoned))
     }
 }
 
@@ -330,6 +336,7 @@ pub async fn write_body(
     let mut failure = None;
     let mut ended = false;
     let mut first = true;
+    let mut paced = true;
     while !ended {
         let mut parts = Vec::new();
         let mut len = 0usize;
@@ -373,6 +380,9 @@ pub async fn write_body(
             continue;
         }
         let piece = Piece::new(parts);
+        if paced {
+            paced = wait_for_readers(&fill).await;
+        }
         // Readers have it now; the disk a moment later.
         fill.state.send_modify(|s| {
             let at = s.received;
@@ -393,6 +403,22 @@ pub async fn write_body(
         (Some(e), _) => Err(FillError::Source(e)),
         (None, result) => result,
     }
+}
+
+/// Waits until the furthest reader has taken every byte received so far, so the piece
+/// about to be published is where it reads from memory next: a source faster than the
+/// readers (a writer faster than their clients) would otherwise run past [`Recent`] and
+/// leave every one of them to read back from the disk what was just written there.
+/// Without readers nothing waits. Returns false when the readers kept it waiting
+/// [`PACE_WAIT`]: the fill goes on at the source's pace from then on.
+async fn wait_for_readers(fill: &Fill) -> bool {
+    let close = |s: &FillState| s.readers == 0 || s.received <= s.lead;
+    if close(&fill.state.borrow()) {
+        return true;
+    }
+    let mut rx = fill.state.subscribe();
+    let waited = tokio::time::timeout(PACE_WAIT, rx.wait_for(close)).await;
+    waited.is_ok()
 }
 
 /// Ordering helper for the stale flag.

@@ -26,6 +26,7 @@ const WINDOW: u64 = 1 << 20;
 pub fn follow(fill: Arc<Fill>, start: u64, end: u64) -> ByteStream {
     let stream = async_stream::try_stream! {
         let mut rx = fill.state.subscribe();
+        let _reading = Reading::new(&fill);
         let mut pos = start;
         while pos < end {
             let (ended, written, in_memory) = next_step(&mut rx, pos, end).await?;
@@ -55,6 +56,12 @@ pub fn follow(fill: Arc<Fill>, start: u64, end: u64) -> ByteStream {
                     pos += chunk.len() as u64;
                     yield chunk;
                 }
+                // Taken: the fill may read on.
+                fill.state.send_if_modified(|s| {
+                    let further = pos > s.lead;
+                    s.lead = s.lead.max(pos);
+                    further
+                });
                 continue;
             }
             match read_back(&fill, pos, end.min(written)).await? {
@@ -72,6 +79,22 @@ pub fn follow(fill: Arc<Fill>, start: u64, end: u64) -> ByteStream {
         }
     };
     Box::pin(stream)
+}
+
+/// A reader counted in [`FillState::readers`] while it follows.
+struct Reading(Arc<Fill>);
+
+impl Reading {
+    fn new(fill: &Arc<Fill>) -> Reading {
+        fill.state.send_modify(|s| s.readers += 1);
+        Reading(fill.clone())
+    }
+}
+
+impl Drop for Reading {
+    fn drop(&mut self) {
+        self.0.state.send_modify(|s| s.readers -= 1);
+    }
 }
 
 /// Waits until the bytes at `pos` are in memory or on disk, or the fill has ended;

@@ -1,16 +1,18 @@
-//! Writing a cache file around the page cache. A fill's bytes are copied into an aligned
-//! buffer and written with `O_DIRECT` a buffer at a time: the device takes them from that
-//! buffer, where a buffered write would copy them into the page cache, mark every page
-//! dirty, and leave the fill's `fsync` to write them all back (about three times the CPU
-//! per byte here). The tail that does not fill a whole block, and everything on a
-//! filesystem that refuses direct I/O, is written through the page cache as before.
-//! MinIO writes its object parts the same way. The aligned buffers are kept between
-//! fills, on huge pages (`slots`).
+//! Writing a cache file around the page cache. A fill's bytes are written with `O_DIRECT`
+//! a buffer at a time: the device takes them from memory, where a buffered write would
+//! copy them into the page cache, mark every page dirty, and leave the fill's `fsync` to
+//! write them all back (about three times the CPU per byte here). Bytes that already lie
+//! in memory as they will in the file (received into an [`Inbox`]) are written from
+//! there; others are copied into an aligned buffer first. The tail that does not fill a
+//! whole block, and everything on a filesystem that refuses direct I/O, is written
+//! through the page cache as before. MinIO writes its object parts the same way. The
+//! aligned buffers are kept between fills, on huge pages (`slots`).
 
 use std::alloc::{self, Layout};
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
+use std::sync::Arc;
 
 use super::retrying;
 
@@ -21,9 +23,17 @@ pub const ALIGN: usize = 4096;
 /// Writes a file from offset 0 on, in order.
 pub struct DirectWriter {
     file: File,
+    /// The bytes written a buffer at a time are copied here; taken when first needed.
     buf: Aligned,
+    /// How large `buf` is.
+    capacity: usize,
     /// Bytes in `buf`, not yet in the file.
     filled: usize,
+    /// Parts written from where they are: contiguous in memory from a page-aligned
+    /// address, the next bytes after `written`. Held until a buffer's worth has come; never
+    /// at the same time as bytes in `buf`.
+    run: Vec<bytes::Bytes>,
+    run_len: usize,
     /// Bytes in the file.
     written: u64,
     direct: bool,
@@ -37,8 +47,11 @@ impl DirectWriter {
         let direct = capacity > 0 && set_direct(&file, true).is_ok();
         DirectWriter {
             file,
-            buf: Aligned::new(if direct { capacity } else { 0 }),
+            buf: Aligned::new(0),
+            capacity: if direct { capacity } else { 0 },
             filled: 0,
+            run: Vec::new(),
+            run_len: 0,
             written: 0,
             direct,
         }
@@ -58,7 +71,9 @@ impl DirectWriter {
         &self.file
     }
 
-    /// Appends `parts`.
+    /// Appends `parts`. Parts that lie in memory as they will in the file (page-aligned
+    /// where a page of the file begins, each following the last: an [`Inbox`]'s) are
+    /// written from where they are; others are copied into the buffer first.
     pub fn write(&mut self, parts: &[bytes::Bytes]) -> io::Result<()> {
         if !self.direct {
             let mut iov: Vec<io::IoSlice<'_>> = parts.iter().map(|b| io::IoSlice::new(b)).collect();
@@ -66,23 +81,128 @@ impl DirectWriter {
             return Ok(());
         }
         for part in parts {
-            let mut data = &part[..];
-            while !data.is_empty() {
-                let n = (self.buf.len() - self.filled).min(data.len());
-                self.buf.as_mut()[self.filled..self.filled + n].copy_from_slice(&data[..n]);
-                self.filled += n;
-                data = &data[n..];
-                if self.filled == self.buf.len() {
-                    self.flush(self.filled)?;
+            self.put(part.clone())?;
+        }
+        Ok(())
+    }
+
+    fn put(&mut self, mut data: bytes::Bytes) -> io::Result<()> {
+        while !data.is_empty() {
+            if !self.direct {
+                self.release()?;
+                let mut iov = [io::IoSlice::new(&data)];
+                self.written += pwrite_all(&self.file, &mut iov, self.written)?;
+                return Ok(());
+            }
+            let at = data.as_ptr() as usize;
+            if self.run_len > 0 {
+                if at == self.run_end() {
+                    self.run_len += data.len();
+                    self.run.push(std::mem::take(&mut data));
+                    if self.run_len >= self.capacity {
+                        self.write_run()?;
+                    }
+                } else {
+                    // Not where the run's memory goes on: what is left of it is copied.
+                    for part in std::mem::take(&mut self.run) {
+                        self.copy_in(&part)?;
+                    }
+                    self.run_len = 0;
                 }
+                continue;
+            }
+            // `written` is page-aligned, so `filled` is where `data` goes within a page.
+            let pos = self.filled;
+            if at % ALIGN != pos % ALIGN {
+                return self.copy_in(&data);
+            }
+            if pos.is_multiple_of(ALIGN) {
+                if self.filled > 0 {
+                    self.flush(self.filled)?;
+                    continue;
+                }
+                self.run_len = data.len();
+                self.run.push(std::mem::take(&mut data));
+                if self.run_len >= self.capacity {
+                    self.write_run()?;
+                }
+                continue;
+            }
+            // Copied up to the next page of the file, from where the rest can be written
+            // as it lies.
+            let head = data.split_to((ALIGN - pos % ALIGN).min(data.len()));
+            self.copy_in(&head)?;
+        }
+        Ok(())
+    }
+
+    fn run_end(&self) -> usize {
+        self.run[0].as_ptr() as usize + self.run_len
+    }
+
+    /// Copies `data` into the buffer, writing it out each time it is full.
+    fn copy_in(&mut self, mut data: &[u8]) -> io::Result<()> {
+        if self.buf.len() < self.capacity {
+            self.buf = Aligned::new(self.capacity);
+        }
+        while !data.is_empty() {
+            let n = (self.buf.len() - self.filled).min(data.len());
+            self.buf.as_mut()[self.filled..self.filled + n].copy_from_slice(&data[..n]);
+            self.filled += n;
+            data = &data[n..];
+            if self.filled == self.buf.len() {
+                self.flush(self.filled)?;
             }
         }
+        Ok(())
+    }
+
+    /// Writes the run's whole pages from where they lie and keeps the rest.
+    fn write_run(&mut self) -> io::Result<()> {
+        let n = self.run_len / ALIGN * ALIGN;
+        // SAFETY: the run's parts are contiguous from `run[0]`'s first byte (each began
+        // where the last ended) and are held, so its `run_len >= n` bytes are live.
+        unsafe { self.write_at(self.run[0].as_ptr(), n)? };
+        let mut skip = n;
+        let mut rest = Vec::new();
+        for part in self.run.drain(..) {
+            if skip >= part.len() {
+                skip -= part.len();
+            } else {
+                rest.push(part.slice(skip..));
+                skip = 0;
+            }
+        }
+        self.run = rest;
+        self.run_len -= n;
+        Ok(())
+    }
+
+    /// Writes what is held through the page cache, once direct writes were turned off.
+    fn release(&mut self) -> io::Result<()> {
+        let mut iov: Vec<io::IoSlice<'_>> = Vec::with_capacity(1 + self.run.len());
+        let held = &self.buf.as_mut()[..self.filled];
+        iov.push(io::IoSlice::new(held));
+        iov.extend(self.run.iter().map(|b| io::IoSlice::new(b)));
+        self.written += pwrite_all(&self.file, &mut iov, self.written)?;
+        self.filled = 0;
+        self.run.clear();
+        self.run_len = 0;
         Ok(())
     }
 
     /// Writes what is held, and gives the file back positioned at its end, through the
     /// page cache from here on.
     pub fn finish(mut self) -> io::Result<File> {
+        if self.direct && self.run_len >= ALIGN {
+            self.write_run()?;
+        }
+        if self.run_len > 0 {
+            for part in std::mem::take(&mut self.run) {
+                self.copy_in(&part)?;
+            }
+            self.run_len = 0;
+        }
         let whole = self.filled / ALIGN * ALIGN;
         if whole > 0 {
             self.flush(whole)?;
@@ -102,19 +222,32 @@ impl DirectWriter {
         Ok(self.file)
     }
 
-    /// Writes the first `n` held bytes (a multiple of [`ALIGN`]) and keeps the rest at
-    /// the buffer's start. A filesystem that takes the flag but not the write, or a short
-    /// write off the alignment, turns direct I/O off for the rest of the file.
+    /// Writes the first `n` bytes of the buffer (a multiple of [`ALIGN`]) and keeps the
+    /// rest at its start.
     fn flush(&mut self, n: usize) -> io::Result<()> {
+        // SAFETY: `n <= filled` initialised bytes of the buffer.
+        unsafe { self.write_at(self.buf.ptr, n)? };
+        self.buf.as_mut().copy_within(n..self.filled, 0);
+        self.filled -= n;
+        Ok(())
+    }
+
+    /// Writes `n` bytes (a multiple of [`ALIGN`]) from `src` at `written`. A filesystem
+    /// that takes the flag but not the write, or a short write off the alignment, turns
+    /// direct I/O off for the rest of the file.
+    ///
+    /// # Safety
+    ///
+    /// `src..src + n` is live memory that nothing writes meanwhile.
+    unsafe fn write_at(&mut self, src: *const u8, n: usize) -> io::Result<()> {
         let mut done = 0usize;
         while done < n {
-            let chunk = &self.buf.as_mut()[done..n];
-            // SAFETY: a write from a live buffer of `chunk.len()` bytes.
+            // SAFETY: a write from `n - done` live bytes, as the caller vouches.
             let r = retrying(|| unsafe {
                 libc::pwrite(
                     self.file.as_raw_fd(),
-                    chunk.as_ptr().cast(),
-                    chunk.len(),
+                    src.add(done).cast(),
+                    n - done,
                     (self.written as libc::off_t).saturating_add(done as libc::off_t),
                 )
             });
@@ -137,9 +270,78 @@ impl DirectWriter {
             }
         }
         self.written += n as u64;
-        self.buf.as_mut().copy_within(n..self.filled, 0);
-        self.filled -= n;
         Ok(())
+    }
+}
+
+/// Receives a body into page-aligned blocks kept on huge pages, handing out what each
+/// receive brought as `Bytes` that share the block. Offset 0 of the body is the first
+/// block's first byte and each block is filled before the next, so the body lies in
+/// memory as it will in a file: [`DirectWriter`] writes it from there, without a copy.
+pub struct Inbox {
+    block: Arc<Aligned>,
+    filled: usize,
+}
+
+/// An [`Inbox`] block's size.
+pub const INBOX_BLOCK: usize = 512 << 10;
+
+impl Default for Inbox {
+    fn default() -> Inbox {
+        Inbox::new()
+    }
+}
+
+impl Inbox {
+    pub fn new() -> Inbox {
+        Inbox {
+            block: Arc::new(Aligned::new(INBOX_BLOCK)),
+            filled: 0,
+        }
+    }
+
+    /// The block's free bytes, to receive into; a full block is followed by a new one.
+    pub fn spare(&mut self) -> &mut [u8] {
+        if self.filled == self.block.len() {
+            *self = Inbox::new();
+        }
+        // SAFETY: the block's bytes past `filled` are initialised, and no `Bytes` handed
+        // out covers them; only this `Inbox` writes to the block.
+        unsafe {
+            std::slice::from_raw_parts_mut(
+                self.block.ptr.add(self.filled),
+                self.block.len() - self.filled,
+            )
+        }
+    }
+
+    /// The next `n` bytes of [`Self::spare`], received, as `Bytes`.
+    pub fn take(&mut self, n: usize) -> bytes::Bytes {
+        assert!(
+            self.filled + n <= self.block.len(),
+            "more than the block holds"
+        );
+        let at = self.filled;
+        self.filled += n;
+        bytes::Bytes::from_owner(Received {
+            block: self.block.clone(),
+            at,
+            len: n,
+        })
+    }
+}
+
+/// Received bytes of an [`Inbox`] block, which none writes again.
+struct Received {
+    block: Arc<Aligned>,
+    at: usize,
+    len: usize,
+}
+
+impl AsRef<[u8]> for Received {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: `at..at + len` of the block, received and never written again.
+        unsafe { std::slice::from_raw_parts(self.block.ptr.add(self.at), self.len) }
     }
 }
 
@@ -199,6 +401,8 @@ struct Aligned {
 
 // SAFETY: the buffer is owned, like a Vec<u8>.
 unsafe impl Send for Aligned {}
+// SAFETY: shared, as an `Inbox`'s block, its bytes are written only where no reader looks.
+unsafe impl Sync for Aligned {}
 
 impl Aligned {
     fn new(len: usize) -> Aligned {
@@ -460,6 +664,50 @@ mod tests {
         // A writer whose buffer is kept writes what it is given, as one whose buffer is not.
         let dir = tempfile::tempdir().unwrap();
         write_all(dir.path(), (3 << 20) + 5, 70001, len);
+    }
+
+    /// Bytes received into an `Inbox` are written from where they lie: the copy buffer is
+    /// never taken until `finish` copies the last part page. Mixed with bytes from
+    /// elsewhere, every byte still lands where it belongs.
+    #[test]
+    fn inbox_bytes_are_written_where_they_lie() {
+        let dir = tempfile::tempdir().unwrap();
+        let len = (3 << 20) + 777;
+        let bytes = data(len);
+        for mixed in [false, true] {
+            let path = dir.path().join(format!("f-{mixed}"));
+            let mut w = DirectWriter::new(File::create(&path).unwrap(), 512 << 10);
+            let mut inbox = Inbox::new();
+            let (mut at, mut i) = (0usize, 0usize);
+            while at < len {
+                i += 1;
+                let part = if mixed && i % 7 == 0 {
+                    // A part from elsewhere, as a different source's, then a fresh inbox.
+                    let n = (5000 + i * 37).min(len - at);
+                    inbox = Inbox::new();
+                    Bytes::copy_from_slice(&bytes[at..at + n])
+                } else {
+                    let spare = inbox.spare();
+                    let n = (1 + (i * 40_009) % 200_000).min(spare.len()).min(len - at);
+                    spare[..n].copy_from_slice(&bytes[at..at + n]);
+                    inbox.take(n)
+                };
+                at += part.len();
+                w.write(&[part]).unwrap();
+                assert!(at as u64 - w.written() < 512 << 10, "at most a buffer held");
+            }
+            if !w.is_direct() {
+                eprintln!("this filesystem refuses O_DIRECT; nothing to check");
+                return;
+            }
+            assert_eq!(
+                w.buf.len() == 0,
+                !mixed,
+                "copied only where the bytes were elsewhere"
+            );
+            drop(w.finish().unwrap());
+            assert!(std::fs::read(&path).unwrap() == bytes, "mixed {mixed}");
+        }
     }
 
     /// The point of it: what was written directly is not in the page cache (where the

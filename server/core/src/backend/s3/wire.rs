@@ -1,0 +1,565 @@
+//! The S3 backend's reads over plain HTTP. The SDK signs, times, retries and parses every
+//! request as usual; a GET or HEAD to an `http://` store goes over a connection of ours,
+//! which receives a large body straight into page-aligned blocks kept on huge pages
+//! ([`Inbox`]). A fill writes those bytes to its file from there (`io::direct`), where
+//! hyper's buffers had to be copied into an aligned one first. Everything else (a body to
+//! send, TLS, a proxy in the environment) goes to the SDK's own client.
+
+use std::fmt;
+use std::io;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use aws_smithy_http_client::tls::{self, rustls_provider::CryptoMode};
+use aws_smithy_runtime_api::box_error::BoxError;
+use aws_smithy_runtime_api::client::connector_metadata::ConnectorMetadata;
+use aws_smithy_runtime_api::client::http::{
+    HttpClient, HttpConnector, HttpConnectorFuture, HttpConnectorSettings, SharedHttpClient,
+    SharedHttpConnector,
+};
+use aws_smithy_runtime_api::client::orchestrator::{HttpRequest, HttpResponse};
+use aws_smithy_runtime_api::client::result::ConnectorError;
+use aws_smithy_runtime_api::client::runtime_components::{
+    RuntimeComponents, RuntimeComponentsBuilder,
+};
+use aws_smithy_types::body::SdkBody;
+use aws_smithy_types::config_bag::ConfigBag;
+use bytes::{Bytes, BytesMut};
+use futures::{Stream, StreamExt};
+use http_body::{Frame, SizeHint};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::io::direct::Inbox;
+
+/// Bodies at least this large are received into [`Inbox`] blocks; smaller ones (errors,
+/// small objects) into a buffer of their size.
+const INBOX_FROM: u64 = 64 << 10;
+/// The most a response's head may take.
+const HEAD_MAX: usize = 64 << 10;
+/// Each read of a response head, and of a body that is not received into blocks.
+const READ: usize = 16 << 10;
+/// Connections kept open between requests.
+const IDLE_MAX: usize = 64;
+
+/// The S3 client's HTTP client: ours for plain reads, the SDK's default for the rest.
+pub(super) fn client() -> SharedHttpClient {
+    let sdk =
+        aws_smithy_http_client::Builder::new().build_with_connector_fn(|settings, components| {
+            let mut conn = aws_smithy_http_client::ConnectorBuilder::default()
+                .tls_provider(tls::Provider::Rustls(CryptoMode::AwsLc));
+            conn.set_connector_settings(settings.cloned());
+            if let Some(components) = components {
+                conn.set_sleep_impl(components.sleep_impl());
+            }
+            conn.set_proxy_config(Some(aws_smithy_http_client::proxy::ProxyConfig::from_env()));
+            conn.build()
+        });
+    // Through a proxy, every request goes the SDK's way.
+    let proxied = ["HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"]
+        .iter()
+        .any(|v| std::env::var_os(v).is_some_and(|v| !v.is_empty()));
+    SharedHttpClient::new(Reads {
+        sdk,
+        idle: Arc::default(),
+        ours: !proxied,
+    })
+}
+
+#[derive(Debug)]
+struct Reads {
+    sdk: SharedHttpClient,
+    idle: Arc<Idle>,
+    ours: bool,
+}
+
+impl HttpClient for Reads {
+    fn http_connector(
+        &self,
+        settings: &HttpConnectorSettings,
+        components: &RuntimeComponents,
+    ) -> SharedHttpConnector {
+        SharedHttpConnector::new(ReadConnector {
+            sdk: self.sdk.http_connector(settings, components),
+            idle: self.idle.clone(),
+            ours: self.ours,
+            connect_timeout: settings.connect_timeout(),
+            first_byte_timeout: settings.read_timeout(),
+        })
+    }
+
+    fn validate_base_client_config(
+        &self,
+        runtime_components: &RuntimeComponentsBuilder,
+        cfg: &ConfigBag,
+    ) -> Result<(), BoxError> {
+        self.sdk
+            .validate_base_client_config(runtime_components, cfg)
+    }
+
+    fn connector_metadata(&self) -> Option<ConnectorMetadata> {
+        self.sdk.connector_metadata()
+    }
+}
+
+#[derive(Debug, Clone)]
+struct ReadConnector {
+    sdk: SharedHttpConnector,
+    idle: Arc<Idle>,
+    ours: bool,
+    connect_timeout: Option<Duration>,
+    first_byte_timeout: Option<Duration>,
+}
+
+impl HttpConnector for ReadConnector {
+    fn call(&self, request: HttpRequest) -> HttpConnectorFuture {
+        let plain = self.ours
+            && matches!(request.method(), "GET" | "HEAD")
+            && request.uri().starts_with("http://")
+            && request.body().bytes().is_some_and(|b| b.is_empty());
+        if !plain {
+            return self.sdk.call(request);
+        }
+        let this = self.clone();
+        HttpConnectorFuture::new(async move { this.send(request).await })
+    }
+}
+
+/// Why an exchange failed, and whether any of the answer had come.
+struct Failed {
+    error: ConnectorError,
+    answered: bool,
+}
+
+impl ReadConnector {
+    async fn send(self, request: HttpRequest) -> Result<HttpResponse, ConnectorError> {
+        let uri: http::Uri = request
+            .uri()
+            .parse()
+            .map_err(|e| ConnectorError::user(Box::new(e)))?;
+        let authority = uri
+            .authority()
+            .ok_or_else(|| ConnectorError::user("a request URI without a host".into()))?
+            .as_str()
+            .to_owned();
+        let addr = match uri.port_u16() {
+            Some(_) => authority.clone(),
+            None => format!("{}:80", uri.host().unwrap_or_default()),
+        };
+        let head = request_head(&request, &uri, &authority);
+        let head_only = request.method() == "HEAD";
+        // A kept connection the store has closed meanwhile fails before any answer: the
+        // request goes once more, on a new one.
+        let mut kept = self.idle.take(&addr);
+        loop {
+            let reused = kept.is_some();
+            let stream = match kept.take() {
+                Some(s) => s,
+                None => self.connect(&addr).await?,
+            };
+            match self.exchange(stream, &head).await {
+                Ok((stream, answer, rest)) => {
+                    return answer_with_body(answer, rest, stream, head_only, addr, self.idle);
+                }
+                Err(f) if reused && !f.answered => continue,
+                Err(f) => return Err(f.error),
+            }
+        }
+    }
+
+    async fn connect(&self, addr: &str) -> Result<TcpStream, ConnectorError> {
+        let connecting = TcpStream::connect(addr);
+        let stream = match self.connect_timeout {
+            Some(t) => tokio::time::timeout(t, connecting).await.map_err(|_| {
+                ConnectorError::timeout(format!("connecting to {addr} took over {t:?}").into())
+            })?,
+            None => connecting.await,
+        }
+        .map_err(|e| ConnectorError::io(Box::new(e)))?;
+        let _ = stream.set_nodelay(true);
+        Ok(stream)
+    }
+
+    /// Sends the request's head and reads the answer's, within the first-byte timeout.
+    async fn exchange(
+        &self,
+        mut stream: TcpStream,
+        head: &[u8],
+    ) -> Result<(TcpStream, Answer, Bytes), Failed> {
+        let io_failed = |e: io::Error, answered| Failed {
+            error: ConnectorError::io(Box::new(e)),
+            answered,
+        };
+        stream
+            .write_all(head)
+            .await
+            .map_err(|e| io_failed(e, false))?;
+        let reading = read_answer(&mut stream);
+        let (answer, rest) = match self.first_byte_timeout {
+            Some(t) => tokio::time::timeout(t, reading).await.map_err(|_| Failed {
+                error: ConnectorError::timeout(
+                    format!("no answer from the store within {t:?}").into(),
+                ),
+                answered: true,
+            })?,
+            None => reading.await,
+        }
+        .map_err(|(e, answered)| io_failed(e, answered))?;
+        Ok((stream, answer, rest))
+    }
+}
+
+/// `METHOD path HTTP/1.1`, the SDK's headers (signed), and `Host` where it set none.
+fn request_head(request: &HttpRequest, uri: &http::Uri, authority: &str) -> Vec<u8> {
+    let target = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
+    let mut head = format!("{} {target} HTTP/1.1\r\n", request.method()).into_bytes();
+    if request.headers().get("host").is_none() {
+        head.extend_from_slice(format!("host: {authority}\r\n").as_bytes());
+    }
+    for (name, value) in request.headers().iter() {
+        head.extend_from_slice(name.as_bytes());
+        head.extend_from_slice(b": ");
+        head.extend_from_slice(value.as_bytes());
+        head.extend_from_slice(b"\r\n");
+    }
+    head.extend_from_slice(b"\r\n");
+    head
+}
+
+/// An answer's head.
+struct Answer {
+    status: u16,
+    headers: Vec<(String, Vec<u8>)>,
+    keep_alive: bool,
+}
+
+impl Answer {
+    fn header(&self, name: &str) -> Option<&[u8]> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_slice())
+    }
+}
+
+/// Reads an answer's head (skipping interim `1xx` ones); returns it and the bytes read
+/// past it. A failure says whether any byte had come.
+async fn read_answer(stream: &mut TcpStream) -> Result<(Answer, Bytes), (io::Error, bool)> {
+    let mut buf = BytesMut::with_capacity(READ);
+    loop {
+        let mut headers = [httparse::EMPTY_HEADER; 128];
+        let mut parsed = httparse::Response::new(&mut headers);
+        match parsed.parse(&buf) {
+            Ok(httparse::Status::Complete(n)) => {
+                let status = parsed.code.unwrap_or(0);
+                let close = parsed.headers.iter().any(|h| {
+                    h.name.eq_ignore_ascii_case("connection")
+                        && h.value.eq_ignore_ascii_case(b"close")
+                });
+                let answer = Answer {
+                    status,
+                    headers: parsed
+                        .headers
+                        .iter()
+                        .map(|h| (h.name.to_owned(), h.value.to_vec()))
+                        .collect(),
+                    keep_alive: parsed.version == Some(1) && !close,
+                };
+                let _ = buf.split_to(n);
+                if (100..200).contains(&status) && status != 101 {
+                    continue;
+                }
+                return Ok((answer, buf.freeze()));
+            }
+            Ok(httparse::Status::Partial) if buf.len() < HEAD_MAX => {}
+            Ok(httparse::Status::Partial) => {
+                return Err((bad(format!("an answer's head over {HEAD_MAX} bytes")), true));
+            }
+            Err(e) => return Err((bad(format!("a malformed answer: {e}")), true)),
+        }
+        buf.reserve(READ);
+        let answered = !buf.is_empty();
+        match stream.read_buf(&mut buf).await {
+            Ok(0) => {
+                let e = io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "the store closed the connection before answering",
+                );
+                return Err((e, answered));
+            }
+            Ok(_) => {}
+            Err(e) => return Err((e, answered)),
+        }
+    }
+}
+
+fn bad(msg: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, msg)
+}
+
+/// How an answer's body is framed.
+enum Framing {
+    Length(u64),
+    Chunked,
+    UntilClose,
+}
+
+/// The SDK's response: the head, and a body read from `stream` (given back to `idle`
+/// once read to its end, where the store keeps it open).
+fn answer_with_body(
+    answer: Answer,
+    rest: Bytes,
+    stream: TcpStream,
+    head_only: bool,
+    addr: String,
+    idle: Arc<Idle>,
+) -> Result<HttpResponse, ConnectorError> {
+    let te = answer.header("transfer-encoding");
+    let length = answer
+        .header("content-length")
+        .and_then(|v| std::str::from_utf8(v).ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    let framing = if head_only || matches!(answer.status, 204 | 304) {
+        Framing::Length(0)
+    } else if te.is_some_and(|v| v.eq_ignore_ascii_case(b"chunked")) {
+        Framing::Chunked
+    } else if let Some(n) = length {
+        Framing::Length(n)
+    } else {
+        Framing::UntilClose
+    };
+    let keep = answer.keep_alive && !matches!(framing, Framing::UntilClose);
+    let mut http = http::Response::builder().status(answer.status);
+    for (name, value) in &answer.headers {
+        http = http.header(name.as_str(), value.as_slice());
+    }
+    let body = match framing {
+        Framing::Length(0) => {
+            if keep && rest.is_empty() {
+                idle.put(addr, stream);
+            }
+            SdkBody::empty()
+        }
+        framing => {
+            let size = match framing {
+                Framing::Length(n) => Some(n),
+                _ => None,
+            };
+            let reader = Reader {
+                stream,
+                rest,
+                addr,
+                idle,
+                keep,
+            };
+            let chunks: Pin<Box<dyn Stream<Item = io::Result<Bytes>> + Send>> = match framing {
+                Framing::Length(n) => Box::pin(reader.length(n)),
+                Framing::Chunked => Box::pin(reader.chunked()),
+                Framing::UntilClose => Box::pin(reader.until_close()),
+            };
+            SdkBody::from_body_1_x(Body {
+                chunks: Mutex::new(chunks),
+                size,
+            })
+        }
+    };
+    let http = http
+        .body(body)
+        .map_err(|e| ConnectorError::other(Box::new(e), None))?;
+    HttpResponse::try_from(http).map_err(|e| ConnectorError::other(Box::new(e), None))
+}
+
+/// A body's source: the connection and what was read past the head.
+struct Reader {
+    stream: TcpStream,
+    rest: Bytes,
+    addr: String,
+    idle: Arc<Idle>,
+    keep: bool,
+}
+
+impl Reader {
+    /// `n` bytes: a large body into [`Inbox`] blocks, from its first byte on.
+    fn length(mut self, n: u64) -> impl Stream<Item = io::Result<Bytes>> + Send {
+        async_stream::try_stream! {
+            let mut left = n;
+            if n < INBOX_FROM {
+                let mut buf = BytesMut::with_capacity(n as usize);
+                let k = self.rest.len().min(n as usize);
+                buf.extend_from_slice(&self.rest[..k]);
+                self.rest = self.rest.slice(k..);
+                while buf.len() < n as usize {
+                    if self.stream.read_buf(&mut buf).await? == 0 {
+                        Err(short(buf.len() as u64, n))?;
+                    }
+                }
+                yield buf.freeze();
+            } else {
+                let mut inbox = Inbox::new();
+                if !self.rest.is_empty() {
+                    let k = self.rest.len().min(n as usize);
+                    inbox.spare()[..k].copy_from_slice(&self.rest[..k]);
+                    self.rest = self.rest.slice(k..);
+                    left -= k as u64;
+                    yield inbox.take(k);
+                }
+                while left > 0 {
+                    let spare = inbox.spare();
+                    let want = spare.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+                    let got = self.stream.read(&mut spare[..want]).await?;
+                    if got == 0 {
+                        Err(short(n - left, n))?;
+                    }
+                    left -= got as u64;
+                    yield inbox.take(got);
+                }
+            }
+            self.done();
+        }
+    }
+
+    /// A chunked body, each chunk's data as it comes.
+    fn chunked(mut self) -> impl Stream<Item = io::Result<Bytes>> + Send {
+        async_stream::try_stream! {
+            let mut buf = BytesMut::from(&self.rest[..]);
+            self.rest = Bytes::new();
+            loop {
+                let line = self.line(&mut buf).await?;
+                let hex = line.split(|&b| b == b';').next().unwrap_or_default();
+                let size = std::str::from_utf8(hex)
+                    .ok()
+                    .and_then(|h| u64::from_str_radix(h.trim(), 16).ok())
+                    .ok_or_else(|| bad("a malformed chunk size".into()))?;
+                if size == 0 {
+                    // Trailers, up to the empty line.
+                    while !self.line(&mut buf).await?.is_empty() {}
+                    break;
+                }
+                let mut left = size;
+                while left > 0 {
+                    if buf.is_empty() && self.stream.read_buf(&mut buf).await? == 0 {
+                        Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the store closed the connection in a chunk"))?;
+                    }
+                    let k = buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+                    left -= k as u64;
+                    yield buf.split_to(k).freeze();
+                }
+                if !self.line(&mut buf).await?.is_empty() {
+                    Err(bad("a chunk longer than its size".into()))?;
+                }
+            }
+            self.rest = buf.freeze();
+            self.done();
+        }
+    }
+
+    /// Everything up to the end of the connection.
+    fn until_close(mut self) -> impl Stream<Item = io::Result<Bytes>> + Send {
+        async_stream::try_stream! {
+            if !self.rest.is_empty() {
+                yield std::mem::take(&mut self.rest);
+            }
+            loop {
+                let mut buf = BytesMut::with_capacity(READ);
+                if self.stream.read_buf(&mut buf).await? == 0 {
+                    break;
+                }
+                yield buf.freeze();
+            }
+        }
+    }
+
+    /// The next line of a chunked body, without its CRLF.
+    async fn line(&mut self, buf: &mut BytesMut) -> io::Result<Vec<u8>> {
+        loop {
+            if let Some(i) = buf.windows(2).position(|w| w == b"\r\n") {
+                let line = buf.split_to(i + 2);
+                return Ok(line[..i].to_vec());
+            }
+            if buf.len() > HEAD_MAX {
+                return Err(bad("a chunk line too long".into()));
+            }
+            buf.reserve(READ);
+            if self.stream.read_buf(buf).await? == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "the store closed the connection in a chunked body",
+                ));
+            }
+        }
+    }
+
+    /// The body was read to its end: the connection may carry the next request.
+    fn done(self) {
+        if self.keep && self.rest.is_empty() {
+            self.idle.put(self.addr, self.stream);
+        }
+    }
+}
+
+fn short(got: u64, want: u64) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::UnexpectedEof,
+        format!("the store closed the connection after {got} of {want} bytes"),
+    )
+}
+
+/// A response body for the SDK, which asks it to be `Sync`: the `Mutex` is never locked,
+/// only reached through `&mut`.
+struct Body {
+    chunks: Mutex<Pin<Box<dyn Stream<Item = io::Result<Bytes>> + Send>>>,
+    size: Option<u64>,
+}
+
+impl http_body::Body for Body {
+    type Data = Bytes;
+    type Error = io::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
+        let chunks = self
+            .get_mut()
+            .chunks
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner());
+        chunks
+            .poll_next_unpin(cx)
+            .map(|item| item.map(|r| r.map(Frame::data)))
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self.size {
+            Some(n) => SizeHint::with_exact(n),
+            None => SizeHint::default(),
+        }
+    }
+}
+
+/// Connections the store left open, by address.
+#[derive(Default)]
+struct Idle(Mutex<Vec<(String, TcpStream)>>);
+
+impl fmt::Debug for Idle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Idle")
+    }
+}
+
+impl Idle {
+    fn take(&self, addr: &str) -> Option<TcpStream> {
+        let mut idle = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let i = idle.iter().rposition(|(a, _)| a == addr)?;
+        Some(idle.swap_remove(i).1)
+    }
+
+    fn put(&self, addr: String, stream: TcpStream) {
+        let mut idle = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if idle.len() < IDLE_MAX {
+            idle.push((addr, stream));
+        }
+    }
+}
