@@ -86,8 +86,9 @@ pub struct FillState {
     /// memory, as soon as they arrive, instead of waiting for the disk and reading back
     /// what was just written.
     pub recent: Recent,
-    /// Readers following the fill, and the furthest byte any of them has taken: the
-    /// source is read no further ahead of that reader than its bytes stay in `recent`.
+    /// Readers following the fill from memory, and the furthest byte any of them has
+    /// taken: the source is read no further ahead of that reader than its bytes stay in
+    /// `recent`.
     pub readers: usize,
     pub lead: u64,
 }

@@ -26,7 +26,11 @@ const WINDOW: u64 = 1 << 20;
 pub fn follow(fill: Arc<Fill>, start: u64, end: u64) -> ByteStream {
     let stream = async_stream::try_stream! {
         let mut rx = fill.state.subscribe();
-        let _reading = Reading::new(&fill);
+        // Counted from the start where the source has reached its first byte (the
+        // leader's client), else once it takes bytes from memory: a reader waiting ahead
+        // of the source does not hold the fill back.
+        let behind = start <= fill.state.borrow().received;
+        let mut reading = behind.then(|| Reading::new(&fill));
         let mut pos = start;
         while pos < end {
             let (ended, written, in_memory) = next_step(&mut rx, pos, end).await?;
@@ -57,6 +61,7 @@ pub fn follow(fill: Arc<Fill>, start: u64, end: u64) -> ByteStream {
                     yield chunk;
                 }
                 // Taken: the fill may read on.
+                reading.get_or_insert_with(|| Reading::new(&fill));
                 fill.state.send_if_modified(|s| {
                     let further = pos > s.lead;
                     s.lead = s.lead.max(pos);
