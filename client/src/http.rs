@@ -361,21 +361,19 @@ fn read_head(stream: &mut Stream) -> std::result::Result<Head, Failure> {
 }
 
 fn framing(h: &Head, head_request: bool) -> Result<Framing> {
-    if head_request || h.status == 204 || h.status == 304 || h.status < 200 {
-        return Ok(Framing::Length(0));
-    }
-    if h.header("transfer-encoding")
-        .is_some_and(|v| v.to_ascii_lowercase().contains("chunked"))
-    {
-        return Ok(Framing::Chunked(Chunk::Size));
-    }
-    match h.header("content-length") {
-        Some(v) => v
-            .parse()
-            .map(Framing::Length)
-            .map_err(|_| Error::Protocol(format!("content-length `{v}`"))),
-        None => Ok(Framing::UntilClose(false)),
-    }
+    use granary_proto::http1::{body_length, BodyLength};
+    let length = body_length(
+        h.status,
+        head_request,
+        h.header("transfer-encoding"),
+        h.header("content-length"),
+    )
+    .map_err(Error::Protocol)?;
+    Ok(match length {
+        BodyLength::Length(n) => Framing::Length(n),
+        BodyLength::Chunked => Framing::Chunked(Chunk::Size),
+        BodyLength::UntilClose => Framing::UntilClose(false),
+    })
 }
 
 /// How the body's end is found.
@@ -650,8 +648,7 @@ impl BodyReader {
                     if read_line(stream, &mut line)? == 0 {
                         return Err(cut_short());
                     }
-                    let size = line.trim().split(';').next().unwrap_or("").trim();
-                    let size = u64::from_str_radix(size, 16).map_err(|_| {
+                    let size = granary_proto::http1::chunk_size(&line).ok_or_else(|| {
                         io::Error::new(io::ErrorKind::InvalidData, "bad chunk size")
                     })?;
                     if size == 0 {

@@ -8,6 +8,7 @@
 //! - [`xml`]: S3's XML documents, written and read; [`code`]: S3 error codes.
 //! - [`encode`]: keys, paths and queries; [`range`]: the `Range` header;
 //!   [`headers`]: header names; [`units`]: sizes and durations for people.
+//! - [`http1`]: where an HTTP/1.1 answer's body ends, for the sides that read them.
 //! - [`ring`]: which member owns a key (weighted rendezvous hashing), for the node's
 //!   routing and for clients that read each key from its owner.
 //! - [`shards`]: shards, their samples, a dataset's catalog and its index.
@@ -20,6 +21,7 @@ pub mod cluster;
 pub mod code;
 pub mod encode;
 pub mod headers;
+pub mod http1;
 pub mod peer;
 pub mod plan;
 pub mod range;

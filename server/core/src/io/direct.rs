@@ -104,10 +104,7 @@ impl DirectWriter {
                     }
                 } else {
                     // Not where the run's memory goes on: what is left of it is copied.
-                    for part in std::mem::take(&mut self.run) {
-                        self.copy_in(&part)?;
-                    }
-                    self.run_len = 0;
+                    self.copy_run()?;
                 }
                 continue;
             }
@@ -157,6 +154,15 @@ impl DirectWriter {
         Ok(())
     }
 
+    /// Copies what is held of the run into the buffer.
+    fn copy_run(&mut self) -> io::Result<()> {
+        for part in std::mem::take(&mut self.run) {
+            self.copy_in(&part)?;
+        }
+        self.run_len = 0;
+        Ok(())
+    }
+
     /// Writes the run's whole pages from where they lie and keeps the rest.
     fn write_run(&mut self) -> io::Result<()> {
         let n = self.run_len / ALIGN * ALIGN;
@@ -197,12 +203,7 @@ impl DirectWriter {
         if self.direct && self.run_len >= ALIGN {
             self.write_run()?;
         }
-        if self.run_len > 0 {
-            for part in std::mem::take(&mut self.run) {
-                self.copy_in(&part)?;
-            }
-            self.run_len = 0;
-        }
+        self.copy_run()?;
         let whole = self.filled / ALIGN * ALIGN;
         if whole > 0 {
             self.flush(whole)?;

@@ -3,7 +3,8 @@
 //! which receives a large body straight into page-aligned blocks kept on huge pages
 //! ([`Inbox`]). A fill writes those bytes to its file from there (`io::direct`), where
 //! hyper's buffers had to be copied into an aligned one first. Everything else (a body to
-//! send, TLS, a proxy in the environment) goes to the SDK's own client.
+//! send, TLS, a store the environment's proxies would intercept) goes to the SDK's own
+//! client, built as the SDK builds its default (which it does not export).
 
 use std::fmt;
 use std::io;
@@ -28,7 +29,9 @@ use aws_smithy_types::body::SdkBody;
 use aws_smithy_types::config_bag::ConfigBag;
 use bytes::{Bytes, BytesMut};
 use futures::{Stream, StreamExt};
+use granary_proto::http1::{body_length, chunk_size, BodyLength};
 use http_body::{Frame, SizeHint};
+use hyper_util::client::proxy::matcher::Matcher;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -57,14 +60,11 @@ pub(super) fn client() -> SharedHttpClient {
             conn.set_proxy_config(Some(aws_smithy_http_client::proxy::ProxyConfig::from_env()));
             conn.build()
         });
-    // Through a proxy, every request goes the SDK's way.
-    let proxied = ["HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"]
-        .iter()
-        .any(|v| std::env::var_os(v).is_some_and(|v| !v.is_empty()));
     SharedHttpClient::new(Reads {
         sdk,
         idle: Arc::default(),
-        ours: !proxied,
+        // The environment's proxies, read as the SDK's client reads them.
+        proxies: Arc::new(Matcher::from_env()),
     })
 }
 
@@ -72,7 +72,7 @@ pub(super) fn client() -> SharedHttpClient {
 struct Reads {
     sdk: SharedHttpClient,
     idle: Arc<Idle>,
-    ours: bool,
+    proxies: Arc<Matcher>,
 }
 
 impl HttpClient for Reads {
@@ -84,7 +84,7 @@ impl HttpClient for Reads {
         SharedHttpConnector::new(ReadConnector {
             sdk: self.sdk.http_connector(settings, components),
             idle: self.idle.clone(),
-            ours: self.ours,
+            proxies: self.proxies.clone(),
             connect_timeout: settings.connect_timeout(),
             first_byte_timeout: settings.read_timeout(),
         })
@@ -108,22 +108,26 @@ impl HttpClient for Reads {
 struct ReadConnector {
     sdk: SharedHttpConnector,
     idle: Arc<Idle>,
-    ours: bool,
+    proxies: Arc<Matcher>,
     connect_timeout: Option<Duration>,
     first_byte_timeout: Option<Duration>,
 }
 
 impl HttpConnector for ReadConnector {
     fn call(&self, request: HttpRequest) -> HttpConnectorFuture {
-        let plain = self.ours
-            && matches!(request.method(), "GET" | "HEAD")
-            && request.uri().starts_with("http://")
-            && request.body().bytes().is_some_and(|b| b.is_empty());
-        if !plain {
+        let uri = matches!(request.method(), "GET" | "HEAD")
+            && request.body().bytes().is_some_and(|b| b.is_empty())
+            && request.uri().starts_with("http://");
+        // A request through a proxy goes the SDK's way too.
+        let uri = uri
+            .then(|| request.uri().parse::<http::Uri>().ok())
+            .flatten()
+            .filter(|uri| self.proxies.intercept(uri).is_none());
+        let Some(uri) = uri else {
             return self.sdk.call(request);
-        }
+        };
         let this = self.clone();
-        HttpConnectorFuture::new(async move { this.send(request).await })
+        HttpConnectorFuture::new(async move { this.send(request, uri).await })
     }
 }
 
@@ -134,11 +138,11 @@ struct Failed {
 }
 
 impl ReadConnector {
-    async fn send(self, request: HttpRequest) -> Result<HttpResponse, ConnectorError> {
-        let uri: http::Uri = request
-            .uri()
-            .parse()
-            .map_err(|e| ConnectorError::user(Box::new(e)))?;
+    async fn send(
+        self,
+        request: HttpRequest,
+        uri: http::Uri,
+    ) -> Result<HttpResponse, ConnectorError> {
         let authority = uri
             .authority()
             .ok_or_else(|| ConnectorError::user("a request URI without a host".into()))?
@@ -299,13 +303,6 @@ fn bad(msg: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, msg)
 }
 
-/// How an answer's body is framed.
-enum Framing {
-    Length(u64),
-    Chunked,
-    UntilClose,
-}
-
 /// The SDK's response: the head, and a body read from `stream` (given back to `idle`
 /// once read to its end, where the store keeps it open).
 fn answer_with_body(
@@ -316,27 +313,25 @@ fn answer_with_body(
     addr: String,
     idle: Arc<Idle>,
 ) -> Result<HttpResponse, ConnectorError> {
-    let te = answer.header("transfer-encoding");
-    let length = answer
-        .header("content-length")
-        .and_then(|v| std::str::from_utf8(v).ok())
-        .and_then(|v| v.trim().parse::<u64>().ok());
-    let framing = if head_only || matches!(answer.status, 204 | 304) {
-        Framing::Length(0)
-    } else if te.is_some_and(|v| v.eq_ignore_ascii_case(b"chunked")) {
-        Framing::Chunked
-    } else if let Some(n) = length {
-        Framing::Length(n)
-    } else {
-        Framing::UntilClose
+    let text = |name| {
+        answer
+            .header(name)
+            .and_then(|v| std::str::from_utf8(v).ok())
     };
-    let keep = answer.keep_alive && !matches!(framing, Framing::UntilClose);
+    let framing = body_length(
+        answer.status,
+        head_only,
+        text("transfer-encoding"),
+        text("content-length"),
+    )
+    .map_err(|e| ConnectorError::io(Box::new(bad(format!("a malformed answer: {e}")))))?;
+    let keep = answer.keep_alive && framing != BodyLength::UntilClose;
     let mut http = http::Response::builder().status(answer.status);
     for (name, value) in &answer.headers {
         http = http.header(name.as_str(), value.as_slice());
     }
     let body = match framing {
-        Framing::Length(0) => {
+        BodyLength::Length(0) => {
             if keep && rest.is_empty() {
                 idle.put(addr, stream);
             }
@@ -344,7 +339,7 @@ fn answer_with_body(
         }
         framing => {
             let size = match framing {
-                Framing::Length(n) => Some(n),
+                BodyLength::Length(n) => Some(n),
                 _ => None,
             };
             let reader = Reader {
@@ -355,9 +350,9 @@ fn answer_with_body(
                 keep,
             };
             let chunks: Pin<Box<dyn Stream<Item = io::Result<Bytes>> + Send>> = match framing {
-                Framing::Length(n) => Box::pin(reader.length(n)),
-                Framing::Chunked => Box::pin(reader.chunked()),
-                Framing::UntilClose => Box::pin(reader.until_close()),
+                BodyLength::Length(n) => Box::pin(reader.length(n)),
+                BodyLength::Chunked => Box::pin(reader.chunked()),
+                BodyLength::UntilClose => Box::pin(reader.until_close()),
             };
             SdkBody::from_body_1_x(Body {
                 chunks: Mutex::new(chunks),
@@ -427,10 +422,9 @@ impl Reader {
             self.rest = Bytes::new();
             loop {
                 let line = self.line(&mut buf).await?;
-                let hex = line.split(|&b| b == b';').next().unwrap_or_default();
-                let size = std::str::from_utf8(hex)
+                let size = std::str::from_utf8(&line)
                     .ok()
-                    .and_then(|h| u64::from_str_radix(h.trim(), 16).ok())
+                    .and_then(chunk_size)
                     .ok_or_else(|| bad("a malformed chunk size".into()))?;
                 if size == 0 {
                     // Trailers, up to the empty line.
