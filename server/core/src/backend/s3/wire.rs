@@ -557,3 +557,122 @@ impl Idle {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::net::TcpListener;
+
+    /// The SDK's client, never reached by these requests.
+    #[derive(Debug)]
+    struct Unused;
+
+    impl HttpConnector for Unused {
+        fn call(&self, _: HttpRequest) -> HttpConnectorFuture {
+            panic!("a plain read went to the SDK's client")
+        }
+    }
+
+    fn big() -> Vec<u8> {
+        (0..200_000u32).map(|i| (i * 7 + i / 251) as u8).collect()
+    }
+
+    /// Answers each request on a connection by its path: a large body by length, a
+    /// chunked one (an extension and a trailer), and a HEAD's. Counts connections.
+    async fn store() -> (String, Arc<AtomicUsize>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    loop {
+                        let mut b = [0u8; 4096];
+                        let n = s.read(&mut b).await.unwrap_or(0);
+                        if n == 0 {
+                            return;
+                        }
+                        buf.extend_from_slice(&b[..n]);
+                        while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+                            buf.drain(..end + 4);
+                            let answer: Vec<u8> = if head.starts_with("GET /big ") {
+                                let mut a =
+                                    b"HTTP/1.1 200 OK\r\ncontent-length: 200000\r\n\r\n".to_vec();
+                                a.extend_from_slice(&big());
+                                a
+                            } else if head.starts_with("GET /chunked ") {
+                                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n\
+                                  5;x=y\r\nhello\r\n1\r\n \r\n5\r\nworld\r\n0\r\nx-t: 1\r\n\r\n"
+                                    .to_vec()
+                            } else {
+                                b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n".to_vec()
+                            };
+                            s.write_all(&answer).await.unwrap();
+                        }
+                    }
+                });
+            }
+        });
+        (addr, accepted)
+    }
+
+    async fn read(conn: &ReadConnector, method: &str, url: &str) -> (u16, Vec<Bytes>) {
+        let mut request = HttpRequest::get(url).unwrap();
+        if method == "HEAD" {
+            request.set_method("HEAD").unwrap();
+        }
+        let uri = url.parse().unwrap();
+        let answer = conn.clone().send(request, uri).await.unwrap();
+        let status = answer.status().as_u16();
+        let mut body = answer.into_body();
+        let mut chunks = Vec::new();
+        while let Some(frame) = body.frame().await {
+            if let Ok(data) = frame.unwrap().into_data() {
+                chunks.push(data);
+            }
+        }
+        (status, chunks)
+    }
+
+    /// Bodies framed by length, by chunks and by a HEAD come whole, one after the other
+    /// on one kept connection; a large one lies in page-aligned memory from its first
+    /// byte, each chunk following the last.
+    #[tokio::test]
+    async fn bodies_come_whole_on_one_kept_connection_the_large_one_aligned() {
+        let (addr, accepted) = store().await;
+        let conn = ReadConnector {
+            sdk: SharedHttpConnector::new(Unused),
+            idle: Arc::default(),
+            proxies: Arc::new(Matcher::builder().build()),
+            connect_timeout: Some(Duration::from_secs(5)),
+            first_byte_timeout: Some(Duration::from_secs(5)),
+        };
+        for _ in 0..2 {
+            let (status, chunks) = read(&conn, "GET", &format!("http://{addr}/big")).await;
+            assert_eq!(status, 200);
+            assert!(chunks.concat() == big(), "the large body, byte for byte");
+            assert!((chunks[0].as_ptr() as usize).is_multiple_of(crate::io::direct::ALIGN));
+            for w in chunks.windows(2) {
+                let (a, b) = (&w[0], &w[1]);
+                // Or the next block's start, aligned (from the heap once the kept ones are out).
+                let next_block = (b.as_ptr() as usize).is_multiple_of(crate::io::direct::ALIGN);
+                assert!(a.as_ptr() as usize + a.len() == b.as_ptr() as usize || next_block);
+            }
+            let (status, chunks) = read(&conn, "GET", &format!("http://{addr}/chunked")).await;
+            assert_eq!((status, chunks.concat()), (200, b"hello world".to_vec()));
+            let (status, chunks) = read(&conn, "HEAD", &format!("http://{addr}/h")).await;
+            assert_eq!((status, chunks.concat()), (200, Vec::new()));
+        }
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            1,
+            "one connection for all six"
+        );
+    }
+}
