@@ -536,10 +536,10 @@ if have("p3-granary-1"):
         # The whole machine's busy CPU over each side's pass and the `sync` after it, per
         # GiB: what a server leaves to kernel threads (nginx's writeback) counts too. Less
         # moto read directly's: what the proxy adds to the machine.
-        def machine(side, r):
+        def machine_s_per_gib(side, r):
             return j(f"{side}-{r}.machine")["machine_cpu_s"] / (j(f"{side}-{r}")["bytes_read"] / 2**30)
-        g = [machine("p3-granary", r) - machine("p3-direct", r) for r in R]
-        n = [machine("p3-nginx-cache", r) - machine("p3-direct", r) for r in R]
+        g = [machine_s_per_gib("p3-granary", r) - machine_s_per_gib("p3-direct", r) for r in R]
+        n = [machine_s_per_gib("p3-nginx-cache", r) - machine_s_per_gib("p3-direct", r) for r in R]
         ratios = [a / b if b > 0 else float("nan") for a, b in zip(g, n)]
         res["p3_vs_nginx_cache_machine_cpu"] = {"granary": g, "reference": n, "ratios": ratios,
                                                 "ratio": med(ratios)}
