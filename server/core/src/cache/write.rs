@@ -127,9 +127,17 @@ impl Cache {
             (Ok(meta), Ok((mut file, crcs, n)))
                 if feeding.load(Ordering::Relaxed) && n == meta.size =>
             {
-                store::write_footer(&mut file, bucket, key, meta, &crcs)
-                    .and_then(|()| file.sync_all())
-                    .map(|()| crcs)
+                // The fsync waits on the disk (a large write's copy for seconds): not on a
+                // runtime thread.
+                let (bucket, key, meta) = (bucket.to_owned(), key.to_owned(), meta.clone());
+                tokio::task::spawn_blocking(move || {
+                    store::write_footer(&mut file, &bucket, &key, &meta, &crcs)
+                        .and_then(|()| file.sync_all())
+                        .map(|()| crcs)
+                })
+                .await
+                .map_err(io::Error::other)
+                .and_then(|r| r)
             }
             (Ok(_), Ok(_)) => Err(io::Error::other("the cache copy is incomplete")),
             (_, Err(e)) => Err(e),
