@@ -284,55 +284,40 @@ pub struct Commit {
 }
 
 /// Writes `body` into the fill's temp file on a blocking thread, publishing progress,
-/// taking its room from `room` a step ahead. Returns the block checksums once every byte
-/// is durable, or the failure.
-pub async fn write_body(
+/// taking its room from `room` a step ahead. Once the source has ended, `finish` is given
+/// the outcome (the block checksums once every byte is durable, or the failure) on that
+/// same thread, so a commit's rename and directory fsync wait there, not on a runtime
+/// thread, without a hand-over to another; returns what `finish` returns.
+#[allow(clippy::too_many_arguments)]
+pub async fn write_body<R: Send + 'static>(
     fill: Arc<Fill>,
     room: Arc<Room>,
-    mut out: DirectWriter,
+    out: DirectWriter,
     meta: ObjectMeta,
     mut body: ByteStream,
     commit: Commit,
     on_bytes: impl Fn(u64) + Send + 'static,
-) -> Result<Vec<u32>, FillError> {
+    finish: impl FnOnce(Result<Vec<u32>, FillError>) -> R + Send + 'static,
+) -> Result<R, FillError> {
     let (tx, mut rx) = mpsc::channel::<Piece>(PIECES_QUEUED);
+    // The source's failure, if any, sent once its body has ended.
+    let (verdict_tx, verdict_rx) = tokio::sync::oneshot::channel::<Option<io::Error>>();
+    // Taken by the writer; by this task only if the writer died first.
+    let finish = Arc::new(std::sync::Mutex::new(Some(finish)));
+    let writer_finish = finish.clone();
     let writer_fill = fill.clone();
     let size = meta.size;
-    let writer = tokio::task::spawn_blocking(move || -> Result<Vec<u32>, FillError> {
-        let mut taken = Taken::new(room);
-        let mut sums = BlockSums::default();
-        let mut received = 0u64;
-        while let Some(piece) = rx.blocking_recv() {
-            taken.cover(out.file(), received + piece.len(), size);
-            out.write(&piece.parts).map_err(FillError::Disk)?;
-            for part in piece.parts.iter() {
-                sums.update(part);
-            }
-            received += piece.len();
-            // Only whole blocks in the file have their checksums given.
-            let written = out.written();
-            let blocks = ((written / store::BLOCK) as usize).min(sums.done().len());
-            writer_fill.state.send_modify(|s| {
-                s.written = written;
-                s.add_sums(&sums.done()[..blocks]);
-            });
-        }
-        if received != size {
-            return Err(FillError::Source(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                format!("the backend sent {received} of {size} bytes"),
-            )));
-        }
-        let mut file = out.finish().map_err(FillError::Disk)?;
-        let crcs = sums.finish();
-        writer_fill.state.send_modify(|s| {
-            s.written = size;
-            s.add_sums(&crcs);
-        });
-        store::write_footer(&mut file, &commit.bucket, &commit.key, &meta, &crcs)
-            .and_then(|()| file.sync_all())
-            .map_err(FillError::Disk)?;
-        Ok(crcs)
+    let writer = tokio::task::spawn_blocking(move || -> Option<R> {
+        let written = write_file(&mut rx, out, &writer_fill, room, size, &meta, &commit);
+        drop(rx);
+        let failure = verdict_rx
+            .blocking_recv()
+            .unwrap_or_else(|_| Some(io::Error::other("the fill was given up")));
+        let finish = writer_finish
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()?;
+        Some(finish(outcome(failure, written)))
     });
     let mut failure = None;
     let mut ended = false;
@@ -394,16 +379,80 @@ pub async fn write_body(
             break;
         }
     }
+    let _ = verdict_tx.send(failure);
     drop(tx);
-    let result = writer
-        .await
-        .map_err(|e| FillError::Disk(io::Error::other(e)))?;
-    match (failure, result) {
-        // The disk failed first: the source's bytes were not wanted any more.
+    match writer.await {
+        Ok(Some(r)) => Ok(r),
+        Ok(None) => Err(FillError::Disk(io::Error::other("the fill finished twice"))),
+        // The writer died before it could finish: the fill is finished here, as failed.
+        Err(e) => {
+            let e = io::Error::other(e.to_string());
+            match finish.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                Some(finish) => Ok(finish(Err(FillError::Disk(e)))),
+                None => Err(FillError::Disk(e)),
+            }
+        }
+    }
+}
+
+/// A fill's outcome: the disk's failure first (the source's bytes were not wanted any
+/// more), then the source's, else what the writer made.
+fn outcome(
+    failure: Option<io::Error>,
+    written: Result<Vec<u32>, FillError>,
+) -> Result<Vec<u32>, FillError> {
+    match (failure, written) {
         (_, Err(FillError::Disk(e))) => Err(FillError::Disk(e)),
         (Some(e), _) => Err(FillError::Source(e)),
-        (None, result) => result,
+        (None, written) => written,
     }
+}
+
+/// The writer's part of [`write_body`]: every piece into the file as it comes, progress
+/// and whole blocks' checksums published, then the footer and the fsync.
+fn write_file(
+    rx: &mut mpsc::Receiver<Piece>,
+    mut out: DirectWriter,
+    writer_fill: &Fill,
+    room: Arc<Room>,
+    size: u64,
+    meta: &ObjectMeta,
+    commit: &Commit,
+) -> Result<Vec<u32>, FillError> {
+    let mut taken = Taken::new(room);
+    let mut sums = BlockSums::default();
+    let mut received = 0u64;
+    while let Some(piece) = rx.blocking_recv() {
+        taken.cover(out.file(), received + piece.len(), size);
+        out.write(&piece.parts).map_err(FillError::Disk)?;
+        for part in piece.parts.iter() {
+            sums.update(part);
+        }
+        received += piece.len();
+        // Only whole blocks in the file have their checksums given.
+        let written = out.written();
+        let blocks = ((written / store::BLOCK) as usize).min(sums.done().len());
+        writer_fill.state.send_modify(|s| {
+            s.written = written;
+            s.add_sums(&sums.done()[..blocks]);
+        });
+    }
+    if received != size {
+        return Err(FillError::Source(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            format!("the backend sent {received} of {size} bytes"),
+        )));
+    }
+    let mut file = out.finish().map_err(FillError::Disk)?;
+    let crcs = sums.finish();
+    writer_fill.state.send_modify(|s| {
+        s.written = size;
+        s.add_sums(&crcs);
+    });
+    store::write_footer(&mut file, &commit.bucket, &commit.key, meta, &crcs)
+        .and_then(|()| file.sync_all())
+        .map_err(FillError::Disk)?;
+    Ok(crcs)
 }
 
 /// Waits until the furthest reader has taken every byte received so far, so the piece

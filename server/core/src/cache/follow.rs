@@ -334,8 +334,9 @@ mod tests {
             body,
             commit,
             |_| {},
+            |written| written,
         );
-        (fill, write)
+        (fill, async move { write.await.and_then(|written| written) })
     }
 
     #[tokio::test]

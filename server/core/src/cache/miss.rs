@@ -328,17 +328,19 @@ impl Cache {
                 }
                 Counted::Nowhere => {}
             };
-            let written = fill::write_body(
-                task_fill.clone(),
+            // The commit runs on the writer's thread once its file is durable.
+            let (body_fill, body_meta) = (task_fill.clone(), task_meta.clone());
+            let _ = fill::write_body(
+                body_fill,
                 room,
                 fill::writer(writer, task_meta.size, direct),
-                task_meta.clone(),
+                body_meta,
                 f.obj.body,
                 commit,
                 on_bytes,
+                move |written| cache.finish_fill(ikey, task_fill, task_meta, temp, dest, written),
             )
             .await;
-            cache.finish_fill(ikey, task_fill, task_meta, temp, dest, written);
         });
         let start = f.client.map_or(0, |r| r.start);
         let end = f.client.map_or(meta.size, |r| r.end);
@@ -351,6 +353,8 @@ impl Cache {
         Ok((read, fill))
     }
 
+    /// Commits (or drops) a fill once its writer is done, on the writer's blocking
+    /// thread: the rename, and the directory's fsync that makes it durable.
     pub(super) fn finish_fill(
         &self,
         ikey: String,
