@@ -5,7 +5,9 @@
 #   3. real-client tests in a venv this script creates (boto3, the AWS CLI, moto, pytest,
 #      torch, and the granary package itself); the venv is made first, since Rust tests
 #      start moto from it too
-#   4. Ceph's S3 conformance suite (s3-tests, vendored) on the operations Granary serves
+#   4. Ray: Ray Train and Ray Data against a real node (Ray installed into the same venv;
+#      the tier skips, saying why, where Ray cannot be installed), cut at RAY_TIER_LIMIT
+#   5. Ceph's S3 conformance suite (s3-tests, vendored) on the operations Granary serves
 # Needs: a Rust toolchain, python3 with venv. Installs the Python packages it uses, and
 # with apt-get: dnsmasq (Debian's dnsmasq-base) for the member-list-from-DNS test, and
 # Debian's prometheus for the dashboard and alert-rule tests (they skip without it).
@@ -119,7 +121,17 @@ step "client with the cuda feature (its GPU tests skip without a device)"
 cargo test --release -p granary-client --features cuda
 
 step "Python real-client tests (boto3, AWS CLI, moto)"
-"$venv/bin/python" -m pytest -q tests/python
+"$venv/bin/python" -m pytest -q tests/python --ignore=tests/python/test_ray.py
+
+step "Ray: TorchTrainer over ShardDataset, Ray Data and checkpoints through a node (tests/python/test_ray.py)"
+# Ray Train and Ray Data in the test venv; where they cannot be installed the tier's
+# tests skip, with the reason, and the rest of the run goes on.
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
+    -r tests/python/requirements-ray.txt \
+  || echo "Ray could not be installed (tests/python/requirements-ray.txt): the Ray tier skips"
+room
+# A hung Ray is a failure, not a stall of the whole run.
+timeout -k 30 "${RAY_TIER_LIMIT:-900}" "$venv/bin/python" -m pytest -q -rs tests/python/test_ray.py
 
 step "Ceph s3-tests on the operations Granary serves (tests/s3-tests; failures: docs/s3-compatibility.md)"
 # The floor below is the pass rate reached; every failure left is listed, with its reason.

@@ -566,3 +566,80 @@ def test_the_planner_changes_no_sample_and_no_order(tmp_path):
         assert stats["used_bytes"] <= size // 3
     finally:
         _stop_process(proc)
+
+
+def _launch(targets, timeout=180):
+    """Starts each `(args)` of `targets` in a spawned process running
+    `read_where_launched`; their results, in order."""
+    import multiprocessing
+
+    from granary_testutil import read_where_launched
+
+    ctx = multiprocessing.get_context("spawn")
+    out = [ctx.Queue() for _ in targets]
+    procs = [ctx.Process(target=read_where_launched, args=(*args[:3], q, *args[3:]))
+             for args, q in zip(targets, out)]
+    for p in procs:
+        p.start()
+    try:
+        got = [q.get(timeout=timeout) for q in out]
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    assert [p.exitcode for p in procs] == [0] * len(procs)
+    return got
+
+
+def _check_split(got, every, world):
+    per_rank = [keys for _, keys, _, _ in got]
+    assert [len(k) for k in per_rank] == [n for _, _, n, _ in got]
+    assert len({len(k) for k in per_rank}) == 1, [len(k) for k in per_rank]
+    seen = collections.Counter(k for keys in per_rank for k in keys)
+    assert set(seen) == set(every)
+    assert sum(seen.values()) == -(-len(every) // world) * world
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_dataset_built_without_a_rank_splits_where_it_iterates(node, workers):
+    """A ShardDataset built in a driver with no rank (world 1 there), pickled into 2
+    spawned processes with RANK/WORLD_SIZE set there, yields every sample once across
+    them with equal counts, with and without DataLoader workers; the plan the cluster
+    holds is the ranks', not the driver's."""
+    endpoint, every, _ = node
+    ds = granary.ShardDataset(endpoint, BUCKET, "ds/", seed=11, batch_size=4)
+    assert (ds.rank, ds.world_size) == (0, 1)
+    ds.set_epoch(13)
+    got = _launch([(ds, {"RANK": str(r), "WORLD_SIZE": "2"}, workers) for r in range(2)])
+    assert [place for place, _, _, _ in got] == [(0, 2), (1, 2)]
+    _check_split(got, every, 2)
+    assert all(not said for _, _, _, said in got)
+    plan = next(p for p in granary.Client(endpoint).plans() if p["epoch"] == 13)
+    assert plan["world_size"] == 2, plan
+
+
+def test_torch_distributed_gives_the_rank_and_spawned_loader_workers_keep_it(
+        node, tmp_path):
+    """Two processes in a gloo group (no RANK/WORLD_SIZE in their env) read a dataset
+    built with no rank through DataLoader workers started by `spawn`: each worker
+    takes its process's rank, so every sample comes once. Arguments that disagree with
+    torch.distributed win, with one warning."""
+    endpoint, every, _ = node
+    ds = granary.ShardDataset(endpoint, BUCKET, "ds/", seed=12, batch_size=4)
+    group = str(tmp_path / "gloo")
+    got = _launch([(ds, {}, 2, group, r, 2) for r in range(2)])
+    assert [place for place, _, _, _ in got] == [(0, 2), (1, 2)]
+    _check_split(got, every, 2)
+    # Rank 0 of the group told to be rank 1 of 3: it reads rank 1's share, and says so
+    # once, however often the place is looked up.
+    told = granary.ShardDataset(endpoint, BUCKET, "ds/", seed=12, batch_size=4, rank=1,
+                                world_size=3)
+    [(place, keys, n, said)] = _launch([(told, {}, 0, str(tmp_path / "gloo1"), 0, 1)])
+    assert place == (1, 3)
+    assert len(keys) == n == -(-len(every) // 3)
+    assert len(said) == 1 and "rank=1, world_size=3" in said[0], said
+    plain = granary.ShardDataset(endpoint, BUCKET, "ds/", seed=12, batch_size=4, rank=1,
+                                 world_size=3)
+    plain.set_epoch(0)
+    assert [check_bytes(s, every) for s in plain] == keys

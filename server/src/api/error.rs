@@ -168,7 +168,7 @@ impl From<BackendError> for S3Error {
             B::NoSuchUpload(_) => S3Code::NoSuchUpload,
             B::BucketExists(_) => S3Code::BucketAlreadyOwnedByYou,
             B::BucketNotEmpty(_) => S3Code::BucketNotEmpty,
-            B::InvalidBucketName(_) => S3Code::InvalidBucketName,
+            B::InvalidBucketName { .. } => S3Code::InvalidBucketName,
             B::InvalidKey(_) => S3Code::InvalidArgument,
             B::KeyTooLong => S3Code::KeyTooLongError,
             B::InvalidPart(_) => S3Code::InvalidPart,

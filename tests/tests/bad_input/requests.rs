@@ -242,3 +242,59 @@ async fn unknown_buckets_routes_and_methods() {
     sb.server.assert_healthy("Content-Length: abc").await;
     sb.assert_nothing_outside();
 }
+
+/// A folder under the fs origin whose name breaks S3's rules is said at start, with the
+/// rule, and a request for it answers `InvalidBucketName` naming the rule, not
+/// `NoSuchBucket`; ListBuckets leaves it out, and a folder that is not there is still
+/// `NoSuchBucket`.
+#[tokio::test]
+async fn bucket_folders_that_break_the_rules_are_said_out_loud() {
+    let mut sb = Sandbox::start(ServerOpts::open());
+    let origin = sb.server.data_dir().join("origin");
+    for folder in ["ds", "Train_Set"] {
+        std::fs::create_dir_all(origin.join(folder)).unwrap();
+        std::fs::write(origin.join(folder).join("k"), b"v").unwrap();
+    }
+    sb.server.restart(false).unwrap();
+    sb.before = list_files(sb.server.root(), Some(sb.server.data_dir()));
+    let log = sb.server.log();
+    for (folder, rule) in [
+        ("ds", "a bucket name is 3 to 63 characters long"),
+        ("Train_Set", "a bucket name has only lowercase letters"),
+    ] {
+        let said = log
+            .lines()
+            .find(|l| l.contains("not served as a bucket") && l.contains(&format!("/{folder}")));
+        let said = said.unwrap_or_else(|| panic!("{folder} not logged at start:\n{log}"));
+        assert!(said.contains(rule), "{folder}: {said}");
+        for (method, path) in [
+            ("GET", format!("/{folder}/k")),
+            ("HEAD", format!("/{folder}/k")),
+            ("PUT", format!("/{folder}/new")),
+            ("GET", format!("/{folder}?list-type=2")),
+        ] {
+            let resp = sb.raw(method, &path, &[], b"x").await;
+            assert_eq!(resp.status, 400, "{method} {path}: {}", resp.text());
+            if method != "HEAD" {
+                resp.assert_s3_error(400, &["InvalidBucketName"]);
+                assert!(
+                    resp.text().contains(rule),
+                    "{method} {path}: {}",
+                    resp.text()
+                );
+            }
+        }
+    }
+    let resp = sb.raw("GET", "/", &[], b"").await;
+    assert_eq!(resp.status, 200);
+    assert!(
+        !resp.text().contains("<Name>ds</Name>") && !resp.text().contains("Train_Set"),
+        "{}",
+        resp.text()
+    );
+    sb.raw("GET", "/zz/k", &[], b"")
+        .await
+        .assert_s3_error(404, &["NoSuchBucket"]);
+    assert!(!origin.join("ds").join("new").exists(), "a write landed");
+    sb.assert_nothing_outside();
+}

@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
+import warnings
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from . import _granary
@@ -110,19 +111,26 @@ def map_local(client: Client, bucket: str, key: str,
     return memoryview(m)[offset - start:offset - start + length]
 
 
-def _rank_and_world(rank: Optional[int], world_size: Optional[int]) -> Tuple[int, int]:
-    if rank is not None and world_size is not None:
-        return rank, world_size
+def _distributed() -> Optional[Tuple[int, int]]:
+    """``torch.distributed``'s rank and world size in this process, where it is
+    initialised (a forked DataLoader worker inherits its parent's)."""
     try:
         import torch.distributed as dist
-        if dist.is_available() and dist.is_initialized():
-            return (dist.get_rank() if rank is None else rank,
-                    dist.get_world_size() if world_size is None else world_size)
-    except ImportError:  # pragma: no cover
-        pass
-    r = int(os.environ.get("RANK", "0")) if rank is None else rank
-    w = int(os.environ.get("WORLD_SIZE", "1")) if world_size is None else world_size
-    return r, w
+    except ImportError:  # pragma: no cover - exercised without torch only
+        return None
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return None
+
+
+def _env_int(name: str) -> Optional[int]:
+    text = os.environ.get(name)
+    if text is None or not text.strip():
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"env {name}={text!r} is not an integer") from None
 
 
 class ShardDataset(_Base):  # type: ignore[misc,valid-type]
@@ -156,6 +164,13 @@ class ShardDataset(_Base):  # type: ignore[misc,valid-type]
     ``state_dict(consumed)`` (samples consumed in the epoch by all ranks together) and
     ``load_state_dict`` resume the epoch on any world size: the samples not yet consumed,
     each exactly once across the new ranks.
+
+    Rank and world size are looked up where they are used, in the process that uses
+    them, not at construction: the arguments where given, else ``torch.distributed``,
+    else env ``RANK``/``WORLD_SIZE``, else 0 of 1. A dataset built in a driver and
+    shipped to workers (Ray Train's ``train_loop_config``, a spawned process) splits by
+    each worker's rank. A DataLoader worker started by ``spawn`` takes its parent's
+    ``torch.distributed`` rank when it finds none of its own.
     """
 
     def __init__(self, endpoint: str, bucket: str, prefix: str, seed: int = 0,
@@ -171,9 +186,15 @@ class ShardDataset(_Base):  # type: ignore[misc,valid-type]
         self.prefix = prefix
         self.seed = int(seed)
         self.shuffle_buffer = int(shuffle_buffer)
-        self.rank, self.world_size = _rank_and_world(rank, world_size)
-        if not 0 <= self.rank < self.world_size:
-            raise ValueError(f"rank {self.rank} of world size {self.world_size}")
+        # The arguments, where given; the rest is looked up where it is used (`_place`).
+        self._rank_arg = None if rank is None else int(rank)
+        self._world_arg = None if world_size is None else int(world_size)
+        if self._rank_arg is not None and self._world_arg is not None:
+            self._check_place(self._rank_arg, self._world_arg, "the arguments")
+        # torch.distributed's place in the process that pickled this dataset, for a
+        # DataLoader worker that finds none of its own (one started by `spawn`).
+        self._parent_place: Optional[Tuple[int, int]] = None
+        self._warned = False
         self.drop_last = bool(drop_last)
         self.batch_size = max(1, int(batch_size))
         self.read_ahead = max(0, int(read_ahead))
@@ -196,12 +217,69 @@ class ShardDataset(_Base):  # type: ignore[misc,valid-type]
     def __getstate__(self) -> Dict[str, Any]:
         state = self.__dict__.copy()
         state["_shards"] = self._shards.to_json()
+        state["_parent_place"] = _distributed() or self._parent_place
         return state
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         state = dict(state)
         state["_shards"] = Shards.from_json(state["_shards"])
         self.__dict__.update(state)
+
+    @staticmethod
+    def _check_place(rank: int, world_size: int, source: str) -> None:
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} of world size {world_size} (from {source})")
+
+    def _found_place(self) -> Tuple[Optional[int], Optional[int], str]:
+        """This process's rank and world size where something says them, and what."""
+        dist = _distributed()
+        if dist is not None:
+            return dist[0], dist[1], "torch.distributed"
+        rank, world = _env_int("RANK"), _env_int("WORLD_SIZE")
+        if rank is not None or world is not None:
+            return rank, world, "env RANK/WORLD_SIZE"
+        if self._parent_place is not None and _worker_info() is not None:
+            return self._parent_place[0], self._parent_place[1], "the DataLoader's process"
+        return None, None, "no launcher"
+
+    def _place(self) -> Tuple[int, int]:
+        """Rank and world size here and now: the arguments, else what
+        ``_found_place`` finds, else 0 of 1."""
+        rank, world = self._rank_arg, self._world_arg
+        found_rank, found_world, source = self._found_place()
+        if source == "torch.distributed" and not self._warned:
+            given = [f"{name}={arg}" for name, arg, found in
+                     (("rank", rank, found_rank), ("world_size", world, found_world))
+                     if arg is not None and arg != found]
+            if given:
+                self._warned = True
+                warnings.warn(
+                    f"ShardDataset: {', '.join(given)} given, but torch.distributed says "
+                    f"rank {found_rank} of {found_world}; the arguments win",
+                    RuntimeWarning, stacklevel=3)
+        if rank is None:
+            rank = 0 if found_rank is None else found_rank
+        if world is None:
+            world = 1 if found_world is None else found_world
+        if self._rank_arg is None or self._world_arg is None:
+            self._check_place(rank, world, "the arguments" if source == "no launcher"
+                              else f"the arguments and {source}")
+        return rank, world
+
+    def _place_known(self) -> bool:
+        """Whether the arguments or the process say the world size (a driver that says
+        neither leaves its plan to the processes that iterate)."""
+        return self._world_arg is not None or self._found_place()[2] != "no launcher"
+
+    @property
+    def rank(self) -> int:
+        """This process's rank, as looked up now."""
+        return self._place()[0]
+
+    @property
+    def world_size(self) -> int:
+        """The world size, as looked up now."""
+        return self._place()[1]
 
     @property
     def shards(self) -> List[str]:
@@ -220,8 +298,10 @@ class ShardDataset(_Base):  # type: ignore[misc,valid-type]
     def _register(self) -> Optional[str]:
         """Registers the current epoch's plan with the cluster (with ``plan=True``): its
         nodes then fetch each shard before the ranks read it. Nothing changes in what is
-        read; a node that takes no plans is left alone."""
-        if not self.plan:
+        read; a node that takes no plans is left alone. Where nothing says the world
+        size yet (a driver), the plan is left to the iteration, which registers it with
+        the world size found there."""
+        if not self.plan or not self._place_known():
             return None
         access_key, secret_key, region, timeout = self._auth
         return self._shards.register(
@@ -241,11 +321,14 @@ class ShardDataset(_Base):  # type: ignore[misc,valid-type]
     def __iter__(self) -> Iterator[Dict[str, Any]]:
         info = _worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        # The rank of the process that iterates, found as its epoch starts; the read
+        # registers the epoch's plan with it.
+        rank, world_size = self._place()
         access_key, secret_key, region, timeout = self._auth
         samples = self._shards.read(
             self.endpoint, self.epoch, self.seed, self.shuffle_shards,
-            self._current_rounds(), self.world_size, self.shuffle_buffer, self.drop_last,
-            self.rank, worker, workers, self.batch_size, self.read_ahead, self.route,
+            self._current_rounds(), world_size, self.shuffle_buffer, self.drop_last,
+            rank, worker, workers, self.batch_size, self.read_ahead, self.route,
             access_key, secret_key, region, timeout, self.zero_copy, self.plan,
             # A DataLoader worker copies runs out of a node on this machine as it needs
             # them: the workers are the parallelism, and threads copying ahead take the
@@ -272,11 +355,12 @@ class ShardDataset(_Base):  # type: ignore[misc,valid-type]
         rounds = self._current_rounds()
         before = sum(r[3] for r in rounds)
         now = int(consumed) - before
-        if now < 0 or now % self.world_size:
+        world_size = self.world_size
+        if now < 0 or now % world_size:
             raise ValueError(
                 f"consumed={consumed}: expected {before} consumed before this run plus a "
-                f"multiple of the world size {self.world_size}")
-        rounds.append((self.world_size, self.shuffle_buffer, self.drop_last, now))
+                f"multiple of the world size {world_size}")
+        rounds.append((world_size, self.shuffle_buffer, self.drop_last, now))
         return {
             "version": 1,
             "epoch": self.epoch,

@@ -36,8 +36,8 @@ pub enum BackendError {
     BucketExists(String),
     #[error("the bucket `{0}` is not empty")]
     BucketNotEmpty(String),
-    #[error("`{0}` is not a valid bucket name")]
-    InvalidBucketName(String),
+    #[error("`{bucket}` is not a valid bucket name: {rule}")]
+    InvalidBucketName { bucket: String, rule: String },
     #[error("invalid key: {0}")]
     InvalidKey(&'static str),
     #[error("the key is longer than 1024 bytes")]
@@ -419,24 +419,51 @@ pub trait Backend: Source {
     async fn list_uploads(&self, bucket: &str, prefix: &str) -> Result<Vec<UploadInfo>>;
 }
 
-/// S3's bucket naming rules.
+/// S3's bucket naming rules: whether `name` follows them all.
 pub fn valid_bucket_name(name: &str) -> bool {
+    bucket_name_rule(name).is_none()
+}
+
+/// The S3 bucket naming rule `name` breaks, in words, or `None` where it breaks none
+/// (said where a folder is not served and where a request names one).
+pub fn bucket_name_rule(name: &str) -> Option<&'static str> {
     let b = name.as_bytes();
     if !(3..=63).contains(&b.len()) {
-        return false;
+        return Some("a bucket name is 3 to 63 characters long");
     }
     let alnum = |c: u8| c.is_ascii_lowercase() || c.is_ascii_digit();
-    if !alnum(b[0]) || !alnum(b[b.len() - 1]) {
-        return false;
-    }
     if !b.iter().all(|&c| alnum(c) || c == b'.' || c == b'-') {
-        return false;
+        return Some(
+            "a bucket name has only lowercase letters, digits, dots and hyphens \
+             (no capitals or underscores)",
+        );
+    }
+    if !alnum(b[0]) || !alnum(b[b.len() - 1]) {
+        return Some("a bucket name starts and ends with a lowercase letter or a digit");
     }
     if name.contains("..") || name.contains(".-") || name.contains("-.") {
-        return false;
+        return Some("a bucket name has no two dots, or a dot and a hyphen, side by side");
     }
-    // Not formatted like an IP address.
-    name.parse::<std::net::Ipv4Addr>().is_err()
+    if name.parse::<std::net::Ipv4Addr>().is_ok() {
+        return Some("a bucket name is not formatted as an IP address");
+    }
+    None
+}
+
+impl BackendError {
+    /// `bucket` breaks S3's naming rules (which one, where we know; else the store's
+    /// `message`).
+    pub fn invalid_bucket(bucket: &str, message: &str) -> BackendError {
+        let rule = match bucket_name_rule(bucket) {
+            Some(rule) => rule.to_owned(),
+            None if message.is_empty() => "the store refuses the name".to_owned(),
+            None => message.to_owned(),
+        };
+        BackendError::InvalidBucketName {
+            bucket: bucket.to_owned(),
+            rule,
+        }
+    }
 }
 
 /// A bucket name that breaks S3's rules names no bucket: `NoSuchBucket`, before any
@@ -485,6 +512,7 @@ mod tests {
             &"a".repeat(64),
         ] {
             assert!(!valid_bucket_name(bad), "{bad}");
+            assert!(bucket_name_rule(bad).is_some(), "{bad}");
         }
     }
 

@@ -632,7 +632,7 @@ impl Backend for S3Backend {
 
     async fn create_bucket(&self, bucket: &str) -> Result<()> {
         if !valid_bucket_name(bucket) {
-            return Err(BackendError::InvalidBucketName(bucket.to_owned()));
+            return Err(BackendError::invalid_bucket(bucket, ""));
         }
         let mut req = self.client.create_bucket().bucket(bucket);
         // Outside us-east-1, S3 wants the region named in the body.

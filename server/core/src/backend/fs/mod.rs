@@ -33,9 +33,9 @@ use tokio::sync::mpsc;
 
 use super::keypath;
 use super::{
-    check_key, known_bucket, valid_bucket_name, Backend, BackendError, BucketInfo, ByteRange,
-    ByteStream, GetObject, ListPage, ListQuery, ObjectMeta, ObjectParts, PartInfo, PutOptions,
-    RangeFn, Result, Source, UploadInfo,
+    bucket_name_rule, check_key, known_bucket, valid_bucket_name, Backend, BackendError,
+    BucketInfo, ByteRange, ByteStream, GetObject, ListPage, ListQuery, ObjectMeta, ObjectParts,
+    PartInfo, PutOptions, RangeFn, Result, Source, UploadInfo,
 };
 
 /// Bytes gathered from the request body before one write to disk.
@@ -59,6 +59,35 @@ struct Inner {
     listings: Listings,
 }
 
+/// The backend's own folder under the root (temp files, multipart uploads).
+const RESERVED: &str = ".granary";
+
+/// Logs each folder of `root` that is not served as a bucket, with the S3 rule its name
+/// breaks: a folder that silently vanished from ListBuckets would look like lost data.
+fn say_unserved_folders(root: &Path) {
+    let Ok(entries) = fs::read_dir(root) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        if !entry.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        let name = entry.file_name();
+        let rule = match name.to_str() {
+            Some(RESERVED) => continue,
+            Some(name) => match bucket_name_rule(name) {
+                Some(rule) => rule,
+                None => continue,
+            },
+            None => "a bucket name is UTF-8",
+        };
+        tracing::warn!(
+            folder = %entry.path().display(),
+            "not served as a bucket: {rule}"
+        );
+    }
+}
+
 impl FsBackend {
     /// Opens (creating if needed) a backend rooted at `root` and clears temp files left
     /// by an earlier run. Only old ones: the members of a cluster may share the
@@ -67,8 +96,9 @@ impl FsBackend {
     pub fn open(root: &Path) -> io::Result<FsBackend> {
         fs::create_dir_all(root)?;
         let root = root.canonicalize()?;
-        let tmp = root.join(".granary").join("tmp");
-        let uploads = root.join(".granary").join("uploads");
+        say_unserved_folders(&root);
+        let tmp = root.join(RESERVED).join("tmp");
+        let uploads = root.join(RESERVED).join("uploads");
         fs::create_dir_all(&tmp)?;
         clear_stale_temps(&tmp, STALE_TEMP);
         fs::create_dir_all(&uploads)?;
@@ -223,7 +253,16 @@ fn key_stripe(key: &str) -> usize {
 
 impl Inner {
     fn bucket_dir(&self, bucket: &str) -> Result<PathBuf> {
-        known_bucket(bucket)?;
+        if let Err(none) = known_bucket(bucket) {
+            // A folder that is there but breaks the rules is said to be so, not missing.
+            return Err(match self.unserved_folder(bucket) {
+                Some(rule) => BackendError::InvalidBucketName {
+                    bucket: bucket.to_owned(),
+                    rule: rule.to_owned(),
+                },
+                None => none,
+            });
+        }
         let dir = self.root.join(bucket);
         match fs::metadata(&dir) {
             Ok(md) if md.is_dir() => Ok(dir),
@@ -233,6 +272,18 @@ impl Inner {
             }
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// The S3 rule a folder of the root named `name` breaks, where there is one: a
+    /// folder that is not served as a bucket. Names that are no single folder of the
+    /// root (`.`, `..`, anything with a `/`), and the backend's own folder, name none.
+    fn unserved_folder(&self, name: &str) -> Option<&'static str> {
+        if matches!(name, "" | "." | ".." | RESERVED) || name.contains(['/', '\0']) {
+            return None;
+        }
+        let rule = bucket_name_rule(name)?;
+        let md = fs::symlink_metadata(self.root.join(name)).ok()?;
+        md.is_dir().then_some(rule)
     }
 
     /// The file of `bucket/key`, open, and its metadata.
@@ -432,7 +483,7 @@ impl Backend for FsBackend {
         let bucket = bucket.to_owned();
         self.blocking(move |inner| {
             if !valid_bucket_name(&bucket) {
-                return Err(BackendError::InvalidBucketName(bucket));
+                return Err(BackendError::invalid_bucket(&bucket, ""));
             }
             match fs::create_dir(inner.root.join(&bucket)) {
                 Ok(()) => Ok(()),

@@ -290,3 +290,51 @@ async fn etag_is_md5_and_foreign_files_are_served() {
     assert_eq!(meta.etag.len(), 32);
     assert_eq!(read(&b, "bkt", "dropped.bin").await, b"by hand");
 }
+
+/// A folder whose name breaks S3's rules is no bucket: ListBuckets leaves it out, and a
+/// request for it is `InvalidBucketName` naming the rule, where one for a folder that is
+/// not there at all is `NoSuchBucket`; nothing outside the root is ever looked at.
+#[tokio::test]
+async fn folders_that_break_the_rules_are_named_not_missing() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("origin");
+    for folder in ["ds", "Data_Set", "fine"] {
+        fs::create_dir_all(root.join(folder)).unwrap();
+        fs::write(root.join(folder).join("k"), b"v").unwrap();
+    }
+    let b = FsBackend::open(&root).unwrap();
+    let names: Vec<String> = b
+        .list_buckets()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|i| i.name)
+        .collect();
+    assert_eq!(names, ["fine"]);
+    assert_eq!(read(&b, "fine", "k").await, b"v");
+    for (bucket, rule) in [
+        ("ds", "3 to 63 characters"),
+        ("Data_Set", "only lowercase letters"),
+    ] {
+        let err = b.head_bucket(bucket).await.unwrap_err();
+        match &err {
+            BackendError::InvalidBucketName { bucket: b, rule: r } => {
+                assert_eq!(b, bucket);
+                assert!(r.contains(rule), "{bucket}: {r}");
+            }
+            other => panic!("{bucket}: {other:?}"),
+        }
+        let got = b.get_object(bucket, "k", &|_| Ok(None)).await.err();
+        assert!(
+            matches!(got, Some(BackendError::InvalidBucketName { .. })),
+            "{bucket}: {got:?}"
+        );
+    }
+    for missing in ["no", "..", ".", ".granary", "Missing_Folder"] {
+        let err = b.head_bucket(missing).await.unwrap_err();
+        assert!(
+            matches!(err, BackendError::NoSuchBucket(_)),
+            "{missing}: {err:?}"
+        );
+    }
+}

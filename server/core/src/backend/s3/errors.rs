@@ -60,7 +60,7 @@ pub(super) fn from_code(
         // Another account's bucket is not this node's to "create again".
         "BucketAlreadyOwnedByYou" => BackendError::BucketExists(bucket.to_owned()),
         "BucketNotEmpty" => BackendError::BucketNotEmpty(bucket.to_owned()),
-        "InvalidBucketName" => BackendError::InvalidBucketName(bucket.to_owned()),
+        "InvalidBucketName" => BackendError::invalid_bucket(bucket, message),
         "InvalidPartOrder" => BackendError::InvalidPartOrder,
         "EntityTooSmall" => BackendError::EntityTooSmall,
         "BadDigest" => BackendError::BadDigest(if message.is_empty() {
