@@ -7,6 +7,7 @@ resume on another world size, reads routed to each shard's owner in a 3-node clu
 from __future__ import annotations
 
 import collections
+import contextlib
 import gzip
 import io
 import os
@@ -82,22 +83,28 @@ def start_node(root: Path, origin: Path, node_id: str, port: int, peers: list[st
                             stdin=subprocess.DEVNULL)
 
 
+@contextlib.contextmanager
+def one_node(root: Path, origin: Path, node_id: str, creds: bool = False,
+             extra: list[str] = ()):
+    """A node of its own over `origin`, up: its endpoint; stopped after."""
+    port = _free_port()
+    proc = start_node(root, origin, node_id, port, [], creds=creds, extra=extra)
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        wait_members_up([endpoint], [proc], [root / f"{node_id}.log"])
+        yield endpoint
+    finally:
+        _stop_process(proc)
+
+
 @pytest.fixture(scope="module")
 def node(tmp_path_factory):
     """One open node over an fs origin holding the dataset: (endpoint, samples, root)."""
     root = tmp_path_factory.mktemp("pynode")
     origin = root / "origin"
     every = write_dataset(origin, "ds")
-    port = _free_port()
-    sock = root / "g.sock"
-    proc = start_node(root, origin, "solo", port, [], creds=False,
-                      extra=["--listen-unix", str(sock)])
-    endpoint = f"http://127.0.0.1:{port}"
-    try:
-        wait_members_up([endpoint], [proc], [root / "solo.log"])
-        yield endpoint, every, root
-    finally:
-        _stop_process(proc)
+    with one_node(root, origin, "solo", extra=["--listen-unix", str(root / "g.sock")]) as e:
+        yield e, every, root
 
 
 @pytest.fixture(scope="module")

@@ -35,9 +35,8 @@ import pyarrow.fs  # noqa: E402  (Ray Data's dependency)
 from ray.train import Checkpoint, RunConfig, ScalingConfig  # noqa: E402
 from ray.train.torch import TorchTrainer  # noqa: E402
 
-from conftest import _free_port, _stop_process, wait_members_up  # noqa: E402
 from granary_testutil import ACCESS_KEY, REGION, SECRET_KEY  # noqa: E402
-from test_granary_py import start_node  # noqa: E402
+from test_granary_py import one_node  # noqa: E402
 
 BUCKET = "train"
 CKPT_BUCKET = "ckpts"
@@ -82,14 +81,8 @@ def node(tmp_path_factory):
     origin = root / "origin"
     every = write_shards(origin / BUCKET / "wds")
     (origin / CKPT_BUCKET).mkdir()
-    port = _free_port()
-    proc = start_node(root, origin, "ray", port, [], creds=True)
-    endpoint = f"http://127.0.0.1:{port}"
-    try:
-        wait_members_up([endpoint], [proc], [root / "ray.log"])
+    with one_node(root, origin, "ray", creds=True) as endpoint:
         yield endpoint, every, root
-    finally:
-        _stop_process(proc)
 
 
 @pytest.fixture(scope="module")
