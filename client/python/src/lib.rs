@@ -856,6 +856,54 @@ mod gpu {
     }
 }
 
+/// A pipeline, prepared here on the caller's CPU: the same bytes a node prepares for the
+/// same (seed, epoch, sample key). Built from the definition as JSON (a
+/// `[pipelines.NAME]` table).
+#[pyclass(frozen)]
+struct Pipeline {
+    inner: granary_prep::Pipeline,
+}
+
+#[pymethods]
+impl Pipeline {
+    #[new]
+    fn new(spec_json: &str) -> PyResult<Pipeline> {
+        let spec: granary_prep::PipelineSpec = serde_json::from_str(spec_json)
+            .map_err(|e| PyValueError::new_err(format!("pipeline: {e}")))?;
+        let inner = granary_prep::Pipeline::new(spec)
+            .map_err(|e| PyValueError::new_err(format!("pipeline: {e}")))?;
+        Ok(Pipeline { inner })
+    }
+
+    /// Whether a member with this name (`0001.jpg`) is one the pipeline prepares.
+    fn prepares(&self, member: &str) -> bool {
+        self.inner.prepares(member)
+    }
+
+    /// The definition's hash, which its random draws are keyed by.
+    #[getter]
+    fn fingerprint(&self) -> u64 {
+        self.inner.fingerprint()
+    }
+
+    /// Prepares `data` as sample `key` of `epoch` in a job seeded `seed`: `(bytes, width,
+    /// height)`. Runs with the GIL released.
+    fn prepare<'py>(
+        &self,
+        py: Python<'py>,
+        data: &[u8],
+        seed: u64,
+        epoch: u64,
+        key: &str,
+    ) -> PyResult<(Bound<'py, PyBytes>, u32, u32)> {
+        let got = py.detach(|| self.inner.prepare(data, seed, epoch, key));
+        let p = got.map_err(|e| {
+            GranaryError::new_err((format!("{key}: {e}"), None::<String>, None::<u16>))
+        })?;
+        Ok((PyBytes::new(py, &p.bytes), p.width, p.height))
+    }
+}
+
 #[pymodule]
 fn _granary(m: &Bound<'_, PyModule>) -> PyResult<()> {
     #[cfg(feature = "cuda")]
@@ -868,6 +916,7 @@ fn _granary(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<BatchIter>()?;
     m.add_class::<Shards>()?;
     m.add_class::<SampleIter>()?;
+    m.add_class::<Pipeline>()?;
     m.add("GranaryError", m.py().get_type::<GranaryError>())?;
     Ok(())
 }
