@@ -91,6 +91,11 @@ pub struct Config {
     pub buckets: std::collections::BTreeMap<String, BucketConfig>,
     /// Named on-node transforms (`[transforms.NAME]` in the TOML file).
     pub transforms: std::collections::BTreeMap<String, granary_core::transform::TransformSpec>,
+    /// Named pipelines: training-time sample preparation per epoch
+    /// (`[pipelines.NAME]` in the TOML file).
+    pub pipelines: std::collections::BTreeMap<String, granary_prep::PipelineSpec>,
+    /// Threads that prepare samples at once; `None`: the CPUs.
+    pub prep_threads: Option<usize>,
 }
 
 impl Default for Config {
@@ -128,6 +133,8 @@ impl Default for Config {
             revalidate_after: None,
             buckets: Default::default(),
             transforms: Default::default(),
+            pipelines: Default::default(),
+            prep_threads: None,
         }
     }
 }
@@ -176,10 +183,45 @@ impl Config {
             path: path.to_owned(),
             source,
         })?;
-        toml::from_str(&text).map_err(|source| ConfigError::Parse {
+        let config: Config = toml::from_str(&text).map_err(|source| ConfigError::Parse {
             path: path.to_owned(),
             source: Box::new(source),
-        })
+        })?;
+        config.check_pipelines(Some((path, &text)))?;
+        Ok(config)
+    }
+
+    /// Each pipeline's definition can run; the error names the pipeline, the field and,
+    /// given the TOML's text, the line its table starts on.
+    fn check_pipelines(&self, source: Option<(&std::path::Path, &str)>) -> Result<(), ConfigError> {
+        for (name, spec) in &self.pipelines {
+            let valid_name = !name.is_empty()
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+            let problem = if valid_name {
+                granary_prep::Pipeline::new(spec.clone())
+                    .err()
+                    .map(|e| e.to_string())
+            } else {
+                Some("a pipeline's name is letters, digits, `_` and `-`".to_owned())
+            };
+            let Some(message) = problem else { continue };
+            let at = source
+                .and_then(|(path, text)| {
+                    let header = format!("[pipelines.{name}]");
+                    let line = text
+                        .lines()
+                        .position(|l| l.trim_start().starts_with(&header))?;
+                    Some(format!(" ({}, line {})", path.display(), line + 1))
+                })
+                .unwrap_or_default();
+            return Err(ConfigError::Invalid {
+                field: "pipelines",
+                message: format!("[pipelines.{name}]{at}: {message}"),
+            });
+        }
+        Ok(())
     }
 
     /// The backend this config names.
@@ -255,6 +297,10 @@ impl Config {
             direct_fills: self.direct_fills,
             rebalance_rate: self.rebalance_rate,
             transforms: self.transforms.clone(),
+            pipelines: self.pipelines.clone(),
+            prep_threads: self.prep_threads.unwrap_or_else(|| {
+                std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+            }),
             cluster: ClusterConfig {
                 listen: self.listen,
                 tls_cert: self.tls_cert.clone(),
@@ -310,6 +356,13 @@ impl Config {
                     ),
                 });
             }
+        }
+        self.check_pipelines(None)?;
+        if self.prep_threads == Some(0) {
+            return Err(ConfigError::Invalid {
+                field: "prep_threads",
+                message: "at least 1".into(),
+            });
         }
         for (name, def) in &self.transforms {
             def.validate().map_err(|message| ConfigError::Invalid {

@@ -138,6 +138,10 @@ struct ServeArgs {
     /// `2m`) [default: 60s].
     #[arg(long, env = "GRANARY_PLAN_TTL", value_parser = parse_duration)]
     plan_ttl: Option<std::time::Duration>,
+    /// Threads that prepare samples for pipelines (`[pipelines.NAME]` in the TOML) at
+    /// once [default: the CPUs].
+    #[arg(long, env = "GRANARY_PREP_THREADS")]
+    prep_threads: Option<usize>,
     /// Check a hit against the backend's ETag when its last check is older than this
     /// (`30s`, `10m`; `never` for immutable data); per bucket in the TOML as
     /// `[buckets.NAME] revalidate_after` [default: never].
@@ -181,6 +185,9 @@ impl ServeArgs {
             plan_ttl,
             rebalance_rate
         );
+        if self.prep_threads.is_some() {
+            c.prep_threads = self.prep_threads;
+        }
         set_opt!(
             backend,
             s3_endpoint,

@@ -103,6 +103,13 @@ impl Pipeline {
     }
 }
 
+/// The key a shard member's draws are keyed by: the shard's key, a `/`, and the
+/// sample's WebDataset key (its member names up to the file name's first dot), so every
+/// member of a sample draws alike and no two samples of a bucket share draws.
+pub fn sample_key(shard: &str, sample: &str) -> String {
+    format!("{shard}/{sample}")
+}
+
 fn apply(step: &Step, mut img: Rgb, draws: &mut Draws) -> Result<Rgb, PrepError> {
     Ok(match *step {
         Step::RandomResizedCrop { size, scale, ratio } => {

@@ -113,9 +113,14 @@ impl PipelineSpec {
         Ok(())
     }
 
-    /// Whether a member with this name (`0001.jpg`) is one the pipeline prepares.
+    /// Whether a member with this name (`dir/0001.jpg`) is one the pipeline prepares:
+    /// its extension as WebDataset reads it (all of the file name after its first dot).
     pub fn prepares(&self, member: &str) -> bool {
-        let ext = member.rsplit_once('.').map_or("", |(_, e)| e);
+        let base = member.rsplit('/').next().unwrap_or(member);
+        let ext = match base.find('.') {
+            Some(i) if i > 0 => &base[i + 1..],
+            _ => return false,
+        };
         self.members.iter().any(|m| m.eq_ignore_ascii_case(ext))
     }
 

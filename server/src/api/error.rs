@@ -252,7 +252,8 @@ impl From<TransformError> for S3Error {
         let code = match e {
             TransformError::Unknown(_) => S3Code::InvalidArgument,
             TransformError::TooLarge { .. } => S3Code::EntityTooLarge,
-            TransformError::Failed { .. } => S3Code::InternalError,
+            TransformError::Failed { .. } | TransformError::Prep { .. } => S3Code::InternalError,
+            TransformError::UnknownPipeline(_) => S3Code::InvalidArgument,
         };
         S3Error::new(code, e.to_string())
     }

@@ -50,6 +50,7 @@ pub async fn handle(state: &Arc<AppState>, req: Request) -> Response {
                 Err(e) => e.into_response(),
             }
         }
+        ("/_granary/pipelines", true) => json_response(node.pipelines_json()),
         ("/_granary/catalog", true) => match catalog(state, req).await {
             Ok(r) => r,
             Err(e) => e.into_response(),
@@ -92,8 +93,12 @@ pub async fn handle(state: &Arc<AppState>, req: Request) -> Response {
             resp
         }
         (
-            "/_granary/health" | "/_granary/stats" | "/_granary/metrics" | "/_granary/cluster"
-            | "/_granary/catalog",
+            "/_granary/health"
+            | "/_granary/stats"
+            | "/_granary/metrics"
+            | "/_granary/cluster"
+            | "/_granary/catalog"
+            | "/_granary/pipelines",
             false,
         ) => S3Error::new(S3Code::MethodNotAllowed, "use GET").into_response(),
         ("/_granary/prefetch", _) => {

@@ -32,6 +32,7 @@ use crate::cluster::source::Watch;
 use crate::cluster::Cluster;
 use crate::jobs::Jobs;
 use crate::stats::{Metric, Snapshot, Stats};
+use crate::transform::pipelines::NamedPipeline;
 use crate::transform::{Named, TransformError, Transforms};
 
 pub use crate::cache::LocalReader;
@@ -244,5 +245,30 @@ impl Node {
     /// A configured transform.
     pub fn transform(&self, name: &str) -> Result<Arc<Named>, TransformError> {
         self.transforms.lookup(name)
+    }
+
+    /// A configured pipeline.
+    pub fn pipeline(&self, name: &str) -> Result<Arc<NamedPipeline>, TransformError> {
+        self.transforms.pipelines().lookup(name)
+    }
+
+    /// Every pipeline's definition, by name (`GET /_granary/pipelines`).
+    pub fn pipelines_json(&self) -> serde_json::Value {
+        self.transforms.pipelines().json()
+    }
+
+    /// Prepares `input` as sample `key` by pipeline `p` for (seed, epoch), on a prep
+    /// thread.
+    pub async fn prepare(
+        &self,
+        p: &Arc<NamedPipeline>,
+        input: bytes::Bytes,
+        job: (u64, u64),
+        key: &str,
+    ) -> Result<bytes::Bytes, TransformError> {
+        self.transforms
+            .pipelines()
+            .prepare(p, input, job, key, &self.stats)
+            .await
     }
 }

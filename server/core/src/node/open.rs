@@ -13,6 +13,7 @@ use crate::cache::{Cache, CachePolicy};
 use crate::cluster::{self, ClusterConfig};
 use crate::io::EngineChoice;
 use crate::stats::Stats;
+use crate::transform::pipelines::Pipelines;
 use crate::transform::{TransformSpec, Transforms};
 
 /// Where objects come from.
@@ -54,12 +55,19 @@ pub struct NodeConfig {
     /// Bytes per second a rebalance hands over (0: no rebalance).
     pub rebalance_rate: u64,
     pub transforms: BTreeMap<String, TransformSpec>,
+    /// Named pipelines (`[pipelines.NAME]`).
+    pub pipelines: BTreeMap<String, granary_prep::PipelineSpec>,
+    /// Samples prepared at once (`--prep-threads`).
+    pub prep_threads: usize,
     pub cluster: ClusterConfig,
 }
 
 /// Why a node could not be opened.
 #[derive(Debug, thiserror::Error)]
 pub enum OpenError {
+    /// A pipeline's definition cannot run.
+    #[error("{0}")]
+    Pipeline(String),
     #[error("cannot create {what} {}: {source}", path.display())]
     Dir {
         what: &'static str,
@@ -171,7 +179,10 @@ impl Node {
             Arc::new(cache),
             cluster,
             stats,
-            Transforms::new(&config.transforms),
+            Transforms::new(&config.transforms).with_pipelines(
+                Pipelines::new(&config.pipelines, config.prep_threads)
+                    .map_err(OpenError::Pipeline)?,
+            ),
             config.rebalance_rate,
         );
         *node.watch.lock().unwrap_or_else(|p| p.into_inner()) = Some(watch);

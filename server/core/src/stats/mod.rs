@@ -90,6 +90,16 @@ table! {
     /// time of transform commands.
     TransformCpu: Seconds, "transform_cpu_seconds", "transform_cpu_seconds",
         "CPU time spent in transforms";
+    /// Samples prepared by a pipeline (`?pipeline=`).
+    PrepSamples: Counter, "prep_samples", "prep_samples", "samples prepared by pipelines";
+    /// Answers served from a preparation made for another request.
+    PrepShared: Counter, "prep_shared", "prep_shared",
+        "prepared samples served from a preparation made for another request";
+    /// Samples a pipeline could not prepare (undecodable or oversized input).
+    PrepErrors: Counter, "prep_errors", "prep_errors", "samples a pipeline could not prepare";
+    /// The prep threads' CPU time.
+    PrepCpu: Seconds, "prep_cpu_seconds", "prep_cpu_seconds",
+        "CPU time spent preparing samples";
     /// Object reads answered with a descriptor of the cache file (over the Unix socket).
     LocalReads: Counter, "local_reads", "local_reads",
         "object reads answered with a descriptor of the cache file";

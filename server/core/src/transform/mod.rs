@@ -15,6 +15,7 @@
 
 pub mod exec;
 pub mod image;
+pub mod pipelines;
 
 use std::collections::BTreeMap;
 
@@ -42,6 +43,19 @@ pub enum TransformError {
     /// flooded): this node's side, for this input; a retry does not help.
     #[error("transform `{name}` failed: {why}")]
     Failed { name: String, why: String },
+    /// The request names a pipeline this node does not have: the client's side.
+    #[error(
+        "no pipeline named `{0}` is configured on this node (GET /_granary/pipelines lists them)"
+    )]
+    UnknownPipeline(String),
+    /// A sample could not be prepared (undecodable, oversized): this node's answer for
+    /// this input; a retry does not help.
+    #[error("pipeline `{pipeline}` could not prepare sample `{sample}`: {why}")]
+    Prep {
+        pipeline: String,
+        sample: String,
+        why: String,
+    },
 }
 
 /// The bucket name results are cached under: `_` is not allowed in S3 bucket names, so
@@ -163,6 +177,7 @@ impl Named {
 #[derive(Default)]
 pub struct Transforms {
     by_name: BTreeMap<String, Arc<Named>>,
+    pipelines: pipelines::Pipelines,
 }
 
 impl Transforms {
@@ -180,7 +195,20 @@ impl Transforms {
                 (name.clone(), Arc::new(named))
             })
             .collect();
-        Transforms { by_name }
+        Transforms {
+            by_name,
+            pipelines: pipelines::Pipelines::default(),
+        }
+    }
+
+    /// These transforms, and `pipelines` beside them.
+    pub fn with_pipelines(self, pipelines: pipelines::Pipelines) -> Transforms {
+        Transforms { pipelines, ..self }
+    }
+
+    /// The node's pipelines.
+    pub fn pipelines(&self) -> &pipelines::Pipelines {
+        &self.pipelines
     }
 
     pub fn get(&self, name: &str) -> Option<Arc<Named>> {

@@ -10,6 +10,8 @@ use std::os::fd::OwnedFd;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
 use axum::response::{IntoResponse, Response};
+use bytes::BytesMut;
+use futures::StreamExt;
 use granary_proto::headers::{
     CACHE, LOCAL, LOCAL_LENGTH, LOCAL_OFFSET, LOCAL_RESIDENT, NODE, PLAN, TRANSFORM,
 };
@@ -39,6 +41,9 @@ enum Kind<'a> {
 /// GetObject, HeadObject, and their `?archpath=` and `?transform=` forms.
 pub async fn get(state: &AppState, r: Req, head: bool) -> Result<Response, S3Error> {
     let node = &state.node;
+    if let Some(name) = r.q("pipeline").map(str::to_owned) {
+        return prepared(state, r, &name, head).await;
+    }
     let member = r.q("archpath");
     let transform = r.q("transform");
     if let Some(name) = transform {
@@ -540,12 +545,112 @@ async fn whole_shard(
             Item::member(bucket, key, n, apply)
         })
         .collect();
-    let mut resp = crate::api::batch::stream(state.node.clone(), names, items, false).await?;
+    let mut resp = crate::api::batch::stream(state.node.clone(), names, items, false, None).await?;
     if let Ok(v) = HeaderValue::from_str(&t.name) {
         resp.headers_mut().insert(TRANSFORM, v);
     }
     Ok(resp)
 }
+
+/// `?pipeline=NAME&seed=S&epoch=E`: a `.tar` shard as a tar stream of its members in
+/// order, those the pipeline takes prepared for (seed, epoch) and the others as they
+/// are; any other object, an image, as its prepared bytes. A member that cannot be
+/// prepared fails the answer: `500` naming it before the first byte, a cut stream after.
+async fn prepared(state: &AppState, r: Req, name: &str, head: bool) -> Result<Response, S3Error> {
+    let node = &state.node;
+    let pipeline = node.pipeline(name)?;
+    // The closure borrows the request, which must not live across the awaits below.
+    let job = {
+        let number = |n: &str| -> Result<u64, S3Error> {
+            match r.q(n) {
+                None => Ok(0),
+                Some(v) => v.parse().map_err(|_| {
+                    S3Error::new(
+                        S3Code::InvalidArgument,
+                        format!("{n}={v:?}: a whole number"),
+                    )
+                }),
+            }
+        };
+        (number("seed")?, number("epoch")?)
+    };
+    if head {
+        return Err(S3Error::new(
+            S3Code::InvalidRequest,
+            "a prepared sample's size is known once it is prepared: use GET",
+        ));
+    }
+    if r.q("archpath").is_some() || r.q("transform").is_some() || r.header("range").is_some() {
+        return Err(S3Error::new(
+            S3Code::InvalidArgument,
+            "pipeline= prepares a whole shard or image: no archpath, transform or Range with it",
+        ));
+    }
+    let (bucket, key) = (r.bucket.as_str(), r.key());
+    match Format::of(key) {
+        Some(Format::Tar) => {
+            let (_, idx) = node.shard_index(bucket, key).await?;
+            let members = archive::in_order(&idx);
+            let names: Vec<String> = members.iter().map(|(n, _)| (*n).clone()).collect();
+            let items = names
+                .iter()
+                .map(|n| Item::member(bucket, key, n, None))
+                .collect();
+            let prep = crate::api::batch::Prep {
+                pipeline: pipeline.clone(),
+                job,
+                shard: key.to_owned(),
+            };
+            let mut resp =
+                crate::api::batch::stream(node.clone(), names, items, false, Some(prep)).await?;
+            if let Ok(v) = HeaderValue::from_str(&pipeline.name) {
+                resp.headers_mut().insert(PIPELINE, v);
+            }
+            Ok(resp)
+        }
+        Some(_) => Err(S3Error::new(
+            S3Code::InvalidArgument,
+            "pipelines prepare the members of .tar shards and single images, not compressed shards",
+        )),
+        None => {
+            let reply = node.read(&ReadRequest::object(bucket, key)).await?;
+            if reply.size > granary_core::transform::MAX_INPUT {
+                return Err(S3Error::new(
+                    S3Code::EntityTooLarge,
+                    format!(
+                        "pipelines read images of up to {} bytes; this one has {}",
+                        granary_core::transform::MAX_INPUT,
+                        reply.size
+                    ),
+                ));
+            }
+            let mut input = BytesMut::with_capacity(reply.size as usize);
+            let mut body = reply.body.into_stream();
+            while let Some(chunk) = body.next().await {
+                let chunk = chunk
+                    .map_err(|e| S3Error::new(S3Code::InternalError, format!("{key}: {e}")))?;
+                input.extend_from_slice(&chunk);
+            }
+            let out = node.prepare(&pipeline, input.freeze(), job, key).await?;
+            let mut resp = Response::new(Body::from(out));
+            let h = resp.headers_mut();
+            h.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static(pipeline.content_type()),
+            );
+            if let Ok(v) = HeaderValue::from_str(&pipeline.name) {
+                h.insert(PIPELINE, v);
+            }
+            if let Ok(v) = HeaderValue::from_str(node.id()) {
+                h.insert("x-granary-node", v);
+            }
+            Ok(resp)
+        }
+    }
+}
+
+/// The pipeline an answer was prepared by.
+const PIPELINE: &str = "x-granary-pipeline";
 
 /// `GET /{bucket}/{key}?archlist`: the regular files of a `.tar` shard in archive order,
 /// with their data offsets and sizes in the version the ETag names, so that a reader can

@@ -1,0 +1,229 @@
+//! Pipelines (`?pipeline=NAME&seed=S&epoch=E`) through the real binary: an image and a
+//! `.tar` shard's members come out as `granary_prep` makes them here (the client's code,
+//! so a sample prepared on the node and in the client is the same bytes), the same for
+//! the same (seed, epoch) and other for another; members the pipeline does not take pass
+//! as they are, in tar order; a damaged image is a `500` naming it before the first byte
+//! and a cut stream after it; an unknown pipeline is `400`; a definition that cannot run
+//! stops the node at start, naming its line.
+
+use std::io::Read;
+use std::path::Path;
+
+use anyhow::Result;
+use granary_prep::{sample_key, Pipeline, PipelineSpec};
+use granary_tests::{raw_request_blocking, request_bytes, RawResponse, Server, ServerOpts};
+use image::codecs::jpeg::JpegEncoder;
+use image::{ExtendedColorType, ImageEncoder, RgbImage};
+
+const BUCKET: &str = "images";
+
+const PIPELINE: &str = r#"
+members = ["jpg"]
+steps = [
+  { op = "random_resized_crop", size = [48, 64], scale = [0.08, 1.0], ratio = [0.75, 1.3333] },
+  { op = "random_flip", p = 0.5 },
+]
+output = "raw"
+"#;
+
+fn jpeg(w: u32, h: u32, seed: u32) -> Vec<u8> {
+    let img = RgbImage::from_fn(w, h, |x, y| {
+        image::Rgb([
+            ((x * 255 / w) as u8).wrapping_add(seed as u8),
+            (y * 255 / h) as u8,
+            ((x ^ y) + seed) as u8,
+        ])
+    });
+    let mut out = Vec::new();
+    JpegEncoder::new_with_quality(&mut out, 90)
+        .write_image(img.as_raw(), w, h, ExtendedColorType::Rgb8)
+        .unwrap();
+    out
+}
+
+fn tar_of(members: &[(&str, &[u8])]) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    for (name, data) in members {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        h.set_cksum();
+        b.append_data(&mut h, name, *data).unwrap();
+    }
+    b.into_inner().unwrap()
+}
+
+fn members_of(tar_bytes: &[u8]) -> Vec<(String, Vec<u8>)> {
+    let mut a = tar::Archive::new(tar_bytes);
+    a.entries()
+        .unwrap()
+        .map(|e| {
+            let mut e = e.unwrap();
+            let name = e.path().unwrap().to_string_lossy().into_owned();
+            let mut data = Vec::new();
+            e.read_to_end(&mut data).unwrap();
+            (name, data)
+        })
+        .collect()
+}
+
+fn get(server: &Server, path: &str) -> Result<RawResponse> {
+    raw_request_blocking(
+        server.addr(),
+        &request_bytes("GET", path, server.addr(), &[], b""),
+    )
+}
+
+fn start(root: &Path, pipelines: &str) -> Result<Server> {
+    let path = root.join("granary.toml");
+    std::fs::write(&path, pipelines)?;
+    Server::start(ServerOpts::open().args(&["--config", path.to_str().unwrap()]))
+}
+
+#[test]
+fn images_and_shards_are_prepared_as_the_client_prepares_them() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let server = start(dir.path(), &format!("[pipelines.train]\n{PIPELINE}"))?;
+    let origin = server.data_dir().join("origin").join(BUCKET);
+    std::fs::create_dir_all(origin.join("shards"))?;
+    let photo = jpeg(300, 200, 1);
+    std::fs::write(origin.join("a.jpg"), &photo)?;
+    let samples: Vec<(String, Vec<u8>)> = (0..4)
+        .map(|i| (format!("x/{i:04}"), jpeg(120 + 40 * i, 90 + 30 * i, i)))
+        .collect();
+    let mut members: Vec<(String, Vec<u8>)> = Vec::new();
+    for (key, img) in &samples {
+        members.push((format!("{key}.jpg"), img.clone()));
+        members.push((format!("{key}.cls"), key.as_bytes().to_vec()));
+    }
+    let refs: Vec<(&str, &[u8])> = members
+        .iter()
+        .map(|(n, d)| (n.as_str(), d.as_slice()))
+        .collect();
+    std::fs::write(origin.join("shards/s0.tar"), tar_of(&refs))?;
+    let spec: PipelineSpec = toml::from_str(PIPELINE)?;
+    let here = Pipeline::new(spec)?;
+
+    let listed: serde_json::Value =
+        serde_json::from_slice(&get(&server, "/_granary/pipelines")?.body)?;
+    assert_eq!(
+        listed["pipelines"]["train"]["steps"][0]["op"],
+        "random_resized_crop"
+    );
+    assert_eq!(listed["pipelines"]["train"]["output"], "raw");
+
+    // One image: H x W x 3 raw bytes, as the client's code makes them.
+    let resp = get(
+        &server,
+        &format!("/{BUCKET}/a.jpg?pipeline=train&seed=3&epoch=1"),
+    )?;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    assert_eq!(resp.body.len(), 48 * 64 * 3);
+    assert_eq!(resp.body, here.prepare(&photo, 3, 1, "a.jpg")?.bytes);
+    let again = get(
+        &server,
+        &format!("/{BUCKET}/a.jpg?pipeline=train&seed=3&epoch=1"),
+    )?;
+    assert_eq!(again.body, resp.body);
+    let other = get(
+        &server,
+        &format!("/{BUCKET}/a.jpg?pipeline=train&seed=3&epoch=2"),
+    )?;
+    assert_eq!(other.body.len(), resp.body.len());
+    assert_ne!(other.body, resp.body, "another epoch draws another crop");
+
+    // A shard: every member in tar order, the images prepared for their sample.
+    let resp = get(
+        &server,
+        &format!("/{BUCKET}/shards/s0.tar?pipeline=train&seed=9&epoch=4"),
+    )?;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    let got = members_of(&resp.body);
+    let names: Vec<&str> = got.iter().map(|(n, _)| n.as_str()).collect();
+    let want: Vec<&str> = members.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, want);
+    for ((name, data), (_, source)) in got.iter().zip(&members) {
+        match name.strip_suffix(".jpg") {
+            Some(sample) => {
+                let key = sample_key("shards/s0.tar", sample);
+                assert_eq!(data, &here.prepare(source, 9, 4, &key)?.bytes, "{name}");
+            }
+            None => assert_eq!(data, source, "{name} passes as it is"),
+        }
+    }
+    let stats = server.stats()?;
+    assert!(stats["prep_samples"].as_u64().unwrap() >= 7, "{stats}");
+    assert!(stats["prep_cpu_seconds"].as_f64().unwrap() > 0.0, "{stats}");
+
+    // What cannot be prepared is never a complete answer.
+    std::fs::write(origin.join("bad.jpg"), &photo[..photo.len() / 2])?;
+    let resp = get(&server, &format!("/{BUCKET}/bad.jpg?pipeline=train&seed=3"))?;
+    resp.assert_s3_error(500, &["InternalError"]);
+    assert!(resp.text().contains("bad.jpg"), "{}", resp.text());
+    let cut = &samples[0].1[..samples[0].1.len() / 2];
+    for (shard, broken) in [("first.tar", 0), ("later.tar", 4)] {
+        let mut damaged = members.clone();
+        damaged[broken].1 = cut.to_vec();
+        let refs: Vec<(&str, &[u8])> = damaged
+            .iter()
+            .map(|(n, d)| (n.as_str(), d.as_slice()))
+            .collect();
+        std::fs::write(origin.join("shards").join(shard), tar_of(&refs))?;
+        let path = format!("/{BUCKET}/shards/{shard}?pipeline=train&seed=3");
+        match get(&server, &path) {
+            Ok(resp) if broken == 0 => {
+                resp.assert_s3_error(500, &["InternalError"]);
+                assert!(resp.text().contains("x/0000"), "{}", resp.text());
+            }
+            Ok(resp) => assert!(
+                resp.status != 200 || members_of_checked(&resp.body).is_none(),
+                "{shard}: a complete answer with a damaged member"
+            ),
+            Err(_) => assert!(broken > 0, "{shard}: no answer at all"),
+        }
+    }
+
+    for (path, code) in [
+        (format!("/{BUCKET}/a.jpg?pipeline=nope"), 400),
+        (format!("/{BUCKET}/a.jpg?pipeline=train&seed=x"), 400),
+    ] {
+        let resp = get(&server, &path)?;
+        resp.assert_s3_error(code, &["InvalidArgument"]);
+    }
+    assert_eq!(get(&server, "/_granary/health")?.status, 200);
+    Ok(())
+}
+
+/// The members of a tar stream, or `None` where it is not a whole archive.
+fn members_of_checked(tar_bytes: &[u8]) -> Option<usize> {
+    let mut a = tar::Archive::new(tar_bytes);
+    let mut n = 0;
+    for e in a.entries().ok()? {
+        let mut e = e.ok()?;
+        let mut data = Vec::new();
+        e.read_to_end(&mut data).ok()?;
+        n += 1;
+    }
+    Some(n)
+}
+
+#[test]
+fn a_pipeline_that_cannot_run_stops_the_node_naming_its_line() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let config = format!(
+        "[pipelines.fine]\n{PIPELINE}\n\n[pipelines.wrong]\nsteps = [{{ op = \"random_flip\", p = 2.0 }}]\n"
+    );
+    let err = match start(dir.path(), &config) {
+        Ok(_) => panic!("a node started with a pipeline whose p is 2"),
+        Err(e) => format!("{e:#}"),
+    };
+    let line = config
+        .lines()
+        .position(|l| l.starts_with("[pipelines.wrong]"))
+        .unwrap()
+        + 1;
+    assert!(err.contains("[pipelines.wrong]"), "{err}");
+    assert!(err.contains(&format!("line {line}")), "{err}");
+    assert!(err.contains("steps[0]: p = 2"), "{err}");
+    Ok(())
+}
