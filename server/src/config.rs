@@ -187,13 +187,13 @@ impl Config {
             path: path.to_owned(),
             source: Box::new(source),
         })?;
-        config.check_pipelines(Some((path, &text)))?;
+        config.check_pipelines(path, &text)?;
         Ok(config)
     }
 
-    /// Each pipeline's definition can run; the error names the pipeline, the field and,
-    /// given the TOML's text, the line its table starts on.
-    fn check_pipelines(&self, source: Option<(&std::path::Path, &str)>) -> Result<(), ConfigError> {
+    /// Each pipeline's definition can run; the error names the pipeline, the field and
+    /// the line of the TOML its table starts on (the node checks again as it opens).
+    fn check_pipelines(&self, path: &std::path::Path, text: &str) -> Result<(), ConfigError> {
         for (name, spec) in &self.pipelines {
             let valid_name = !name.is_empty()
                 && name
@@ -207,14 +207,11 @@ impl Config {
                 Some("a pipeline's name is letters, digits, `_` and `-`".to_owned())
             };
             let Some(message) = problem else { continue };
-            let at = source
-                .and_then(|(path, text)| {
-                    let header = format!("[pipelines.{name}]");
-                    let line = text
-                        .lines()
-                        .position(|l| l.trim_start().starts_with(&header))?;
-                    Some(format!(" ({}, line {})", path.display(), line + 1))
-                })
+            let header = format!("[pipelines.{name}]");
+            let at = text
+                .lines()
+                .position(|l| l.trim_start().starts_with(&header))
+                .map(|line| format!(" ({}, line {})", path.display(), line + 1))
                 .unwrap_or_default();
             return Err(ConfigError::Invalid {
                 field: "pipelines",
@@ -357,7 +354,6 @@ impl Config {
                 });
             }
         }
-        self.check_pipelines(None)?;
         if self.prep_threads == Some(0) {
             return Err(ConfigError::Invalid {
                 field: "prep_threads",

@@ -11,7 +11,9 @@ use std::path::Path;
 
 use anyhow::Result;
 use granary_prep::{sample_key, Pipeline, PipelineSpec};
-use granary_tests::{raw_request_blocking, request_bytes, RawResponse, Server, ServerOpts};
+use granary_tests::{
+    raw_request_blocking, request_bytes, tar_of, untar, RawResponse, Server, ServerOpts,
+};
 use image::codecs::jpeg::JpegEncoder;
 use image::{ExtendedColorType, ImageEncoder, RgbImage};
 
@@ -39,32 +41,6 @@ fn jpeg(w: u32, h: u32, seed: u32) -> Vec<u8> {
         .write_image(img.as_raw(), w, h, ExtendedColorType::Rgb8)
         .unwrap();
     out
-}
-
-fn tar_of(members: &[(&str, &[u8])]) -> Vec<u8> {
-    let mut b = tar::Builder::new(Vec::new());
-    for (name, data) in members {
-        let mut h = tar::Header::new_gnu();
-        h.set_size(data.len() as u64);
-        h.set_mode(0o644);
-        h.set_cksum();
-        b.append_data(&mut h, name, *data).unwrap();
-    }
-    b.into_inner().unwrap()
-}
-
-fn members_of(tar_bytes: &[u8]) -> Vec<(String, Vec<u8>)> {
-    let mut a = tar::Archive::new(tar_bytes);
-    a.entries()
-        .unwrap()
-        .map(|e| {
-            let mut e = e.unwrap();
-            let name = e.path().unwrap().to_string_lossy().into_owned();
-            let mut data = Vec::new();
-            e.read_to_end(&mut data).unwrap();
-            (name, data)
-        })
-        .collect()
 }
 
 fn get(server: &Server, path: &str) -> Result<RawResponse> {
@@ -96,11 +72,7 @@ fn images_and_shards_are_prepared_as_the_client_prepares_them() -> Result<()> {
         members.push((format!("{key}.jpg"), img.clone()));
         members.push((format!("{key}.cls"), key.as_bytes().to_vec()));
     }
-    let refs: Vec<(&str, &[u8])> = members
-        .iter()
-        .map(|(n, d)| (n.as_str(), d.as_slice()))
-        .collect();
-    std::fs::write(origin.join("shards/s0.tar"), tar_of(&refs))?;
+    std::fs::write(origin.join("shards/s0.tar"), tar_of(&members))?;
     let spec: PipelineSpec = toml::from_str(PIPELINE)?;
     let here = Pipeline::new(spec)?;
 
@@ -138,7 +110,7 @@ fn images_and_shards_are_prepared_as_the_client_prepares_them() -> Result<()> {
         &format!("/{BUCKET}/shards/s0.tar?pipeline=train&seed=9&epoch=4"),
     )?;
     assert_eq!(resp.status, 200, "{}", resp.text());
-    let got = members_of(&resp.body);
+    let got = untar(&resp.body);
     let names: Vec<&str> = got.iter().map(|(n, _)| n.as_str()).collect();
     let want: Vec<&str> = members.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(names, want);
@@ -164,11 +136,7 @@ fn images_and_shards_are_prepared_as_the_client_prepares_them() -> Result<()> {
     for (shard, broken) in [("first.tar", 0), ("later.tar", 4)] {
         let mut damaged = members.clone();
         damaged[broken].1 = cut.to_vec();
-        let refs: Vec<(&str, &[u8])> = damaged
-            .iter()
-            .map(|(n, d)| (n.as_str(), d.as_slice()))
-            .collect();
-        std::fs::write(origin.join("shards").join(shard), tar_of(&refs))?;
+        std::fs::write(origin.join("shards").join(shard), tar_of(&damaged))?;
         let path = format!("/{BUCKET}/shards/{shard}?pipeline=train&seed=3");
         match get(&server, &path) {
             Ok(resp) if broken == 0 => {

@@ -7,7 +7,7 @@ use std::io::Cursor;
 use fast_image_resize::images::{Image, ImageRef};
 use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
 use image::codecs::jpeg::JpegEncoder;
-use image::{ExtendedColorType, ImageEncoder, ImageReader, Limits};
+use image::{ExtendedColorType, ImageDecoder, ImageEncoder, Limits};
 use zune_core::bytestream::ZCursor;
 use zune_core::colorspace::ColorSpace;
 use zune_core::options::DecoderOptions;
@@ -81,20 +81,15 @@ fn decode_jpeg(input: &[u8]) -> Result<Rgb, PrepError> {
 }
 
 fn decode_png(input: &[u8]) -> Result<Rgb, PrepError> {
-    let mut reader = ImageReader::new(Cursor::new(input));
-    reader.set_format(image::ImageFormat::Png);
-    let (w, h) = reader
-        .into_dimensions()
-        .map_err(|e| PrepError::Decode(format!("PNG: {e}")))?;
+    let bad = |e: image::ImageError| PrepError::Decode(format!("PNG: {e}"));
+    let mut decoder = image::codecs::png::PngDecoder::new(Cursor::new(input)).map_err(bad)?;
+    let (w, h) = decoder.dimensions();
     refuse_large(u64::from(w), u64::from(h))?;
-    let mut reader = ImageReader::new(Cursor::new(input));
-    reader.set_format(image::ImageFormat::Png);
     let mut limits = Limits::default();
     limits.max_alloc = Some(MAX_PIXELS * 8);
-    reader.limits(limits);
-    let rgb = reader
-        .decode()
-        .map_err(|e| PrepError::Decode(format!("PNG: {e}")))?
+    decoder.set_limits(limits).map_err(bad)?;
+    let rgb = image::DynamicImage::from_decoder(decoder)
+        .map_err(bad)?
         .to_rgb8();
     Ok(Rgb {
         width: rgb.width(),

@@ -1,6 +1,7 @@
 //! A pipeline's definition as the TOML names it (`[pipelines.NAME]`), checked, with the
 //! fingerprint its random draws are keyed by.
 
+use granary_proto::shards::split_name;
 use serde::{Deserialize, Serialize};
 
 /// The longest side a step may ask for: a definition past it is a typo, not a recipe.
@@ -116,12 +117,8 @@ impl PipelineSpec {
     /// Whether a member with this name (`dir/0001.jpg`) is one the pipeline prepares:
     /// its extension as WebDataset reads it (all of the file name after its first dot).
     pub fn prepares(&self, member: &str) -> bool {
-        let base = member.rsplit('/').next().unwrap_or(member);
-        let ext = match base.find('.') {
-            Some(i) if i > 0 => &base[i + 1..],
-            _ => return false,
-        };
-        self.members.iter().any(|m| m.eq_ignore_ascii_case(ext))
+        split_name(member)
+            .is_some_and(|(_, ext)| self.members.iter().any(|m| m.eq_ignore_ascii_case(&ext)))
     }
 
     /// A hash of the definition: every random draw is keyed by it, so another definition

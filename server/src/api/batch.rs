@@ -23,10 +23,8 @@ use http::{header, HeaderValue, Method};
 use super::error::{S3Code, S3Error};
 use super::s3::{auth, Req};
 use super::AppState;
-use granary_core::node::{Data, Item, Outcome};
-use granary_core::transform::pipelines::NamedPipeline;
+use granary_core::node::{Data, Item, Outcome, Prep};
 use granary_core::Node;
-use granary_proto::shards::split_name;
 
 /// Items fetched ahead of the one being sent.
 pub const PARALLEL: usize = 16;
@@ -135,49 +133,6 @@ pub async fn handle(state: &Arc<AppState>, req: Request) -> Result<Response, S3E
     stream(state.node.clone(), names, items, mark, None).await
 }
 
-/// A pipeline applied to the members of a shard as they are streamed: those it takes
-/// are prepared for (seed, epoch), each keyed by its sample.
-#[derive(Clone)]
-pub(crate) struct Prep {
-    pub pipeline: Arc<NamedPipeline>,
-    pub job: (u64, u64),
-    pub shard: String,
-}
-
-impl Prep {
-    /// The item's outcome with its member prepared, where the pipeline takes it.
-    async fn apply(&self, node: &Node, it: &Item, got: Outcome) -> Result<Outcome, S3Error> {
-        let member = it.archpath.as_deref().unwrap_or(&it.key);
-        let (size, mtime, data) = match got {
-            Outcome::Found { size, mtime, data } if self.pipeline.pipeline.prepares(member) => {
-                (size, mtime, data)
-            }
-            other => return Ok(other),
-        };
-        let input = match data {
-            Data::Whole(b) => b,
-            Data::Stream(mut s) => {
-                let mut buf = BytesMut::with_capacity(size as usize);
-                while let Some(chunk) = s.next().await {
-                    let chunk = chunk.map_err(|e| {
-                        S3Error::new(S3Code::InternalError, format!("member {member}: {e}"))
-                    })?;
-                    buf.put(chunk);
-                }
-                buf.freeze()
-            }
-        };
-        let sample = split_name(member).map_or(member, |(k, _)| k);
-        let key = granary_prep::sample_key(&self.shard, sample);
-        let out = node.prepare(&self.pipeline, input, self.job, &key).await?;
-        Ok(Outcome::Found {
-            size: out.len() as u64,
-            mtime,
-            data: Data::Whole(out),
-        })
-    }
-}
-
 /// The answer to a list of items: a tar stream of them in order, member `names[i]` for
 /// `items[i]`. Also serves a whole-shard transform (`?transform=` on a `.tar`), which
 /// reads its members through the same object path that leads here: the future is boxed
@@ -204,11 +159,11 @@ async fn stream_items(
         .map(move |it| {
             let (n, prep) = (n.clone(), prep.clone());
             Fetch(tokio::spawn(async move {
-                let got = n.fetch_item(&it).await.map_err(S3Error::from)?;
                 match &prep {
-                    Some(p) => p.apply(&n, &it, got).await,
-                    None => Ok(got),
+                    Some(p) => n.fetch_prepared(&it, p).await,
+                    None => n.fetch_item(&it).await,
                 }
+                .map_err(S3Error::from)
             }))
         })
         .buffered(PARALLEL);

@@ -14,6 +14,8 @@ use crate::backend::ByteStream;
 use crate::cluster::calls::{Found, Read};
 use crate::cluster::ring::key_hash;
 use crate::cluster::{ClusterError, Member};
+use crate::transform::pipelines::NamedPipeline;
+use granary_proto::shards::split_name;
 
 /// Items up to this size are read whole while they wait their turn (so at most the
 /// batch's parallelism of them are held); larger ones stream when their turn comes.
@@ -140,6 +142,54 @@ impl Node {
             ..*read
         };
         self.cluster.call(m, &read).await
+    }
+}
+
+/// A pipeline applied to the members of a shard as they are fetched: those it takes are
+/// prepared for (seed, epoch), each keyed by its sample.
+#[derive(Clone)]
+pub struct Prep {
+    pub pipeline: Arc<NamedPipeline>,
+    pub job: (u64, u64),
+    pub shard: String,
+}
+
+impl Node {
+    /// [`Node::fetch_item`], with the member prepared by `prep` where its pipeline takes
+    /// it.
+    pub async fn fetch_prepared(
+        self: &Arc<Self>,
+        it: &Item,
+        prep: &Prep,
+    ) -> Result<Outcome, NodeError> {
+        let got = self.fetch_item(it).await?;
+        let member = it.archpath.as_deref().unwrap_or(&it.key);
+        let (size, mtime, data) = match got {
+            Outcome::Found { size, mtime, data } if prep.pipeline.pipeline.prepares(member) => {
+                (size, mtime, data)
+            }
+            other => return Ok(other),
+        };
+        let input = match data {
+            Data::Whole(b) => b,
+            Data::Stream(mut s) => {
+                let mut buf = BytesMut::with_capacity(size as usize);
+                while let Some(chunk) = s.next().await {
+                    let chunk =
+                        chunk.map_err(|e| NodeError::Cut(format!("member {member}: {e}")))?;
+                    buf.put(chunk);
+                }
+                buf.freeze()
+            }
+        };
+        let sample = split_name(member).map_or(member, |(k, _)| k);
+        let key = granary_prep::sample_key(&prep.shard, sample);
+        let out = self.prepare(&prep.pipeline, input, prep.job, &key).await?;
+        Ok(Outcome::Found {
+            size: out.len() as u64,
+            mtime,
+            data: Data::Whole(out),
+        })
     }
 }
 

@@ -36,7 +36,7 @@ use crate::transform::pipelines::NamedPipeline;
 use crate::transform::{Named, TransformError, Transforms};
 
 pub use crate::cache::LocalReader;
-pub use batch::{Data, Item, Outcome};
+pub use batch::{Data, Item, Outcome, Prep};
 pub use catalog::FRESH_FOR as CATALOG_FRESH_FOR;
 pub use drain::DRAIN_FILE;
 pub use error::NodeError;

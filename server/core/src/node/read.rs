@@ -16,6 +16,7 @@ use crate::backend::{BackendError, ByteRange, ObjectMeta, Refusal};
 use crate::cache::{self, Body, CacheError, DeriveError, LocalReader, Mode, Origin};
 use crate::cluster::Member;
 use crate::stats::Metric;
+use crate::transform::pipelines::NamedPipeline;
 use crate::transform::{self, Derived, Named, TransformError, MAX_INPUT, RESULTS};
 
 /// The conditional headers of a read, parsed.
@@ -448,37 +449,55 @@ impl Node {
     ) -> Result<(ObjectMeta, Bytes), NodeError> {
         let mut req = ReadRequest::object(&d.bucket, &d.key);
         req.member = d.archpath.as_deref();
-        let source = match req.member {
-            Some(m) => self.read_member(&req, m).await?,
-            None => self.read_object(&req, Mode::Stream).await?,
-        };
-        if source.size > MAX_INPUT {
-            return Err(TransformError::TooLarge {
-                limit: MAX_INPUT,
-                size: source.size,
-            }
-            .into());
-        }
-        if source.meta.etag != d.etag {
+        let (meta, input) = self.read_whole(&req).await?;
+        if meta.etag != d.etag {
             return Err(NodeError::Changed(
                 "the source changed while it was transformed; retry",
             ));
+        }
+        let out = self.transforms.run(t, input, &self.stats).await?;
+        Ok((transform::result_meta(t, &out), out))
+    }
+
+    /// An object or shard member read whole into memory, for a transform or a pipeline:
+    /// at most [`MAX_INPUT`] bytes.
+    async fn read_whole(
+        self: &Arc<Self>,
+        req: &ReadRequest<'_>,
+    ) -> Result<(ObjectMeta, Bytes), NodeError> {
+        let source = match req.member {
+            Some(m) => self.read_member(req, m).await?,
+            None => self.read_object(req, Mode::Stream).await?,
+        };
+        let too_large = |size: u64| TransformError::TooLarge {
+            limit: MAX_INPUT,
+            size,
+        };
+        if source.size > MAX_INPUT {
+            return Err(too_large(source.size).into());
         }
         let mut input = BytesMut::with_capacity(source.size as usize);
         let mut body = source.body.into_stream();
         while let Some(chunk) = body.next().await {
             let chunk = chunk.map_err(|e| BackendError::Unavailable(e.to_string()))?;
             if (input.len() + chunk.len()) as u64 > MAX_INPUT {
-                return Err(TransformError::TooLarge {
-                    limit: MAX_INPUT,
-                    size: (input.len() + chunk.len()) as u64,
-                }
-                .into());
+                return Err(too_large((input.len() + chunk.len()) as u64).into());
             }
             input.extend_from_slice(&chunk);
         }
-        let out = self.transforms.run(t, input.freeze(), &self.stats).await?;
-        Ok((transform::result_meta(t, &out), out))
+        Ok((source.meta, input.freeze()))
+    }
+
+    /// An image object prepared by pipeline `p` for (seed, epoch), keyed by its key.
+    pub async fn read_prepared(
+        self: &Arc<Self>,
+        bucket: &str,
+        key: &str,
+        p: &Arc<NamedPipeline>,
+        job: (u64, u64),
+    ) -> Result<Bytes, NodeError> {
+        let (_, input) = self.read_whole(&ReadRequest::object(bucket, key)).await?;
+        Ok(self.prepare(p, input, job, key).await?)
     }
 
     /// The member index of a `.tar` shard and the version it indexes, reading the shard

@@ -10,8 +10,6 @@ use std::os::fd::OwnedFd;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
 use axum::response::{IntoResponse, Response};
-use bytes::BytesMut;
-use futures::StreamExt;
 use granary_proto::headers::{
     CACHE, LOCAL, LOCAL_LENGTH, LOCAL_OFFSET, LOCAL_RESIDENT, NODE, PLAN, TRANSFORM,
 };
@@ -27,7 +25,7 @@ use granary_core::backend::ByteRange;
 use granary_core::cache::{Body as Bytes, CacheError, LocalFile, Origin};
 use granary_core::cluster::calls;
 use granary_core::node::{
-    Conditions, Item, LocalReader, NodeError, ReadMode, ReadRequest, Reply, Served,
+    Conditions, Item, LocalReader, NodeError, Prep, ReadMode, ReadRequest, Reply, Served,
 };
 
 /// What was read: an object (and its headers), a shard member, or a transform's result.
@@ -596,7 +594,7 @@ async fn prepared(state: &AppState, r: Req, name: &str, head: bool) -> Result<Re
                 .iter()
                 .map(|n| Item::member(bucket, key, n, None))
                 .collect();
-            let prep = crate::api::batch::Prep {
+            let prep = Prep {
                 pipeline: pipeline.clone(),
                 job,
                 shard: key.to_owned(),
@@ -613,25 +611,7 @@ async fn prepared(state: &AppState, r: Req, name: &str, head: bool) -> Result<Re
             "pipelines prepare the members of .tar shards and single images, not compressed shards",
         )),
         None => {
-            let reply = node.read(&ReadRequest::object(bucket, key)).await?;
-            if reply.size > granary_core::transform::MAX_INPUT {
-                return Err(S3Error::new(
-                    S3Code::EntityTooLarge,
-                    format!(
-                        "pipelines read images of up to {} bytes; this one has {}",
-                        granary_core::transform::MAX_INPUT,
-                        reply.size
-                    ),
-                ));
-            }
-            let mut input = BytesMut::with_capacity(reply.size as usize);
-            let mut body = reply.body.into_stream();
-            while let Some(chunk) = body.next().await {
-                let chunk = chunk
-                    .map_err(|e| S3Error::new(S3Code::InternalError, format!("{key}: {e}")))?;
-                input.extend_from_slice(&chunk);
-            }
-            let out = node.prepare(&pipeline, input.freeze(), job, key).await?;
+            let out = node.read_prepared(bucket, key, &pipeline, job).await?;
             let mut resp = Response::new(Body::from(out));
             let h = resp.headers_mut();
             h.insert(
