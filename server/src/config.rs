@@ -5,9 +5,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use granary_core::cache::CachePolicy;
-use granary_core::cluster::{parse_peer, ClusterConfig, RouteMode};
-use granary_core::node::{BackendSpec, NodeConfig};
+use granary_core::{parse_peer, BackendSpec, CachePolicy, ClusterConfig, NodeConfig, RouteMode};
 use granary_proto::units::{parse_duration, parse_duration_or_never, parse_size};
 use serde::{Deserialize, Deserializer};
 
@@ -68,7 +66,7 @@ pub struct Config {
     /// TLS private key (PEM) for HTTPS.
     pub tls_key: Option<PathBuf>,
     /// How cache entries are read from disk.
-    pub read_engine: granary_core::io::EngineChoice,
+    pub read_engine: granary_core::EngineChoice,
     /// Requests served at once; beyond them `503 SlowDown`. 0: no limit.
     pub max_requests: usize,
     /// Backend reads in flight at once; a read that waits longer than a moment for a
@@ -90,7 +88,7 @@ pub struct Config {
     /// Per-bucket settings (`[buckets.NAME]` in the TOML file).
     pub buckets: std::collections::BTreeMap<String, BucketConfig>,
     /// Named on-node transforms (`[transforms.NAME]` in the TOML file).
-    pub transforms: std::collections::BTreeMap<String, granary_core::transform::TransformSpec>,
+    pub transforms: std::collections::BTreeMap<String, granary_core::TransformSpec>,
     /// Named pipelines: training-time sample preparation per epoch
     /// (`[pipelines.NAME]` in the TOML file).
     pub pipelines: std::collections::BTreeMap<String, granary_prep::PipelineSpec>,
@@ -124,7 +122,7 @@ impl Default for Config {
             listen_unix: None,
             tls_cert: None,
             tls_key: None,
-            read_engine: granary_core::io::EngineChoice::Auto,
+            read_engine: granary_core::EngineChoice::Auto,
             max_requests: 1024,
             max_backend_fetches: 64,
             backend_rate: 0,
@@ -167,8 +165,8 @@ pub enum ConfigError {
     },
 }
 
-impl From<granary_core::cluster::ConfigError> for ConfigError {
-    fn from(e: granary_core::cluster::ConfigError) -> ConfigError {
+impl From<granary_core::ClusterConfigError> for ConfigError {
+    fn from(e: granary_core::ClusterConfigError) -> ConfigError {
         ConfigError::Invalid {
             field: e.field,
             message: e.message,
@@ -278,7 +276,7 @@ impl Config {
             max_backend_fetches: self.max_backend_fetches,
             backend_rate: self.backend_rate,
             plan_ttl: self.plan_ttl,
-            revalidate: granary_core::cache::Revalidation {
+            revalidate: granary_core::Revalidation {
                 default: self.revalidate_after,
                 buckets: self
                     .buckets

@@ -15,8 +15,7 @@ use granary_proto::range::RangeSpec;
 use granary_proto::xml;
 
 use crate::api::s3::body::{self, BodyRules, ChecksumAlg};
-use granary_core::backend::keypath;
-use granary_core::backend::ByteStream;
+use granary_core::{keypath, ByteStream};
 
 /// A fuzz target: a function of arbitrary bytes.
 pub type Target = fn(&[u8]);
@@ -126,7 +125,7 @@ pub fn keys(data: &[u8]) {
     let Ok(key) = std::str::from_utf8(data) else {
         return;
     };
-    if granary_core::backend::check_key(key).is_err() {
+    if granary_core::check_key(key).is_err() {
         return;
     }
     if let Some(p) = keypath::plain_path(key) {
@@ -159,7 +158,7 @@ pub fn tar_index(data: &[u8]) {
     // The entry's footer follows the object: parsing must stop at the object's end.
     file.write_all(b"GRNRYC01 footer bytes that are no tar header")
         .expect("memfd write");
-    if let Ok(index) = granary_core::archive::index_tar(&file, data.len() as u64) {
+    if let Ok(index) = granary_core::index_tar(&file, data.len() as u64) {
         for (name, m) in &index {
             let end = m.offset.checked_add(m.size);
             assert!(

@@ -81,7 +81,7 @@ impl<L> Timed<L> {
 impl<L> axum::serve::Listener for Timed<L>
 where
     L: axum::serve::Listener,
-    L::Io: FileSink,
+    L::Io: sendfile::FileSink,
 {
     type Io = IdleIo<L::Io>;
     type Addr = L::Addr;
@@ -156,7 +156,7 @@ impl<T> IdleIo<T> {
 
 use std::future::Future;
 
-use granary_core::io::sendfile::{self, FileSink};
+use granary_core::sendfile;
 
 impl<T: AsyncRead + Unpin> AsyncRead for IdleIo<T> {
     fn poll_read(
@@ -174,7 +174,7 @@ impl<T: AsyncRead + Unpin> AsyncRead for IdleIo<T> {
 
 /// Writes go through [`sendfile`]: slices of a cache entry's mapping leave from the file
 /// where the connection can send files.
-impl<T: FileSink> AsyncWrite for IdleIo<T> {
+impl<T: sendfile::FileSink> AsyncWrite for IdleIo<T> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,

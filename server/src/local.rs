@@ -19,6 +19,7 @@
 //! on it, and the stream attaches every queued descriptor to its next write, which is the
 //! head of the answer being sent (HTTP/1 answers a connection's requests one at a time).
 
+use granary_core::sendfile;
 use std::io::{self, IoSlice};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::Path;
@@ -219,7 +220,7 @@ impl AsyncWrite for FdStream {
     }
 }
 
-impl granary_core::io::sendfile::FileSink for FdStream {
+impl sendfile::FileSink for FdStream {
     /// Sends a file range with `sendfile(2)`, unless descriptors wait for this write.
     fn poll_send_file(
         &mut self,
@@ -232,7 +233,7 @@ impl granary_core::io::sendfile::FileSink for FdStream {
             return None;
         }
         let inner = &self.inner;
-        Some(granary_core::io::sendfile::poll_sendfile_on(
+        Some(sendfile::poll_sendfile_on(
             cx,
             inner,
             |cx| inner.poll_write_ready(cx),
@@ -279,7 +280,7 @@ impl<L>
     for TcpPeer
 where
     L: axum::serve::Listener<Addr = std::net::SocketAddr>,
-    L::Io: granary_core::io::sendfile::FileSink,
+    L::Io: sendfile::FileSink,
 {
     fn connect_info(stream: axum::serve::IncomingStream<'_, crate::limits::Timed<L>>) -> TcpPeer {
         TcpPeer(*stream.remote_addr())

@@ -6,9 +6,7 @@ use std::path::PathBuf;
 
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Args, Parser, Subcommand};
-use granary_core::cache::CachePolicy;
-use granary_core::cluster::RouteMode;
-use granary_core::io::EngineChoice;
+use granary_core::{CachePolicy, EngineChoice, RouteMode};
 use granary_proto::units::{parse_duration, parse_size};
 use granary_server::config::Config;
 

@@ -3,6 +3,7 @@
 //! client that never finishes its handshake holds up nobody but itself, and the accept
 //! loop stays the one axum runs for plain TCP.
 
+use granary_core::sendfile;
 use std::io;
 use std::path::Path;
 use std::pin::Pin;
@@ -136,7 +137,7 @@ impl AsyncRead for TlsConn {
 }
 
 /// Encrypted bytes cannot leave by `sendfile`: mapped bodies are read and encrypted.
-impl granary_core::io::sendfile::FileSink for TlsConn {}
+impl sendfile::FileSink for TlsConn {}
 
 impl AsyncWrite for TlsConn {
     fn poll_write(

@@ -24,3 +24,27 @@ pub mod stats;
 pub mod transform;
 
 pub use node::{Node, NodeConfig, NodeError, OpenError};
+
+// The node's front: every name the server crate serves the node through, so that the
+// server imports from here alone and the modules' layout stays the node's own business.
+pub use archive::{in_order as members_in_order, index_tar, Format as ArchiveFormat};
+pub use backend::{
+    check_key, keypath, BackendError, ByteRange, ByteStream, ListPage, ListQuery, ObjectMeta,
+    ObjectParts, PartRange, PutOptions, Refusal,
+};
+pub use cache::{Body, CacheError, CachePolicy, LocalFile, Origin, Revalidation};
+/// Every member-to-member call, typed: the server's table of their handlers.
+pub use cluster::calls;
+pub use cluster::calls::JsonCall;
+pub use cluster::membership::Announced;
+pub use cluster::peer::{target_of, PeerBody};
+pub use cluster::{
+    parse_peer, ClusterConfig, ClusterError, ConfigError as ClusterConfigError, RouteMode,
+};
+pub use io::{crc, sendfile, EngineChoice};
+pub use node::{
+    etag_matches, BackendSpec, Conditions, Data, Item, LocalReader, Outcome, Prep, ReadMode,
+    ReadRequest, Reply, Served, WriteConditions,
+};
+pub use stats::{Metric, EXPOSITION_TYPE};
+pub use transform::{Named, TransformError, TransformSpec};

@@ -23,8 +23,8 @@ use http::{header, HeaderValue, Method};
 use super::error::{S3Code, S3Error};
 use super::s3::{auth, Req};
 use super::AppState;
-use granary_core::node::{Data, Item, Outcome, Prep};
 use granary_core::Node;
+use granary_core::{Data, Item, Outcome, Prep};
 
 /// Items fetched ahead of the one being sent.
 pub const PARALLEL: usize = 16;

@@ -9,11 +9,7 @@ use granary_proto::auth::AuthError;
 use granary_proto::xml::XmlError;
 use http::{HeaderValue, StatusCode};
 
-use granary_core::backend::{BackendError, Refusal};
-use granary_core::cache::CacheError;
-use granary_core::cluster::ClusterError;
-use granary_core::node::NodeError;
-use granary_core::transform::TransformError;
+use granary_core::{BackendError, CacheError, ClusterError, NodeError, Refusal, TransformError};
 
 pub use granary_proto::S3Code;
 

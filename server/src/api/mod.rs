@@ -24,7 +24,7 @@ use granary_proto::auth::Credentials;
 
 use crate::config::Config;
 use error::{S3Code, S3Error};
-use granary_core::stats::Metric;
+use granary_core::Metric;
 use granary_core::Node;
 use route::Routed;
 

@@ -13,9 +13,7 @@ use serde_json::json;
 
 use super::error::{S3Code, S3Error};
 use super::{s3, AppState};
-use granary_core::cluster::calls::{PrefetchPart, ANNOUNCE, KNOWN, KNOWN_DOWN};
-use granary_core::cluster::membership::Announced;
-use granary_core::stats::EXPOSITION_TYPE;
+use granary_core::{calls, Announced, EXPOSITION_TYPE};
 
 /// A prefetch part names its objects: room for a few hundred thousand keys.
 const MAX_PART_BODY: usize = 64 << 20;
@@ -116,7 +114,7 @@ pub async fn handle(state: &Arc<AppState>, req: Request) -> Response {
 pub async fn health(state: &AppState, req: Request) -> Response {
     let node = &state.node;
     let mut known = None;
-    if req.headers().contains_key(ANNOUNCE) {
+    if req.headers().contains_key(calls::ANNOUNCE) {
         if let Some(id) = super::FromMember::of(&req) {
             known = Some(node.announced(id).await);
         }
@@ -131,10 +129,10 @@ pub async fn health(state: &AppState, req: Request) -> Response {
     }
     if let Some(known) = known {
         resp.headers_mut().insert(
-            ANNOUNCE,
+            calls::ANNOUNCE,
             HeaderValue::from_static(match known {
-                Announced::Known => KNOWN,
-                Announced::Down => KNOWN_DOWN,
+                Announced::Known => calls::KNOWN,
+                Announced::Down => calls::KNOWN_DOWN,
                 Announced::Unknown => "unknown",
             }),
         );
@@ -172,7 +170,7 @@ async fn json_body<T: serde::de::DeserializeOwned>(
 pub async fn prefetch(state: &Arc<AppState>, req: Request) -> Result<Response, S3Error> {
     let (parts, body) = req.into_parts();
     let verdict = s3::auth::authenticate(state.creds.as_ref(), state.anonymous_read, &parts)?;
-    let asked: PrefetchPart =
+    let asked: calls::PrefetchPart =
         json_body(parts, body, verdict, "{\"bucket\":…,\"prefix\":…}").await?;
     let resource = format!("/{}/{}", asked.bucket, asked.prefix);
     let job = state
@@ -334,7 +332,7 @@ async fn catalog(state: &Arc<AppState>, req: Request) -> Result<Response, S3Erro
     let node = &state.node;
     if super::FromMember::of_parts(&parts).is_none() {
         if let Some(m) = node.owner_elsewhere(bucket, &format!("{prefix}\0catalog")) {
-            let target = granary_core::cluster::peer::target_of(&parts.uri);
+            let target = granary_core::target_of(&parts.uri);
             let body = super::route::peer_body(Body::empty());
             match node
                 .forward(&m, &parts.method, &target, &parts.headers, body)

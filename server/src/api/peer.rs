@@ -1,5 +1,5 @@
 //! The members' calls this node answers, in one table ([`serve`]). Each entry reads the
-//! call with its definition in `granary_core::cluster::calls`, asks the node, and writes
+//! call with its definition in `granary_core::calls`, asks the node, and writes
 //! the reply the same definition reads on the caller's side; a refusal is an S3 error
 //! document, whose code the caller keeps. Three routes are users' as well as members'
 //! (health, prefetch, jobs): their entries name the native handler that serves both.
@@ -16,11 +16,7 @@ use serde::Serialize;
 
 use super::error::{S3Code, S3Error};
 use super::{native, s3, AppState};
-use granary_core::cluster::calls::{
-    self, DropPlan, IndexShards, Indexed, Invalidate, JsonCall, Noted, PlanReport, PrefetchPart,
-    Revalidate, SharePlan, StartDrain, Take,
-};
-use granary_core::{Node, NodeError};
+use granary_core::{calls, JsonCall, Node, NodeError};
 
 /// The most body a member's call carries here (a plan of 100,000 shards, or 1,000 keys
 /// of 1 KiB and their buckets, with room to spare). Read only once the call is known
@@ -33,8 +29,10 @@ pub async fn serve(state: &Arc<AppState>, req: Request) -> Result<Response, Requ
     let answer = match (req.method().clone(), path) {
         // [`calls::Probe`]: the public health check, with the announcement's answer.
         (Method::GET | Method::HEAD, "/_granary/health") => Ok(native::health(state, req).await),
-        (Revalidate::METHOD, Revalidate::PATH) if super::FromMember::of(&req).is_some() => {
-            json_call(state, req, |node, call: Revalidate| async move {
+        (calls::Revalidate::METHOD, calls::Revalidate::PATH)
+            if super::FromMember::of(&req).is_some() =>
+        {
+            json_call(state, req, |node, call: calls::Revalidate| async move {
                 let marked = match &call.bucket {
                     Some(bucket) => node.revalidate_prefix(bucket, &call.prefix),
                     None => {
@@ -50,54 +48,58 @@ pub async fn serve(state: &Arc<AppState>, req: Request) -> Result<Response, Requ
             .await
         }
         // A user's forced revalidation of a prefix, cluster-wide.
-        (Revalidate::METHOD, Revalidate::PATH) => native::revalidate(state, req).await,
-        (Invalidate::METHOD, Invalidate::PATH) => {
-            json_call(state, req, |node, call: Invalidate| async move {
+        (calls::Revalidate::METHOD, calls::Revalidate::PATH) => {
+            native::revalidate(state, req).await
+        }
+        (calls::Invalidate::METHOD, calls::Invalidate::PATH) => {
+            json_call(state, req, |node, call: calls::Invalidate| async move {
                 Ok(node.take_invalidation(&call))
             })
             .await
         }
-        (StartDrain::METHOD, StartDrain::PATH) => {
-            json_call(state, req, |node, call: StartDrain| async move {
+        (calls::StartDrain::METHOD, calls::StartDrain::PATH) => {
+            json_call(state, req, |node, call: calls::StartDrain| async move {
                 node.drain_here(call.undo)
             })
             .await
         }
-        (Take::METHOD, Take::PATH) => {
-            json_call(state, req, |node, call: Take| async move {
+        (calls::Take::METHOD, calls::Take::PATH) => {
+            json_call(state, req, |node, call: calls::Take| async move {
                 node.take(&call).await
             })
             .await
         }
-        (IndexShards::METHOD, IndexShards::PATH) => {
-            json_call(state, req, |node, call: IndexShards| async move {
+        (calls::IndexShards::METHOD, calls::IndexShards::PATH) => {
+            json_call(state, req, |node, call: calls::IndexShards| async move {
                 let shards = node.index_shards(&call.bucket, &call.shards).await?;
-                Ok(Indexed { shards })
+                Ok(calls::Indexed { shards })
             })
             .await
         }
-        (SharePlan::METHOD, SharePlan::PATH) => {
-            json_call(state, req, |node, call: SharePlan| async move {
+        (calls::SharePlan::METHOD, calls::SharePlan::PATH) => {
+            json_call(state, req, |node, call: calls::SharePlan| async move {
                 node.take_plan(call.spec)?;
-                Ok(Noted {})
+                Ok(calls::Noted {})
             })
             .await
         }
-        (DropPlan::METHOD, DropPlan::PATH) => {
-            json_call(state, req, |node, call: DropPlan| async move {
+        (calls::DropPlan::METHOD, calls::DropPlan::PATH) => {
+            json_call(state, req, |node, call: calls::DropPlan| async move {
                 node.forget_plan(&call.id);
-                Ok(Noted {})
+                Ok(calls::Noted {})
             })
             .await
         }
-        (PlanReport::METHOD, PlanReport::PATH) => {
-            json_call(state, req, |node, call: PlanReport| async move {
+        (calls::PlanReport::METHOD, calls::PlanReport::PATH) => {
+            json_call(state, req, |node, call: calls::PlanReport| async move {
                 Ok(node.plan_report(call))
             })
             .await
         }
         // [`calls::PrefetchPart`], and a user's prefetch of a prefix.
-        (PrefetchPart::METHOD, PrefetchPart::PATH) => native::prefetch(state, req).await,
+        (calls::PrefetchPart::METHOD, calls::PrefetchPart::PATH) => {
+            native::prefetch(state, req).await
+        }
         // [`calls::JobStatus`], [`calls::JobCancel`], and a user's look at a job.
         (_, p) if p.starts_with("/_granary/jobs/") => native::job(state, req).await,
         _ => return Err(req),

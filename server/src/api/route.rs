@@ -16,9 +16,7 @@ use http_body_util::BodyExt;
 
 use super::error::{S3Code, S3Error};
 use super::AppState;
-use granary_core::cluster::peer::{target_of, PeerBody};
-use granary_core::cluster::RouteMode;
-use granary_core::stats::Metric;
+use granary_core::{target_of, Metric, PeerBody, RouteMode};
 
 /// What routing made of a request.
 pub enum Routed {

@@ -13,8 +13,7 @@ use sha2::{Digest, Sha256};
 
 use super::auth::Payload;
 use crate::api::error::{S3Code, S3Error};
-use granary_core::backend::ByteStream;
-use granary_core::io::crc::{self, crc32c_append, Crc, Crc64Nvme};
+use granary_core::{crc, ByteStream};
 
 /// Longest chunk header or trailer line accepted.
 const MAX_LINE: usize = 4096;
@@ -60,11 +59,11 @@ impl ChecksumAlg {
     }
 
     /// A CRC's polynomial (reflected) and width: what combining CRCs needs.
-    fn crc(self) -> Option<Crc> {
+    fn crc(self) -> Option<crc::Crc> {
         match self {
-            ChecksumAlg::Crc32 => Some(Crc::Crc32),
-            ChecksumAlg::Crc32c => Some(Crc::Crc32c),
-            ChecksumAlg::Crc64Nvme => Some(Crc::Crc64Nvme),
+            ChecksumAlg::Crc32 => Some(crc::Crc::Crc32),
+            ChecksumAlg::Crc32c => Some(crc::Crc::Crc32c),
+            ChecksumAlg::Crc64Nvme => Some(crc::Crc::Crc64Nvme),
             ChecksumAlg::Sha1 | ChecksumAlg::Sha256 => None,
         }
     }
@@ -108,7 +107,7 @@ pub fn combined(alg: ChecksumAlg, parts: &[(&str, u64)], full_object: bool) -> O
 pub enum Checksum {
     Crc32(crc32fast::Hasher),
     Crc32c(u32),
-    Crc64Nvme(Crc64Nvme),
+    Crc64Nvme(crc::Crc64Nvme),
     Sha1(sha1::Sha1),
     Sha256(Sha256),
 }
@@ -118,7 +117,7 @@ impl Checksum {
         match alg {
             ChecksumAlg::Crc32 => Checksum::Crc32(crc32fast::Hasher::new()),
             ChecksumAlg::Crc32c => Checksum::Crc32c(0),
-            ChecksumAlg::Crc64Nvme => Checksum::Crc64Nvme(Crc64Nvme::default()),
+            ChecksumAlg::Crc64Nvme => Checksum::Crc64Nvme(crc::Crc64Nvme::default()),
             ChecksumAlg::Sha1 => Checksum::Sha1(sha1::Sha1::new()),
             ChecksumAlg::Sha256 => Checksum::Sha256(Sha256::new()),
         }
@@ -127,7 +126,7 @@ impl Checksum {
     pub fn update(&mut self, data: &[u8]) {
         match self {
             Checksum::Crc32(h) => h.update(data),
-            Checksum::Crc32c(c) => *c = crc32c_append(*c, data),
+            Checksum::Crc32c(c) => *c = crc::crc32c_append(*c, data),
             Checksum::Crc64Nvme(d) => d.update(data),
             Checksum::Sha1(h) => h.update(data),
             Checksum::Sha256(h) => h.update(data),

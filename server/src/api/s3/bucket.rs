@@ -10,7 +10,7 @@ use super::OWNER;
 use super::{empty, xml_response, Req};
 use crate::api::error::{S3Code, S3Error};
 use crate::api::AppState;
-use granary_core::backend::BackendError;
+use granary_core::BackendError;
 use granary_core::NodeError;
 
 /// ListBuckets; with `max-buckets` a page of them, the next page after

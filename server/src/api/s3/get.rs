@@ -20,12 +20,10 @@ use super::{http_date, Req};
 use crate::api::error::{S3Code, S3Error};
 use crate::api::AppState;
 use crate::local::FdSender;
-use granary_core::archive::{self, Format};
-use granary_core::backend::ByteRange;
-use granary_core::cache::{Body as Bytes, CacheError, LocalFile, Origin};
-use granary_core::cluster::calls;
-use granary_core::node::{
-    Conditions, Item, LocalReader, NodeError, Prep, ReadMode, ReadRequest, Reply, Served,
+use granary_core::{
+    calls, members_in_order, ArchiveFormat as Format, Body as Bytes, ByteRange, CacheError,
+    Conditions, Item, LocalFile, LocalReader, NodeError, ObjectMeta, ObjectParts, Origin,
+    PartRange, Prep, ReadMode, ReadRequest, Reply, Served,
 };
 
 /// What was read: an object (and its headers), a shard member, or a transform's result.
@@ -179,7 +177,7 @@ async fn part_of(
         ));
     }
     let layout = state.node.part_of(bucket, key, n).await?;
-    let Some(granary_core::backend::PartRange {
+    let Some(PartRange {
         start,
         len,
         checksum,
@@ -261,11 +259,7 @@ impl AttributesAsked {
         })
     }
 
-    fn render(
-        &self,
-        meta: &granary_core::backend::ObjectMeta,
-        layout: Option<&granary_core::backend::ObjectParts>,
-    ) -> String {
+    fn render(&self, meta: &ObjectMeta, layout: Option<&ObjectParts>) -> String {
         let (max, marker) = (self.max_parts, self.marker);
         let checksums: Vec<(String, &str)> = meta
             .headers
@@ -418,12 +412,7 @@ fn source_headers(state: &AppState, h: &mut HeaderMap, origin: Origin) {
 }
 
 /// The headers every object read carries.
-fn object_headers(
-    state: &AppState,
-    h: &mut HeaderMap,
-    meta: &granary_core::backend::ObjectMeta,
-    origin: Origin,
-) {
+fn object_headers(state: &AppState, h: &mut HeaderMap, meta: &ObjectMeta, origin: Origin) {
     h.insert(header::ETAG, super::quoted(&meta.etag));
     h.insert(header::LAST_MODIFIED, http_date(meta.last_modified));
     h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
@@ -515,7 +504,7 @@ fn local_answer(mut resp: Response, lf: LocalFile, fds: &FdSender) -> Response {
 async fn whole_shard(
     state: &AppState,
     (bucket, key): (&str, &str),
-    t: &granary_core::transform::Named,
+    t: &granary_core::Named,
     head: bool,
 ) -> Result<Response, S3Error> {
     if Format::of(key) != Some(Format::Tar) {
@@ -534,7 +523,7 @@ async fn whole_shard(
         ));
     }
     let (_, idx) = state.node.shard_index(bucket, key).await?;
-    let members = archive::in_order(&idx);
+    let members = members_in_order(&idx);
     let names: Vec<String> = members.iter().map(|(n, _)| (*n).clone()).collect();
     let items = names
         .iter()
@@ -588,7 +577,7 @@ async fn prepared(state: &AppState, r: Req, name: &str, head: bool) -> Result<Re
     match Format::of(key) {
         Some(Format::Tar) => {
             let (_, idx) = node.shard_index(bucket, key).await?;
-            let members = archive::in_order(&idx);
+            let members = members_in_order(&idx);
             let names: Vec<String> = members.iter().map(|(n, _)| (*n).clone()).collect();
             let items = names
                 .iter()
@@ -647,7 +636,7 @@ pub async fn archive_list(state: &AppState, r: Req) -> Result<Response, S3Error>
         .with_resource(r.resource()));
     }
     let (meta, idx) = state.node.shard_index(bucket, key).await?;
-    let members = archive::in_order(&idx);
+    let members = members_in_order(&idx);
     let body = serde_json::json!({
         "etag": meta.etag,
         "size": meta.size,

@@ -9,7 +9,7 @@ use super::xml::Doc;
 use super::{xml_response, Req};
 use crate::api::error::{S3Code, S3Error};
 use crate::api::AppState;
-use granary_core::backend::{ListPage, ListQuery};
+use granary_core::{ListPage, ListQuery};
 
 const MAX_KEYS: usize = 1000;
 

@@ -22,7 +22,7 @@ use http::{header, HeaderValue, Method, StatusCode};
 use super::error::{S3Code, S3Error};
 use super::AppState;
 use auth::Verdict;
-use granary_core::backend::ByteStream;
+use granary_core::ByteStream;
 
 /// The one owner of everything a node serves, as listings and ACLs name it.
 pub const OWNER: &str = "granary";

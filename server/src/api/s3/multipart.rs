@@ -13,9 +13,8 @@ use super::xml::{self, Doc};
 use super::{empty, quoted, xml_response, Req};
 use crate::api::error::{S3Code, S3Error};
 use crate::api::AppState;
-use granary_core::backend::BackendError;
-use granary_core::backend::{check_key, ByteRange, ObjectMeta, PutOptions, Refusal};
 use granary_core::NodeError;
+use granary_core::{check_key, BackendError, ByteRange, ObjectMeta, PutOptions, Refusal};
 
 fn upload_id(r: &Req) -> &str {
     r.q("uploadId").unwrap_or("")

@@ -9,8 +9,9 @@ use super::xml::{self, Doc};
 use super::{empty, quoted, xml_response, Req};
 use crate::api::error::{S3Code, S3Error};
 use crate::api::AppState;
-use granary_core::backend::{check_key, ByteRange, ObjectMeta, PutOptions, Refusal};
-use granary_core::node::{etag_matches, WriteConditions};
+use granary_core::{
+    check_key, etag_matches, ByteRange, ObjectMeta, PutOptions, Refusal, WriteConditions,
+};
 
 /// The headers of a write that are kept with the object.
 pub fn stored_headers(h: &HeaderMap) -> Vec<(String, String)> {
