@@ -16,7 +16,9 @@ cd "$(dirname "$0")/.."
 root=$(pwd)
 export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
 
-step() { printf '\n== %s\n' "$*"; }
+# Each step says when it began, so a slow run shows which tier took the time.
+start=$(date +%s)
+step() { printf '\n== %s  [+%ds]\n' "$*" "$(( $(date +%s) - start ))"; }
 # Room on the disk, printed where the run's use of it grows (the build, the venv, tests).
 room() { df -h --output=avail,target "$root" | tail -1 | awk '{print "disk: " $1 " free on " $2}'; }
 room
