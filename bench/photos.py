@@ -43,8 +43,9 @@ def originals() -> list[bytes]:
     return [(out / n).read_bytes() for n in NAMES]
 
 
-def imagenet_like(n: int, seed: int = 0) -> list[bytes]:
-    """`n` JPEGs cut from the photographs, at ImageNet's spread of sizes and qualities."""
+def imagenet_like(n: int, seed: int = 0, longer: tuple[int, int] = (340, 660)) -> list[bytes]:
+    """`n` JPEGs cut from the photographs, their longer side in `longer` (ImageNet's
+    spread by default), at qualities 75-95."""
     from PIL import Image
 
     rng = random.Random(seed)
@@ -58,8 +59,7 @@ def imagenet_like(n: int, seed: int = 0) -> list[bytes]:
         cw, ch = int(aw * fit), int(ah * fit)
         left = rng.randrange(photo.width - cw + 1)
         top = rng.randrange(photo.height - ch + 1)
-        longer = rng.randint(340, 660)
-        scale = longer / max(cw, ch)
+        scale = rng.randint(*longer) / max(cw, ch)
         size = (max(1, round(cw * scale)), max(1, round(ch * scale)))
         img = photo.resize(size, Image.LANCZOS, box=(left, top, left + cw, top + ch))
         buf = io.BytesIO()

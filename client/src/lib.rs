@@ -40,7 +40,7 @@ pub use native::{
     ArchiveList, BatchItem, ClusterView, Handover, Job, JobState, Member, MemberState, Missing,
     MISSING_PREFIX,
 };
-pub use objects::{GetOptions, Listing, ObjectInfo, ObjectMeta, ObjectReader};
+pub use objects::{GetOptions, Listing, ObjectInfo, ObjectMeta, ObjectReader, Pipelined};
 pub use sign::Credentials;
 pub use tarstream::TarReader;
 

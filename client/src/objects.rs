@@ -89,6 +89,17 @@ pub struct GetOptions {
     /// `x-granary-plan`: the plan the read belongs to and where its rank stands
     /// ([`granary_proto::plan::PlanMark`]).
     pub plan: Option<String>,
+    /// `?pipeline=NAME&seed=S&epoch=E`: a shard's members (those of `range`, bytes of
+    /// the shard as stored) prepared on the node for a job's seed and epoch.
+    pub pipeline: Option<Pipelined>,
+}
+
+/// A pipeline run on the node for one job's epoch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pipelined {
+    pub name: String,
+    pub seed: u64,
+    pub epoch: u64,
 }
 
 /// An object's body as it arrives, with its headers. Owns its connection, so it can be
@@ -150,6 +161,12 @@ pub(crate) fn get_request(bucket: &str, key: &str, opts: &GetOptions) -> Result<
     }
     if let Some(t) = &opts.transform {
         req = req.query("transform", t);
+    }
+    if let Some(p) = &opts.pipeline {
+        req = req
+            .query("pipeline", &p.name)
+            .query("seed", &p.seed.to_string())
+            .query("epoch", &p.epoch.to_string());
     }
     if let Some(r) = &opts.range {
         if r.start >= r.end {

@@ -94,6 +94,9 @@ pub struct Config {
     pub pipelines: std::collections::BTreeMap<String, granary_prep::PipelineSpec>,
     /// Threads that prepare samples at once; `None`: the CPUs.
     pub prep_threads: Option<usize>,
+    /// Bytes of prepared samples kept for the jobs that read them.
+    #[serde(deserialize_with = "de_size")]
+    pub prep_memory: u64,
 }
 
 impl Default for Config {
@@ -133,6 +136,7 @@ impl Default for Config {
             transforms: Default::default(),
             pipelines: Default::default(),
             prep_threads: None,
+            prep_memory: 1 << 30,
         }
     }
 }
@@ -293,6 +297,7 @@ impl Config {
             rebalance_rate: self.rebalance_rate,
             transforms: self.transforms.clone(),
             pipelines: self.pipelines.clone(),
+            prep_memory: self.prep_memory,
             prep_threads: self.prep_threads.unwrap_or_else(|| {
                 std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
             }),

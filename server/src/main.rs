@@ -140,6 +140,11 @@ struct ServeArgs {
     /// once [default: the CPUs].
     #[arg(long, env = "GRANARY_PREP_THREADS")]
     prep_threads: Option<usize>,
+    /// Memory a node keeps prepared samples in until the jobs that read them this
+    /// epoch have (`1GiB`; 0: none kept, preparations still shared while under way)
+    /// [default: 1GiB].
+    #[arg(long, env = "GRANARY_PREP_MEMORY", value_parser = parse_size)]
+    prep_memory: Option<u64>,
     /// Check a hit against the backend's ETag when its last check is older than this
     /// (`30s`, `10m`; `never` for immutable data); per bucket in the TOML as
     /// `[buckets.NAME] revalidate_after` [default: never].
@@ -181,7 +186,8 @@ impl ServeArgs {
             backend_rate,
             idle_timeout,
             plan_ttl,
-            rebalance_rate
+            rebalance_rate,
+            prep_memory
         );
         if self.prep_threads.is_some() {
             c.prep_threads = self.prep_threads;

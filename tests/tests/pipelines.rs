@@ -123,8 +123,11 @@ fn images_and_shards_are_prepared_as_the_client_prepares_them() -> Result<()> {
             None => assert_eq!(data, source, "{name} passes as it is"),
         }
     }
+    // a.jpg twice for epoch 1 (the second kept from the first), once for epoch 2, and
+    // the shard's four images.
     let stats = server.stats()?;
-    assert!(stats["prep_samples"].as_u64().unwrap() >= 7, "{stats}");
+    assert_eq!(stats["prep_samples"], 6, "{stats}");
+    assert_eq!(stats["prep_shared"], 1, "{stats}");
     assert!(stats["prep_cpu_seconds"].as_f64().unwrap() > 0.0, "{stats}");
 
     // What cannot be prepared is never a complete answer.
@@ -159,6 +162,121 @@ fn images_and_shards_are_prepared_as_the_client_prepares_them() -> Result<()> {
         resp.assert_s3_error(code, &["InvalidArgument"]);
     }
     assert_eq!(get(&server, "/_granary/health")?.status, 200);
+    Ok(())
+}
+
+/// Six samples of an image and a label each, as a shard's members.
+fn six_samples() -> Vec<(String, Vec<u8>)> {
+    let mut members = Vec::new();
+    for i in 0..6u32 {
+        members.push((format!("s/{i:04}.jpg"), jpeg(96 + 16 * i, 80, i)));
+        members.push((format!("s/{i:04}.cls"), vec![b'0' + i as u8]));
+    }
+    members
+}
+
+fn counter(server: &Server, name: &str) -> Result<u64> {
+    Ok(server.stats()?[name].as_u64().unwrap_or(0))
+}
+
+#[test]
+fn jobs_reading_one_epoch_share_its_preparations_and_runs_of_a_shard_are_prepared_alone(
+) -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let server = start(dir.path(), &format!("[pipelines.train]\n{PIPELINE}"))?;
+    let origin = server.data_dir().join("origin").join(BUCKET);
+    std::fs::create_dir_all(&origin)?;
+    let members = six_samples();
+    std::fs::write(origin.join("s.tar"), tar_of(&members))?;
+    let whole = format!("/{BUCKET}/s.tar?pipeline=train&seed=5&epoch=0");
+
+    // Four jobs of one seed ask for the epoch's shard at once: one preparation of each
+    // image serves all four, and all four get the same bytes.
+    let answers: Vec<RawResponse> = std::thread::scope(|s| {
+        let jobs: Vec<_> = (0..4).map(|_| s.spawn(|| get(&server, &whole))).collect();
+        jobs.into_iter()
+            .map(|j| j.join().unwrap())
+            .collect::<Vec<_>>()
+    })
+    .into_iter()
+    .collect::<Result<_>>()?;
+    for a in &answers {
+        assert_eq!(a.status, 200, "{}", a.text());
+        assert_eq!(a.body, answers[0].body);
+    }
+    assert_eq!(counter(&server, "prep_samples")?, 6);
+    assert_eq!(counter(&server, "prep_shared")?, 18);
+    let prepared = untar(&answers[0].body);
+    assert_eq!(prepared.len(), members.len());
+
+    // A run of the shard (samples 2 and 3, by the byte range ?archlist gives): its
+    // members alone, as the whole shard's answer has them, kept from it.
+    let list: serde_json::Value =
+        serde_json::from_slice(&get(&server, &format!("/{BUCKET}/s.tar?archlist"))?.body)?;
+    let at = |i: usize| list["members"][i][1].as_u64().unwrap();
+    let (first, last) = (
+        at(4) - 512,
+        at(7) + list["members"][7][2].as_u64().unwrap() - 1,
+    );
+    let resp = raw_request_blocking(
+        server.addr(),
+        &request_bytes(
+            "GET",
+            &whole,
+            server.addr(),
+            &[("range", &format!("bytes={first}-{last}"))],
+            b"",
+        ),
+    )?;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    assert_eq!(
+        resp.header("x-granary-source-range"),
+        Some(format!("bytes {first}-{last}/{}", list["size"]).as_str())
+    );
+    assert_eq!(untar(&resp.body), prepared[4..8].to_vec());
+    assert_eq!(counter(&server, "prep_samples")?, 6, "the run was kept");
+
+    // A version the reader did not list is refused, not prepared.
+    let resp = raw_request_blocking(
+        server.addr(),
+        &request_bytes(
+            "GET",
+            &whole,
+            server.addr(),
+            &[("if-match", "\"0ld\"")],
+            b"",
+        ),
+    )?;
+    resp.assert_s3_error(412, &["PreconditionFailed"]);
+
+    // Another epoch is another preparation, never a kept one.
+    let next = get(
+        &server,
+        &format!("/{BUCKET}/s.tar?pipeline=train&seed=5&epoch=1"),
+    )?;
+    assert_eq!(next.status, 200);
+    assert_ne!(next.body, answers[0].body);
+    assert_eq!(counter(&server, "prep_samples")?, 12);
+
+    // With nothing kept (--prep-memory 0), a later job prepares again, to the same bytes.
+    let dir = tempfile::tempdir()?;
+    let config = dir.path().join("granary.toml");
+    std::fs::write(&config, format!("[pipelines.train]\n{PIPELINE}"))?;
+    let lean = Server::start(ServerOpts::open().args(&[
+        "--config",
+        config.to_str().unwrap(),
+        "--prep-memory",
+        "0",
+    ]))?;
+    let origin = lean.data_dir().join("origin").join(BUCKET);
+    std::fs::create_dir_all(&origin)?;
+    std::fs::write(origin.join("s.tar"), tar_of(&members))?;
+    for round in 1..=2u64 {
+        let again = get(&lean, &whole)?;
+        assert_eq!(again.body, answers[0].body);
+        assert_eq!(counter(&lean, "prep_samples")?, 6 * round);
+    }
+    assert_eq!(counter(&lean, "prep_shared")?, 0);
     Ok(())
 }
 

@@ -333,6 +333,12 @@ impl Client {
         json_to_py(py, v.get("plans").unwrap_or(&serde_json::Value::Null))
     }
 
+    /// The node's pipelines, name → definition (`/_granary/pipelines`).
+    fn pipelines(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let v = self.json(py, "/_granary/pipelines")?;
+        json_to_py(py, v.get("pipelines").unwrap_or(&serde_json::Value::Null))
+    }
+
     /// The node's counters (`/_granary/stats`).
     fn stats(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         let v = self.json(py, "/_granary/stats")?;
@@ -521,6 +527,7 @@ impl Shards {
                 ahead_here: true,
                 local: LocalReads::Off,
                 plan: true,
+                pipeline: None,
             };
             granary_client::dataset::planned::register(&catalog, &spec, &settings)
         }))
@@ -528,8 +535,9 @@ impl Shards {
 
     /// Starts reading one rank's (and worker's) part of an epoch. `rounds`: the resume
     /// history, `(world_size, shuffle_buffer, drop_last, consumed)` each. `route`: read
-    /// each shard from its owner, as the cluster's ring says.
-    #[pyo3(signature = (endpoint, epoch, seed, shuffle_shards, rounds, world_size, shuffle_buffer, drop_last, rank, worker, workers, batch_size, read_ahead, route=true, access_key=None, secret_key=None, region="us-east-1", timeout=60.0, zero_copy=false, plan=true, ahead_here=true))]
+    /// each shard from its owner, as the cluster's ring says. `pipeline`: the node's
+    /// pipeline the members arrive prepared by, for `seed` and `epoch`.
+    #[pyo3(signature = (endpoint, epoch, seed, shuffle_shards, rounds, world_size, shuffle_buffer, drop_last, rank, worker, workers, batch_size, read_ahead, route=true, access_key=None, secret_key=None, region="us-east-1", timeout=60.0, zero_copy=false, plan=true, ahead_here=true, pipeline=None))]
     #[allow(clippy::too_many_arguments)]
     fn read(
         &self,
@@ -555,6 +563,7 @@ impl Shards {
         zero_copy: bool,
         plan: bool,
         ahead_here: bool,
+        pipeline: Option<String>,
     ) -> PyResult<SampleIter> {
         let creds = credentials(access_key, secret_key, region)?;
         let spec = spec_of(
@@ -581,6 +590,7 @@ impl Shards {
                         LocalReads::Copied
                     },
                     plan,
+                    pipeline,
                 };
                 read_epoch(catalog, &spec, settings)
             })
@@ -884,6 +894,13 @@ impl Pipeline {
     #[getter]
     fn fingerprint(&self) -> u64 {
         self.inner.fingerprint()
+    }
+
+    /// The key a shard's sample is prepared under (what `prepare` takes as `key`): the
+    /// same on the node and here.
+    #[staticmethod]
+    fn sample_key(shard: &str, sample: &str) -> String {
+        granary_prep::sample_key(shard, sample)
     }
 
     /// Prepares `data` as sample `key` of `epoch` in a job seeded `seed`: `(bytes, width,

@@ -60,6 +60,7 @@ pub struct DatasetBuilder {
     read_ahead_here: bool,
     route: bool,
     plan: bool,
+    pipeline: Option<String>,
     credentials: Option<Credentials>,
     timeout: Duration,
 }
@@ -80,6 +81,7 @@ impl Default for DatasetBuilder {
             read_ahead_here: true,
             route: true,
             plan: true,
+            pipeline: None,
             credentials: None,
             timeout: Duration::from_secs(60),
         }
@@ -160,6 +162,14 @@ impl DatasetBuilder {
     /// node filled it from its backend first).
     pub fn read_ahead_here(mut self, on: bool) -> Self {
         self.read_ahead_here = on;
+        self
+    }
+
+    /// Samples prepared by the node's pipeline `name` (`[pipelines.NAME]`) for the
+    /// dataset's seed and each epoch: the members it takes arrive prepared, the same
+    /// bytes as `?pipeline=NAME&seed=&epoch=` (default: none, members as stored).
+    pub fn pipeline(mut self, name: Option<&str>) -> Self {
+        self.pipeline = name.map(str::to_owned);
         self
     }
 
@@ -276,6 +286,7 @@ impl Dataset {
             // A node on this machine: each run copied out of its cache file.
             local: LocalReads::Copied,
             plan: s.plan,
+            pipeline: s.pipeline.clone(),
         };
         match read_epoch(self.catalog.clone(), &self.spec(epoch), settings) {
             Ok(read) => Epoch {

@@ -51,6 +51,10 @@ pub struct ReadSettings {
     /// Register the epoch's plan with the cluster, so that its nodes fetch each shard
     /// ahead of its first read, and mark each read with where the rank stands.
     pub plan: bool,
+    /// Samples prepared by this pipeline on the shards' owners, for the epoch's seed
+    /// and epoch: each run's members arrive prepared (through the socket, never out
+    /// of a cache file).
+    pub pipeline: Option<String>,
 }
 
 /// How a planned epoch reads the shards of a node it reaches over the node's Unix socket
@@ -87,6 +91,8 @@ struct Run {
     take: Vec<(u32, usize)>,
     /// Its `x-granary-plan`, in a planned epoch.
     mark: Option<String>,
+    /// The pipeline its members are prepared by, for the epoch's seed and epoch.
+    pipeline: Option<Arc<crate::Pipelined>>,
 }
 
 impl Run {
@@ -129,6 +135,7 @@ fn runs_of(catalog: &Catalog, wanted: &[(SampleId, usize)]) -> Vec<Run> {
                 last: id.index,
                 take: vec![(id.index, slot)],
                 mark: None,
+                pipeline: None,
             }),
         }
     }
@@ -384,6 +391,7 @@ fn fetch(
         range: run.range(shard),
         if_match: Some(shard.etag.clone()).filter(|e| !e.is_empty()),
         plan: run.mark.clone(),
+        pipeline: run.pipeline.as_deref().cloned(),
         ..GetOptions::default()
     };
     on_best(clients, &catalog.bucket, &shard.key, |c| {
@@ -567,7 +575,7 @@ impl PlannedRead {
         slots: usize,
         settings: ReadSettings,
     ) -> PlannedRead {
-        PlannedRead::start_marked(catalog, wanted, slots, settings, None)
+        PlannedRead::start_marked(catalog, wanted, slots, settings, None, None)
     }
 
     /// [`PlannedRead::start`], each run marked as a read of a registered plan: `mark`
@@ -585,8 +593,12 @@ impl PlannedRead {
         slots: usize,
         settings: ReadSettings,
         mark: Option<(String, Vec<u32>)>,
+        pipeline: Option<Arc<crate::Pipelined>>,
     ) -> PlannedRead {
         let mut runs = runs_of(&catalog, wanted);
+        for r in &mut runs {
+            r.pipeline = pipeline.clone();
+        }
         if let Some((head, places)) = &mark {
             for r in &mut runs {
                 let place = r
@@ -904,8 +916,17 @@ pub fn plan_epoch(catalog: &Catalog, spec: &EpochSpec) -> Result<Vec<(SampleId, 
 pub fn read_epoch(
     catalog: Arc<Catalog>,
     spec: &EpochSpec,
-    settings: ReadSettings,
+    mut settings: ReadSettings,
 ) -> Result<PlannedRead> {
+    // Prepared members come through the socket: a node's cache file holds the source.
+    let pipeline = settings.pipeline.clone().map(|name| {
+        settings.local = LocalReads::Off;
+        Arc::new(crate::Pipelined {
+            name,
+            seed: spec.seed,
+            epoch: spec.epoch,
+        })
+    });
     let entries = plan_epoch(&catalog, spec)?;
     let slots = entries.len();
     let mut wanted: Vec<(u32, SampleId, usize)> = entries
@@ -927,7 +948,7 @@ pub fn read_epoch(
     };
     let wanted: Vec<(SampleId, usize)> = wanted.into_iter().map(|(_, id, s)| (id, s)).collect();
     Ok(PlannedRead::start_marked(
-        catalog, &wanted, slots, settings, mark,
+        catalog, &wanted, slots, settings, mark, pipeline,
     ))
 }
 
@@ -1055,6 +1076,7 @@ mod tests {
                 last: 2,
                 take: vec![(0, 0), (2, 1)],
                 mark: None,
+                pipeline: None,
             };
             let mut clients = Clients::new(router, None, Duration::from_secs(5));
             let (got, here) = fetch(&catalog, &run, &mut clients, LocalReads::Off, true).unwrap();

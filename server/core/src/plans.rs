@@ -482,6 +482,25 @@ impl Plans {
         })
     }
 
+    /// The plans held here that read `bucket/key` in `epoch` with `seed`: the jobs a
+    /// sample prepared for that epoch and seed is kept for.
+    pub fn readers(&self, bucket: &str, key: &str, seed: u64, epoch: u64) -> usize {
+        if self.is_empty() {
+            return 0;
+        }
+        self.lock()
+            .values()
+            .filter(|p| {
+                let st = p.lock();
+                let s = &st.spec;
+                s.bucket == bucket
+                    && s.seed == seed
+                    && s.epoch == epoch
+                    && s.shards.iter().any(|sh| sh.key == key)
+            })
+            .count()
+    }
+
     pub fn remove(&self, id: &str) -> bool {
         let mut map = self.lock();
         let gone = map.remove(id).is_some();

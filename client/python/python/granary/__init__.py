@@ -12,6 +12,7 @@ release the GIL.
 from __future__ import annotations
 
 import ctypes
+import json
 import mmap
 import os
 import warnings
@@ -161,6 +162,16 @@ class ShardDataset(_Base):  # type: ignore[misc,valid-type]
     tensors, copied through pinned buffers; read in the main process (CUDA does not
     survive a DataLoader worker's fork).
 
+    With ``pipeline="NAME"`` (a node's ``[pipelines.NAME]``) the members the pipeline
+    takes arrive prepared by their shard's owner for the dataset's ``seed`` and the
+    current epoch: a new random crop and flip each epoch, the same bytes for every job
+    with that seed (which the node prepares once for all of them). Raw output reads as
+    ``numpy.frombuffer(b, numpy.uint8).reshape(H, W, 3)``. With ``prepare="local"`` the
+    same pipeline runs here, in the process that reads, to the same bytes: for a
+    cluster with no cores to spare, or to compare. A member that cannot be prepared
+    raises ``GranaryError`` naming its sample; the samples, their order, the split over
+    ranks and resume are as without a pipeline.
+
     ``state_dict(consumed)`` (samples consumed in the epoch by all ranks together) and
     ``load_state_dict`` resume the epoch on any world size: the samples not yet consumed,
     each exactly once across the new ranks.
@@ -179,7 +190,8 @@ class ShardDataset(_Base):  # type: ignore[misc,valid-type]
                  access_key: Optional[str] = None, secret_key: Optional[str] = None, *,
                  batch_size: int = 1, read_ahead: int = 2, shuffle_shards: bool = True,
                  route: bool = True, region: str = "us-east-1", timeout: float = 60.0,
-                 zero_copy: bool = False, map=None, device=None, plan: bool = True):
+                 zero_copy: bool = False, map=None, device=None, plan: bool = True,
+                 pipeline: Optional[str] = None, prepare: str = "node"):
         super().__init__()
         self.endpoint = endpoint
         self.bucket = bucket
@@ -212,11 +224,25 @@ class ShardDataset(_Base):  # type: ignore[misc,valid-type]
         self._rounds_epoch: Optional[int] = None
         self._shards = Shards.list(endpoint, bucket, prefix, access_key, secret_key,
                                    region, float(timeout))
+        if prepare not in ("node", "local"):
+            raise ValueError(f"prepare={prepare!r}: 'node' or 'local'")
+        self.pipeline = pipeline
+        self.prepare = prepare
+        # The definition, for a pipeline run here (the node's own, so the same bytes).
+        self._pipeline_json: Optional[str] = None
+        self._local_pipeline = None
+        if pipeline is not None and prepare == "local":
+            defs = Client(endpoint, access_key, secret_key, region, timeout).pipelines()
+            if pipeline not in (defs or {}):
+                raise ValueError(f"pipeline {pipeline!r}: the node has "
+                                 f"{sorted(defs or {}) or 'none'}")
+            self._pipeline_json = json.dumps(defs[pipeline])
 
     # The catalog crosses to spawned workers as JSON; connections are never inherited.
     def __getstate__(self) -> Dict[str, Any]:
         state = self.__dict__.copy()
         state["_shards"] = self._shards.to_json()
+        state["_local_pipeline"] = None
         state["_parent_place"] = _distributed() or self._parent_place
         return state
 
@@ -333,12 +359,28 @@ class ShardDataset(_Base):  # type: ignore[misc,valid-type]
             # A DataLoader worker copies runs out of a node on this machine as it needs
             # them: the workers are the parallelism, and threads copying ahead take the
             # cores the other workers and the training loop run on.
-            info is None)
+            info is None,
+            pipeline=self.pipeline if self._pipeline_json is None else None)
+        if self._pipeline_json is not None:
+            samples = (self._prepared_here(s) for s in samples)
         if self.device is not None:
             samples = (self._to_device(s) for s in samples)
         if self.map is None:
             return samples
         return (self.map(s) for s in samples)
+
+    def _prepared_here(self, sample: Dict[str, Any]) -> Dict[str, Any]:
+        """``sample`` with the members the pipeline takes prepared in this process, as
+        the shard's owner would prepare them."""
+        p = self._local_pipeline
+        if p is None:
+            p = self._local_pipeline = _granary.Pipeline(self._pipeline_json)
+        key = _granary.Pipeline.sample_key(sample["__url__"], sample["__key__"])
+        for ext, value in sample.items():
+            if not ext.startswith("__") and p.prepares("x." + ext):
+                data = value if isinstance(value, bytes) else bytes(value)
+                sample[ext] = p.prepare(data, self.seed, self.epoch, key)[0]
+        return sample
 
     def _to_device(self, sample: Dict[str, Any]) -> Dict[str, Any]:
         out = {}

@@ -14,7 +14,7 @@ use crate::backend::ByteStream;
 use crate::cluster::calls::{Found, Read};
 use crate::cluster::ring::key_hash;
 use crate::cluster::{ClusterError, Member};
-use crate::transform::pipelines::NamedPipeline;
+use crate::transform::pipelines::{NamedPipeline, PrepKey};
 use granary_proto::shards::split_name;
 
 /// Items up to this size are read whole while they wait their turn (so at most the
@@ -152,42 +152,89 @@ pub struct Prep {
     pub pipeline: Arc<NamedPipeline>,
     pub job: (u64, u64),
     pub shard: String,
+    /// The version of the shard its members are read from (ETag, modified time in
+    /// seconds): what a preparation kept for other jobs is kept under.
+    pub version: (String, u64),
+    /// The registered plans that read the shard in this epoch with this seed.
+    pub readers: usize,
 }
 
 impl Node {
+    /// A shard's members prepared by `pipeline` for `job` (seed, epoch), as read from
+    /// the version `meta` describes.
+    pub fn prep_of(
+        &self,
+        pipeline: Arc<NamedPipeline>,
+        job: (u64, u64),
+        bucket: &str,
+        shard: &str,
+        meta: &crate::backend::ObjectMeta,
+    ) -> Prep {
+        let mtime = meta
+            .last_modified
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        Prep {
+            pipeline,
+            job,
+            shard: shard.to_owned(),
+            version: (meta.etag.clone(), mtime),
+            readers: self.plans.readers(bucket, shard, job.0, job.1),
+        }
+    }
+
     /// [`Node::fetch_item`], with the member prepared by `prep` where its pipeline takes
-    /// it.
+    /// it: kept from another job's read of this epoch where it can be, else prepared
+    /// here (and kept for the others).
     pub async fn fetch_prepared(
         self: &Arc<Self>,
         it: &Item,
         prep: &Prep,
     ) -> Result<Outcome, NodeError> {
-        let got = self.fetch_item(it).await?;
         let member = it.archpath.as_deref().unwrap_or(&it.key);
-        let (size, mtime, data) = match got {
-            Outcome::Found { size, mtime, data } if prep.pipeline.pipeline.prepares(member) => {
-                (size, mtime, data)
-            }
-            other => return Ok(other),
+        if !prep.pipeline.pipeline.prepares(member) {
+            return self.fetch_item(it).await;
+        }
+        let (seed, epoch) = prep.job;
+        let kept_as = PrepKey {
+            pipeline: prep.pipeline.name.clone(),
+            fingerprint: prep.pipeline.pipeline.fingerprint(),
+            seed,
+            epoch,
+            bucket: it.bucket.clone(),
+            key: prep.shard.clone(),
+            etag: prep.version.0.clone(),
+            member: member.to_owned(),
         };
-        let input = match data {
-            Data::Whole(b) => b,
-            Data::Stream(mut s) => {
-                let mut buf = BytesMut::with_capacity(size as usize);
-                while let Some(chunk) = s.next().await {
-                    let chunk =
-                        chunk.map_err(|e| NodeError::Cut(format!("member {member}: {e}")))?;
-                    buf.put(chunk);
+        let make = async {
+            let (size, data) = match self.fetch_item(it).await? {
+                Outcome::Found { size, data, .. } => (size, data),
+                Outcome::Missing => return Err(NodeError::NoMember(member.to_owned())),
+            };
+            let input = match data {
+                Data::Whole(b) => b,
+                Data::Stream(mut s) => {
+                    let mut buf = BytesMut::with_capacity(size as usize);
+                    while let Some(chunk) = s.next().await {
+                        let chunk =
+                            chunk.map_err(|e| NodeError::Cut(format!("member {member}: {e}")))?;
+                        buf.put(chunk);
+                    }
+                    buf.freeze()
                 }
-                buf.freeze()
-            }
+            };
+            let sample = split_name(member).map_or(member, |(k, _)| k);
+            let key = granary_prep::sample_key(&prep.shard, sample);
+            Ok(self.prepare(&prep.pipeline, input, prep.job, &key).await?)
         };
-        let sample = split_name(member).map_or(member, |(k, _)| k);
-        let key = granary_prep::sample_key(&prep.shard, sample);
-        let out = self.prepare(&prep.pipeline, input, prep.job, &key).await?;
+        let out = self
+            .transforms
+            .pipelines()
+            .kept_or_prepared(kept_as, prep.readers, &self.stats, make)
+            .await?;
         Ok(Outcome::Found {
             size: out.len() as u64,
-            mtime,
+            mtime: prep.version.1,
             data: Data::Whole(out),
         })
     }

@@ -59,6 +59,8 @@ pub struct NodeConfig {
     pub pipelines: BTreeMap<String, granary_prep::PipelineSpec>,
     /// Samples prepared at once (`--prep-threads`).
     pub prep_threads: usize,
+    /// Bytes of prepared samples kept for the jobs that read them (`--prep-memory`).
+    pub prep_memory: u64,
     pub cluster: ClusterConfig,
 }
 
@@ -180,7 +182,7 @@ impl Node {
             cluster,
             stats,
             Transforms::new(&config.transforms).with_pipelines(
-                Pipelines::new(&config.pipelines, config.prep_threads)
+                Pipelines::new(&config.pipelines, config.prep_threads, config.prep_memory)
                     .map_err(OpenError::Pipeline)?,
             ),
             config.rebalance_rate,

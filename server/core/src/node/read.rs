@@ -16,7 +16,7 @@ use crate::backend::{BackendError, ByteRange, ObjectMeta, Refusal};
 use crate::cache::{self, Body, CacheError, DeriveError, LocalReader, Mode, Origin};
 use crate::cluster::Member;
 use crate::stats::Metric;
-use crate::transform::pipelines::NamedPipeline;
+use crate::transform::pipelines::{NamedPipeline, PrepKey};
 use crate::transform::{self, Derived, Named, TransformError, MAX_INPUT, RESULTS};
 
 /// The conditional headers of a read, parsed.
@@ -496,8 +496,23 @@ impl Node {
         p: &Arc<NamedPipeline>,
         job: (u64, u64),
     ) -> Result<Bytes, NodeError> {
-        let (_, input) = self.read_whole(&ReadRequest::object(bucket, key)).await?;
-        Ok(self.prepare(p, input, job, key).await?)
+        let (meta, input) = self.read_whole(&ReadRequest::object(bucket, key)).await?;
+        let kept_as = PrepKey {
+            pipeline: p.name.clone(),
+            fingerprint: p.pipeline.fingerprint(),
+            seed: job.0,
+            epoch: job.1,
+            bucket: bucket.to_owned(),
+            key: key.to_owned(),
+            etag: meta.etag,
+            member: String::new(),
+        };
+        let readers = self.plans.readers(bucket, key, job.0, job.1);
+        let make = self.prepare(p, input, job, key);
+        let pipelines = self.transforms.pipelines();
+        Ok(pipelines
+            .kept_or_prepared(kept_as, readers, &self.stats, make)
+            .await?)
     }
 
     /// The member index of a `.tar` shard and the version it indexes, reading the shard

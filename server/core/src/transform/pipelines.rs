@@ -1,10 +1,13 @@
 //! Pipelines: the training-time preparation of samples (`[pipelines.NAME]`), per epoch,
 //! on this node's prep threads. What a sample becomes is `granary_prep`'s pure function
 //! of (bytes, definition, seed, epoch, sample key); this module holds the definitions,
-//! bounds the work (`--prep-threads` at once) and counts it.
+//! bounds the work (`--prep-threads` at once), keeps what it prepared for the other jobs
+//! that read the same sample this epoch (`--prep-memory`), and counts it.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use granary_prep::{Output, Pipeline, PipelineSpec};
@@ -30,10 +33,11 @@ impl NamedPipeline {
     }
 }
 
-/// The node's pipelines and the threads that run them.
+/// The node's pipelines, the threads that run them and the samples they prepared.
 pub struct Pipelines {
     by_name: BTreeMap<String, Arc<NamedPipeline>>,
     threads: Semaphore,
+    kept: Kept,
 }
 
 impl Default for Pipelines {
@@ -42,15 +46,139 @@ impl Default for Pipelines {
         Pipelines {
             by_name: BTreeMap::new(),
             threads: Semaphore::new(1),
+            kept: Kept::new(0),
+        }
+    }
+}
+
+/// What a prepared sample is a function of: the pipeline (its name and definition), the
+/// job's seed and epoch, and the source's version and member. Two requests with the same
+/// key are answered the same bytes, so one preparation serves both.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PrepKey {
+    pub pipeline: String,
+    pub fingerprint: u64,
+    pub seed: u64,
+    pub epoch: u64,
+    pub bucket: String,
+    pub key: String,
+    /// The source's ETag: a changed source is another sample.
+    pub etag: String,
+    /// The member of a shard (empty for an image object).
+    pub member: String,
+}
+
+/// A prepared sample kept for the readers still to come.
+struct Held {
+    bytes: Bytes,
+    reads: AtomicUsize,
+}
+
+/// Prepared samples kept in memory (at most `--prep-memory` bytes, the least recently
+/// read dropped first) until as many reads as the registered plans that read them have
+/// taken them; and the preparations under way, so that requests for one sample made at
+/// once wait for one preparation. Only an optimisation: a sample dropped early is
+/// prepared again, to the same bytes.
+struct Kept {
+    memory: u64,
+    done: moka::sync::Cache<PrepKey, Arc<Held>>,
+    flights: Mutex<HashMap<PrepKey, Flight>>,
+}
+
+/// A preparation under way: its bytes, or `None` where it failed.
+type Flight = Arc<tokio::sync::OnceCell<Option<Bytes>>>;
+
+impl Kept {
+    fn new(memory: u64) -> Kept {
+        Kept {
+            memory,
+            done: moka::sync::Cache::builder()
+                .max_capacity(memory)
+                .weigher(|_, h: &Arc<Held>| u32::try_from(h.bytes.len()).unwrap_or(u32::MAX))
+                .eviction_policy(moka::policy::EvictionPolicy::lru())
+                .build(),
+            flights: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn flights(&self) -> std::sync::MutexGuard<'_, HashMap<PrepKey, Flight>> {
+        self.flights.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A kept sample, counted as read; dropped once `readers` reads have taken it.
+    fn take(&self, key: &PrepKey, readers: usize) -> Option<Bytes> {
+        let held = self.done.get(key)?;
+        let reads = held.reads.fetch_add(1, Ordering::Relaxed) + 1;
+        if readers > 1 && reads >= readers {
+            self.done.invalidate(key);
+        }
+        Some(held.bytes.clone())
+    }
+
+    /// The sample `key`: kept, prepared by a request under way, or prepared now by
+    /// `make`; and whether it was prepared for another request (shared). `readers`: the
+    /// registered plans that read it, after whose reads it is dropped; with fewer than
+    /// two it stays until memory runs short (jobs of one seed may share one plan, and
+    /// jobs without a plan say nothing of their reads).
+    async fn get_or_prepare<E>(
+        &self,
+        key: PrepKey,
+        readers: usize,
+        make: impl Future<Output = Result<Bytes, E>>,
+    ) -> Result<(Bytes, bool), E> {
+        // Looked up under the flights' lock, under which a preparation is kept as it
+        // leaves them: a sample is kept, under way, or not begun.
+        let cell = {
+            let mut flights = self.flights();
+            if let Some(bytes) = self.take(&key, readers) {
+                return Ok((bytes, true));
+            }
+            flights.entry(key.clone()).or_default().clone()
+        };
+        let mut make = Some(make);
+        let mut failed = None;
+        let got = {
+            let (make, failed) = (&mut make, &mut failed);
+            cell.get_or_init(move || async move {
+                let made = make.take()?.await;
+                made.map_err(|e| *failed = Some(e)).ok()
+            })
+            .await
+            .clone()
+        };
+        // `make` is spent where this request prepared the sample.
+        let prepared_here = make.is_none();
+        if prepared_here {
+            let mut flights = self.flights();
+            if let (Some(bytes), true) = (&got, self.memory > 0) {
+                let held = Held {
+                    bytes: bytes.clone(),
+                    reads: AtomicUsize::new(1),
+                };
+                self.done.insert(key.clone(), Arc::new(held));
+            }
+            if flights.get(&key).is_some_and(|c| Arc::ptr_eq(c, &cell)) {
+                flights.remove(&key);
+            }
+        }
+        match (got, failed, make) {
+            (Some(bytes), _, _) => Ok((bytes, !prepared_here)),
+            (None, Some(e), _) => Err(e),
+            // The request that was preparing it failed or went away: this one prepares
+            // on its own, to the same bytes or its own error.
+            (None, None, Some(make)) => make.await.map(|b| (b, false)),
+            (None, None, None) => unreachable!("a preparation that failed left its error"),
         }
     }
 }
 
 impl Pipelines {
-    /// The definitions the config names (each checked at start), run `threads` at once.
+    /// The definitions the config names (each checked at start), run `threads` at once,
+    /// their samples kept in `memory` bytes for the jobs that read them.
     pub fn new(
         specs: &BTreeMap<String, PipelineSpec>,
         threads: usize,
+        memory: u64,
     ) -> Result<Pipelines, String> {
         let mut by_name = BTreeMap::new();
         for (name, spec) in specs {
@@ -65,7 +193,26 @@ impl Pipelines {
         Ok(Pipelines {
             by_name,
             threads: Semaphore::new(threads.max(1)),
+            kept: Kept::new(memory),
         })
+    }
+
+    /// The sample `key` names: kept for the jobs that read it, prepared for another
+    /// request at the same moment, or prepared now by `make` (which reads the source
+    /// and calls [`Pipelines::prepare`]). `readers`: the registered plans that read it.
+    /// An answer prepared for another request counts as `prep_shared`.
+    pub async fn kept_or_prepared<E>(
+        &self,
+        key: PrepKey,
+        readers: usize,
+        stats: &Stats,
+        make: impl Future<Output = Result<Bytes, E>>,
+    ) -> Result<Bytes, E> {
+        let (bytes, shared) = self.kept.get_or_prepare(key, readers, make).await?;
+        if shared {
+            stats.add(Metric::PrepShared, 1);
+        }
+        Ok(bytes)
     }
 
     pub fn lookup(&self, name: &str) -> Result<Arc<NamedPipeline>, TransformError> {

@@ -23,7 +23,7 @@ use crate::local::FdSender;
 use granary_core::{
     calls, members_in_order, ArchiveFormat as Format, Body as Bytes, ByteRange, CacheError,
     Conditions, Item, LocalFile, LocalReader, NodeError, ObjectMeta, ObjectParts, Origin,
-    PartRange, Prep, ReadMode, ReadRequest, Reply, Served,
+    PartRange, ReadMode, ReadRequest, Reply, Served,
 };
 
 /// What was read: an object (and its headers), a shard member, or a transform's result.
@@ -543,6 +543,12 @@ async fn whole_shard(
 /// order, those the pipeline takes prepared for (seed, epoch) and the others as they
 /// are; any other object, an image, as its prepared bytes. A member that cannot be
 /// prepared fails the answer: `500` naming it before the first byte, a cut stream after.
+///
+/// On a shard, `Range: bytes=A-B` names bytes of the shard as stored (a run of samples
+/// a reader found by `?archlist`): the answer is the tar stream of the members whose
+/// data starts in them, prepared, with `200` (its length is known once it is prepared)
+/// and `x-granary-source-range` saying the bytes. `If-Match` is checked against the
+/// shard's ETag.
 async fn prepared(state: &AppState, r: Req, name: &str, head: bool) -> Result<Response, S3Error> {
     let node = &state.node;
     let pipeline = node.pipeline(name)?;
@@ -567,31 +573,65 @@ async fn prepared(state: &AppState, r: Req, name: &str, head: bool) -> Result<Re
             "a prepared sample's size is known once it is prepared: use GET",
         ));
     }
-    if r.q("archpath").is_some() || r.q("transform").is_some() || r.header("range").is_some() {
+    if r.q("archpath").is_some() || r.q("transform").is_some() {
         return Err(S3Error::new(
             S3Code::InvalidArgument,
-            "pipeline= prepares a whole shard or image: no archpath, transform or Range with it",
+            "pipeline= prepares a whole shard, a run of its bytes, or an image: no archpath or transform with it",
         ));
     }
+    let range = match r.header("range") {
+        None => None,
+        Some(v) => Some(RangeSpec::parse(v).ok_or_else(|| {
+            S3Error::new(
+                S3Code::InvalidArgument,
+                format!("Range {v:?}: with pipeline=, one range of the shard's bytes"),
+            )
+        })?),
+    };
+    let if_match = r
+        .header("if-match")
+        .map(|v| v.trim().trim_matches('"').to_owned());
     let (bucket, key) = (r.bucket.as_str(), r.key());
     match Format::of(key) {
         Some(Format::Tar) => {
-            let (_, idx) = node.shard_index(bucket, key).await?;
+            let (meta, idx) = node.shard_index(bucket, key).await?;
+            if if_match.is_some_and(|e| e != "*" && e != meta.etag) {
+                return Err(S3Error::new(
+                    S3Code::PreconditionFailed,
+                    "the shard is not the version If-Match names",
+                ));
+            }
+            let bytes = match range {
+                None => 0..u64::MAX,
+                Some(spec) => spec.resolve(meta.size).map_err(|_| {
+                    S3Error::new(
+                        S3Code::InvalidRange,
+                        format!("the range is outside the shard's {} bytes", meta.size),
+                    )
+                })?,
+            };
             let members = members_in_order(&idx);
-            let names: Vec<String> = members.iter().map(|(n, _)| (*n).clone()).collect();
+            let names: Vec<String> = members
+                .iter()
+                .filter(|(_, m)| bytes.contains(&m.offset))
+                .map(|(n, _)| (*n).clone())
+                .collect();
             let items = names
                 .iter()
                 .map(|n| Item::member(bucket, key, n, None))
                 .collect();
-            let prep = Prep {
-                pipeline: pipeline.clone(),
-                job,
-                shard: key.to_owned(),
-            };
+            let prep = node.prep_of(pipeline.clone(), job, bucket, key, &meta);
             let mut resp =
                 crate::api::batch::stream(node.clone(), names, items, false, Some(prep)).await?;
+            let h = resp.headers_mut();
             if let Ok(v) = HeaderValue::from_str(&pipeline.name) {
-                resp.headers_mut().insert(PIPELINE, v);
+                h.insert(PIPELINE, v);
+            }
+            if range.is_some() {
+                let said = format!("bytes {}-{}/{}", bytes.start, bytes.end - 1, meta.size);
+                if let Ok(v) = HeaderValue::from_str(&said) {
+                    h.insert("x-granary-source-range", v);
+                }
             }
             Ok(resp)
         }
