@@ -21,6 +21,7 @@ time, from /_granary/stats), and its ratio to one job's; ``prep_samples`` and
 same bytes for every sample.
 
     python3 bench/p15.py --images 600 --jobs 4 --rounds 3
+    python3 bench/p15.py --images 600 --jobs 4 --rounds 3 --prep-memory 32MiB
 
 Needs Pillow (to cut the photographs), the granary package and a release build of
 ``granary`` (target/release/granary, or $GRANARY_BIN).
@@ -141,6 +142,8 @@ def main() -> int:
     ap.add_argument("--per-shard", type=int, default=50)
     ap.add_argument("--jobs", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--prep-memory", default="1GiB",
+                    help="the node's --prep-memory (an epoch of 600 is 90 MB prepared)")
     ap.add_argument("--json", help="write the figures here")
     a = ap.parse_args()
     binary = os.environ.get("GRANARY_BIN", str(ROOT / "target" / "release" / "granary"))
@@ -153,7 +156,8 @@ def main() -> int:
     node = subprocess.Popen([binary, "serve", "--listen", f"127.0.0.1:{s}",
                              "--data-dir", str(work / "data"),
                              "--backend", f"fs:{work / 'origin'}",
-                             "--config", str(work / "granary.toml")],
+                             "--config", str(work / "granary.toml"),
+                             "--prep-memory", a.prep_memory],
                             stdout=subprocess.DEVNULL, stderr=open(work / "node.log", "wb"))
     shapes = ["one", "same-seed", "staggered", "independent"]
     runs: dict = {k: [] for k in shapes}
@@ -180,8 +184,8 @@ def main() -> int:
         shutil.rmtree(work, ignore_errors=True)
     one = statistics.median(x["prep_cpu_seconds"] for x in runs["one"])
     print(f"\nP15: {a.images} photographs (ImageNet sizes) in {a.images // a.per_shard} "
-          f"shards, RandomResizedCrop(224) + flip on the node, {a.jobs} jobs; "
-          f"median of {a.rounds} rounds")
+          f"shards, RandomResizedCrop(224) + flip on the node, {a.jobs} jobs, "
+          f"--prep-memory {a.prep_memory}; median of {a.rounds} rounds")
     print("| shape | node prep CPU s per epoch | of one job's | prepared | shared |")
     print("|---|---|---|---|---|")
     table = {}
