@@ -235,3 +235,35 @@ def test_a_member_that_cannot_be_prepared_is_an_error_naming_it(prep_cluster):
                                   pipeline="train", prepare=prepare, plan=False)
         with pytest.raises(granary.GranaryError, match="s00000"):
             list(ds)
+
+
+def to_tensors(s):
+    """The README's per-sample map, for this pipeline's 96 x 128 output."""
+    import numpy as np
+    import torch
+    img = np.frombuffer(s["jpg"], np.uint8).reshape(96, 128, 3)
+    return torch.from_numpy(img.copy()).permute(2, 0, 1), int(s["cls"])
+
+
+def test_the_readmes_training_loop_gets_prepared_batches(prep_cluster):
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader
+    endpoints, every, _ = prep_cluster
+    ds = granary.ShardDataset(endpoints[0], PREP_BUCKET, "ds/", seed=21,
+                              pipeline="train", batch_size=4, map=to_tensors)
+    loader = DataLoader(ds, batch_size=4, num_workers=2)
+    for epoch in (0, 1):
+        ds.set_epoch(epoch)
+        images, labels = [], []
+        for x, y in loader:
+            assert x.dtype == torch.uint8 and tuple(x.shape[1:]) == (3, 96, 128)
+            images.append(x)
+            labels.append(y)
+        images, labels = torch.cat(images), torch.cat(labels)
+        assert len(images) == len(every)
+        want = sorted(int(s["cls"]) for s in every.values())
+        assert sorted(labels.tolist()) == want
+        # Each image is one the pipeline made for this epoch.
+        made = {expected(every, 21, epoch, k) for k in every}
+        got = {bytes(im.permute(1, 2, 0).contiguous().numpy().tobytes()) for im in images}
+        assert got == made
