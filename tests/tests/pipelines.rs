@@ -313,3 +313,81 @@ fn a_pipeline_that_cannot_run_stops_the_node_naming_its_line() -> Result<()> {
     assert!(err.contains("steps[0]: p = 2"), "{err}");
     Ok(())
 }
+
+#[test]
+fn a_plan_that_names_a_pipeline_has_its_samples_prepared_before_its_reads() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let server = start(dir.path(), &format!("[pipelines.train]\n{PIPELINE}"))?;
+    let origin = server.data_dir().join("origin").join(BUCKET);
+    std::fs::create_dir_all(origin.join("d"))?;
+    let members = six_samples();
+    let shard = tar_of(&members);
+    std::fs::write(origin.join("d/s.tar"), &shard)?;
+    let head = raw_request_blocking(
+        server.addr(),
+        &request_bytes(
+            "HEAD",
+            &format!("/{BUCKET}/d/s.tar"),
+            server.addr(),
+            &[],
+            b"",
+        ),
+    )?;
+    let etag = head
+        .header("etag")
+        .unwrap_or_default()
+        .trim_matches('"')
+        .to_owned();
+    // In the cache, as the planner brings a plan's next shards (the first, due now, is
+    // left to the readers).
+    assert_eq!(get(&server, &format!("/{BUCKET}/d/s.tar"))?.body, shard);
+    let plan = serde_json::json!({
+        "bucket": BUCKET, "prefix": "d/", "seed": 5, "epoch": 2, "pipeline": "train",
+        "shards": [{"key": "d/s.tar", "etag": etag, "samples": 6, "size": shard.len()}],
+    });
+    let resp = raw_request_blocking(
+        server.addr(),
+        &request_bytes(
+            "POST",
+            "/_granary/plans",
+            server.addr(),
+            &[("content-type", "application/json")],
+            plan.to_string().as_bytes(),
+        ),
+    )?;
+    assert_eq!(resp.status, 201, "{}", resp.text());
+    let view: serde_json::Value = serde_json::from_slice(&resp.body)?;
+    assert_eq!(view["pipeline"], "train", "{view}");
+
+    // No prepared read yet: the node prepares the shard's images for the plan.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while counter(&server, "prep_samples")? < 6 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not prepared ahead: {}",
+            server.stats()?
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert_eq!(counter(&server, "prep_shared")?, 0);
+
+    // The job's read finds every image prepared, the bytes the client's code makes.
+    let resp = get(
+        &server,
+        &format!("/{BUCKET}/d/s.tar?pipeline=train&seed=5&epoch=2"),
+    )?;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    let here = Pipeline::new(toml::from_str::<PipelineSpec>(PIPELINE)?)?;
+    for ((name, data), (_, source)) in untar(&resp.body).iter().zip(&members) {
+        match name.strip_suffix(".jpg") {
+            Some(sample) => {
+                let key = sample_key("d/s.tar", sample);
+                assert_eq!(data, &here.prepare(source, 5, 2, &key)?.bytes, "{name}");
+            }
+            None => assert_eq!(data, source),
+        }
+    }
+    assert_eq!(counter(&server, "prep_samples")?, 6, "none prepared twice");
+    assert_eq!(counter(&server, "prep_shared")?, 6);
+    Ok(())
+}

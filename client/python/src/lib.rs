@@ -489,7 +489,7 @@ impl Shards {
 
     /// Registers an epoch's plan with the cluster (arguments as for `read`): the plan's
     /// id, or `None` where the node takes no plans.
-    #[pyo3(signature = (endpoint, epoch, seed, shuffle_shards, rounds, world_size, shuffle_buffer, drop_last, batch_size, access_key=None, secret_key=None, region="us-east-1", timeout=60.0))]
+    #[pyo3(signature = (endpoint, epoch, seed, shuffle_shards, rounds, world_size, shuffle_buffer, drop_last, batch_size, access_key=None, secret_key=None, region="us-east-1", timeout=60.0, pipeline=None))]
     #[allow(clippy::too_many_arguments)]
     fn register(
         &self,
@@ -507,6 +507,7 @@ impl Shards {
         secret_key: Option<&str>,
         region: &str,
         timeout: f64,
+        pipeline: Option<String>,
     ) -> PyResult<Option<String>> {
         let creds = credentials(access_key, secret_key, region)?;
         let spec = spec_of(
@@ -527,7 +528,7 @@ impl Shards {
                 ahead_here: true,
                 local: LocalReads::Off,
                 plan: true,
-                pipeline: None,
+                pipeline,
             };
             granary_client::dataset::planned::register(&catalog, &spec, &settings)
         }))

@@ -985,13 +985,17 @@ pub fn plan_spec(catalog: &Catalog, spec: &EpochSpec) -> PlanSpec {
             })
             .collect(),
         job: None,
+        pipeline: None,
     }
 }
 
 /// Registers `spec`'s plan with the cluster through the dataset's node: the plan's id,
 /// or `None` where it is not taken (a node without plans): the reads are the same.
 pub fn register(catalog: &Catalog, spec: &EpochSpec, settings: &ReadSettings) -> Option<String> {
-    let plan = plan_spec(catalog, spec);
+    let plan = PlanSpec {
+        pipeline: settings.pipeline.clone(),
+        ..plan_spec(catalog, spec)
+    };
     let mut c = crate::Client::new(settings.router.endpoint())
         .ok()?
         .with_credentials_opt(settings.credentials.clone())

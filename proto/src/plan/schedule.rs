@@ -117,6 +117,7 @@ mod tests {
             batch_size: 1,
             rounds: vec![],
             job: None,
+            pipeline: None,
         }
     }
 

@@ -76,6 +76,10 @@ pub struct PlanSpec {
     pub rounds: Vec<PlanRound>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job: Option<String>,
+    /// The node pipeline (`[pipelines.NAME]`) the job's samples are prepared by: the
+    /// shards' owners prepare them ahead of the reads, for the plan's seed and epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pipeline: Option<String>,
 }
 
 impl PlanSpec {
@@ -99,6 +103,11 @@ impl PlanSpec {
         }
         for n in [self.seed, u64::from(self.shuffle_shards)] {
             h.update(&n.to_le_bytes());
+        }
+        // A job whose samples another pipeline prepares is another job.
+        if let Some(p) = &self.pipeline {
+            h.update(&[1]);
+            h.update(p.as_bytes());
         }
         format!("{:016x}", h.digest())
     }
@@ -150,6 +159,9 @@ pub struct PlanView {
     pub id: String,
     #[serde(default)]
     pub job: Option<String>,
+    /// The pipeline its samples are prepared by, where it names one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pipeline: Option<String>,
     pub bucket: String,
     pub prefix: String,
     pub epoch: u64,

@@ -341,6 +341,7 @@ impl Plan {
         PlanView {
             id: self.id.clone(),
             job: spec.job.clone(),
+            pipeline: spec.pipeline.clone(),
             bucket: spec.bucket.clone(),
             prefix: spec.prefix.clone(),
             epoch: spec.epoch,
@@ -482,9 +483,9 @@ impl Plans {
         })
     }
 
-    /// The plans held here that read `bucket/key` in `epoch` with `seed`: the jobs a
-    /// sample prepared for that epoch and seed is kept for.
-    pub fn readers(&self, bucket: &str, key: &str, seed: u64, epoch: u64) -> usize {
+    /// The plans held here that read `bucket/key` in `epoch` with `seed`, prepared by
+    /// `pipeline`: the jobs a sample prepared for them is kept for.
+    pub fn readers(&self, bucket: &str, key: &str, seed: u64, epoch: u64, pipeline: &str) -> usize {
         if self.is_empty() {
             return 0;
         }
@@ -496,6 +497,7 @@ impl Plans {
                 s.bucket == bucket
                     && s.seed == seed
                     && s.epoch == epoch
+                    && s.pipeline.as_deref() == Some(pipeline)
                     && s.shards.iter().any(|sh| sh.key == key)
             })
             .count()
@@ -578,6 +580,7 @@ mod tests {
             batch_size: 1,
             rounds: vec![],
             job: None,
+            pipeline: None,
         }
     }
 

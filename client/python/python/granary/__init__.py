@@ -333,7 +333,8 @@ class ShardDataset(_Base):  # type: ignore[misc,valid-type]
         return self._shards.register(
             self.endpoint, self.epoch, self.seed, self.shuffle_shards,
             self._current_rounds(), self.world_size, self.shuffle_buffer, self.drop_last,
-            self.batch_size, access_key, secret_key, region, timeout)
+            self.batch_size, access_key, secret_key, region, timeout,
+            pipeline=self.pipeline if self._pipeline_json is None else None)
 
     def _current_rounds(self) -> List[Tuple[int, int, bool, int]]:
         return list(self._rounds) if self._rounds_epoch == self.epoch else []

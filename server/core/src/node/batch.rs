@@ -175,11 +175,13 @@ impl Node {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
         Prep {
+            readers: self
+                .plans
+                .readers(bucket, shard, job.0, job.1, &pipeline.name),
             pipeline,
             job,
             shard: shard.to_owned(),
             version: (meta.etag.clone(), mtime),
-            readers: self.plans.readers(bucket, shard, job.0, job.1),
         }
     }
 
@@ -195,48 +197,72 @@ impl Node {
         if !prep.pipeline.pipeline.prepares(member) {
             return self.fetch_item(it).await;
         }
-        let (seed, epoch) = prep.job;
-        let kept_as = PrepKey {
-            pipeline: prep.pipeline.name.clone(),
-            fingerprint: prep.pipeline.pipeline.fingerprint(),
-            seed,
-            epoch,
-            bucket: it.bucket.clone(),
-            key: prep.shard.clone(),
-            etag: prep.version.0.clone(),
-            member: member.to_owned(),
-        };
-        let make = async {
-            let (size, data) = match self.fetch_item(it).await? {
-                Outcome::Found { size, data, .. } => (size, data),
-                Outcome::Missing => return Err(NodeError::NoMember(member.to_owned())),
-            };
-            let input = match data {
-                Data::Whole(b) => b,
-                Data::Stream(mut s) => {
-                    let mut buf = BytesMut::with_capacity(size as usize);
-                    while let Some(chunk) = s.next().await {
-                        let chunk =
-                            chunk.map_err(|e| NodeError::Cut(format!("member {member}: {e}")))?;
-                        buf.put(chunk);
-                    }
-                    buf.freeze()
-                }
-            };
-            let sample = split_name(member).map_or(member, |(k, _)| k);
-            let key = granary_prep::sample_key(&prep.shard, sample);
-            Ok(self.prepare(&prep.pipeline, input, prep.job, &key).await?)
-        };
         let out = self
             .transforms
             .pipelines()
-            .kept_or_prepared(kept_as, prep.readers, &self.stats, make)
+            .kept_or_prepared(
+                prep_key(it, prep),
+                prep.readers,
+                &self.stats,
+                self.prepare_member(it, prep),
+            )
             .await?;
         Ok(Outcome::Found {
             size: out.len() as u64,
             mtime: prep.version.1,
             data: Data::Whole(out),
         })
+    }
+
+    /// Prepares the member `it` names ahead of its reads, where it is neither kept nor
+    /// being prepared: kept for them, read by none yet.
+    pub(super) async fn prepare_member_ahead(
+        self: &Arc<Self>,
+        it: &Item,
+        prep: &Prep,
+    ) -> Result<(), NodeError> {
+        self.transforms
+            .pipelines()
+            .prepare_ahead(prep_key(it, prep), self.prepare_member(it, prep))
+            .await
+    }
+
+    /// The member `it` names, read and prepared by `prep`.
+    async fn prepare_member(self: &Arc<Self>, it: &Item, prep: &Prep) -> Result<Bytes, NodeError> {
+        let member = it.archpath.as_deref().unwrap_or(&it.key);
+        let (size, data) = match self.fetch_item(it).await? {
+            Outcome::Found { size, data, .. } => (size, data),
+            Outcome::Missing => return Err(NodeError::NoMember(member.to_owned())),
+        };
+        let input = match data {
+            Data::Whole(b) => b,
+            Data::Stream(mut s) => {
+                let mut buf = BytesMut::with_capacity(size as usize);
+                while let Some(chunk) = s.next().await {
+                    let chunk =
+                        chunk.map_err(|e| NodeError::Cut(format!("member {member}: {e}")))?;
+                    buf.put(chunk);
+                }
+                buf.freeze()
+            }
+        };
+        let sample = split_name(member).map_or(member, |(k, _)| k);
+        let key = granary_prep::sample_key(&prep.shard, sample);
+        Ok(self.prepare(&prep.pipeline, input, prep.job, &key).await?)
+    }
+}
+
+/// What the member `it` names, prepared by `prep`, is kept under.
+fn prep_key(it: &Item, prep: &Prep) -> PrepKey {
+    PrepKey {
+        pipeline: prep.pipeline.name.clone(),
+        fingerprint: prep.pipeline.pipeline.fingerprint(),
+        seed: prep.job.0,
+        epoch: prep.job.1,
+        bucket: it.bucket.clone(),
+        key: prep.shard.clone(),
+        etag: prep.version.0.clone(),
+        member: it.archpath.as_deref().unwrap_or(&it.key).to_owned(),
     }
 }
 

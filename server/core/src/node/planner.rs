@@ -41,7 +41,7 @@
 //!   Entries of no plan stay under the cache's policy. A dropped entry's next read is
 //!   an ordinary miss: bytes never change.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -85,6 +85,10 @@ pub struct Planner {
     demand: Arc<AtomicUsize>,
     /// When a client's read last waited on the backend.
     waited: Mutex<Option<Instant>>,
+    /// A shard's members being prepared ahead of their reads (one shard at a time).
+    prepping: AtomicBool,
+    /// The shards whose members were prepared ahead: `PLAN/EPOCH/BUCKET/KEY`.
+    prepped: Mutex<HashSet<String>>,
 }
 
 /// The backend's throughput, measured over spans in which a planned fetch was in
@@ -359,8 +363,96 @@ impl Node {
                     });
                 }
                 node.plan_step();
+                node.prep_step();
             }
         });
+    }
+
+    /// One look at the plans that name a pipeline: the shard held here that is read
+    /// soonest in its plan's epoch and whose members were not prepared ahead yet has
+    /// them prepared now, one shard at a time (one prep thread at most, the others
+    /// left to the jobs' reads), while what is kept leaves room (`room_ahead`).
+    fn prep_step(self: &Arc<Self>) {
+        let pipelines = self.transforms.pipelines();
+        if self.planner.prepping.load(Ordering::Acquire) || !pipelines.room_ahead() {
+            return;
+        }
+        let mut due: Vec<(f64, String, Planned)> = self
+            .planned_here()
+            .into_iter()
+            .filter(|p| p.due.is_finite() && p.due < p.reuse)
+            .filter(|p| p.plan.spec().pipeline.is_some())
+            .map(|p| {
+                let spec = p.plan.spec();
+                let id = format!("{}/{}/{}/{}", p.plan.id, spec.epoch, p.bucket, p.key);
+                (p.due, id, p)
+            })
+            .collect();
+        {
+            let prepped = self
+                .planner
+                .prepped
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            due.retain(|(_, id, p)| {
+                !prepped.contains(id) && self.cache.holds(&p.bucket, &p.key).is_some()
+            });
+        }
+        let Some((_, id, shard)) = due.into_iter().min_by(|a, b| a.0.total_cmp(&b.0)) else {
+            return;
+        };
+        let spec = shard.plan.spec();
+        let Some(pipeline) = spec.pipeline.as_deref().and_then(|n| self.pipeline(n).ok()) else {
+            return;
+        };
+        {
+            let mut prepped = self
+                .planner
+                .prepped
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            // Old epochs' marks go in one sweep now and then.
+            if prepped.len() >= 100_000 {
+                prepped.clear();
+            }
+            prepped.insert(id);
+        }
+        self.planner.prepping.store(true, Ordering::Release);
+        let node = self.clone();
+        tokio::spawn(async move {
+            let job = (spec.seed, spec.epoch);
+            if let Err(e) = node
+                .prepare_ahead(pipeline, job, &shard.bucket, &shard.key)
+                .await
+            {
+                tracing::debug!(key = %shard.key, error = %e, "a shard's members were not prepared ahead");
+            }
+            node.planner.prepping.store(false, Ordering::Release);
+        });
+    }
+
+    /// Prepares the members of shard `bucket/key` that `pipeline` takes, for `job`,
+    /// ahead of their reads, in archive order, while there is room.
+    async fn prepare_ahead(
+        self: &Arc<Self>,
+        pipeline: Arc<crate::transform::pipelines::NamedPipeline>,
+        job: (u64, u64),
+        bucket: &str,
+        key: &str,
+    ) -> Result<(), NodeError> {
+        let (meta, idx) = self.shard_index(bucket, key).await?;
+        let prep = self.prep_of(pipeline, job, bucket, key, &meta);
+        for (name, _) in crate::archive::in_order(&idx) {
+            if !prep.pipeline.pipeline.prepares(name) {
+                continue;
+            }
+            if !self.transforms.pipelines().room_ahead() {
+                break;
+            }
+            let it = super::Item::member(bucket, key, name, None);
+            self.prepare_member_ahead(&it, &prep).await?;
+        }
+        Ok(())
     }
 
     /// Reports each plan's progress noted here to its home, and learns its standing.

@@ -507,7 +507,7 @@ impl Node {
             etag: meta.etag,
             member: String::new(),
         };
-        let readers = self.plans.readers(bucket, key, job.0, job.1);
+        let readers = self.plans.readers(bucket, key, job.0, job.1, &p.name);
         let make = self.prepare(p, input, job, key);
         let pipelines = self.transforms.pipelines();
         Ok(pipelines

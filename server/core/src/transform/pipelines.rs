@@ -120,10 +120,14 @@ impl Kept {
     /// registered plans that read it, after whose reads it is dropped; with fewer than
     /// two it stays until memory runs short (jobs of one seed may share one plan, and
     /// jobs without a plan say nothing of their reads).
+    ///
+    /// `reading`: whether the request reads it (a preparation made ahead of the reads
+    /// is kept read by none).
     async fn get_or_prepare<E>(
         &self,
         key: PrepKey,
         readers: usize,
+        reading: bool,
         make: impl Future<Output = Result<Bytes, E>>,
     ) -> Result<(Bytes, bool), E> {
         // Looked up under the flights' lock, under which a preparation is kept as it
@@ -153,7 +157,7 @@ impl Kept {
             if let (Some(bytes), true) = (&got, self.memory > 0) {
                 let held = Held {
                     bytes: bytes.clone(),
-                    reads: AtomicUsize::new(1),
+                    reads: AtomicUsize::new(usize::from(reading)),
                 };
                 self.done.insert(key.clone(), Arc::new(held));
             }
@@ -208,11 +212,37 @@ impl Pipelines {
         stats: &Stats,
         make: impl Future<Output = Result<Bytes, E>>,
     ) -> Result<Bytes, E> {
-        let (bytes, shared) = self.kept.get_or_prepare(key, readers, make).await?;
+        let (bytes, shared) = self.kept.get_or_prepare(key, readers, true, make).await?;
         if shared {
             stats.add(Metric::PrepShared, 1);
         }
         Ok(bytes)
+    }
+
+    /// Whether samples prepared ahead of their reads may be kept now: what is kept
+    /// holds less than half of `--prep-memory` (the other half is for the jobs' own
+    /// reads, which share what they prepare).
+    pub fn room_ahead(&self) -> bool {
+        self.kept.memory > 0 && self.kept.done.weighted_size() < self.kept.memory / 2
+    }
+
+    /// Prepares the sample `key` names by `make` and keeps it, read by none, unless it
+    /// is kept or being prepared already, or there is no room ahead.
+    pub async fn prepare_ahead<E>(
+        &self,
+        key: PrepKey,
+        make: impl Future<Output = Result<Bytes, E>>,
+    ) -> Result<(), E> {
+        if !self.room_ahead()
+            || self.kept.done.contains_key(&key)
+            || self.kept.flights().contains_key(&key)
+        {
+            return Ok(());
+        }
+        self.kept
+            .get_or_prepare(key, 0, false, make)
+            .await
+            .map(|_| ())
     }
 
     pub fn lookup(&self, name: &str) -> Result<Arc<NamedPipeline>, TransformError> {
