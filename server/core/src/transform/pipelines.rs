@@ -68,6 +68,10 @@ pub struct PrepKey {
     pub member: String,
 }
 
+/// How long a kept sample no request reads stays: its epoch's jobs have moved on (a
+/// job of the seed that registered no plan of its own cannot say when it has read it).
+pub const KEPT_IDLE: std::time::Duration = std::time::Duration::from_secs(120);
+
 /// A prepared sample kept for the readers still to come.
 struct Held {
     bytes: Bytes,
@@ -75,8 +79,8 @@ struct Held {
 }
 
 /// Prepared samples kept in memory (at most `--prep-memory` bytes, the least recently
-/// read dropped first) until as many reads as the registered plans that read them have
-/// taken them; and the preparations under way, so that requests for one sample made at
+/// read dropped first, and none left unread for [`KEPT_IDLE`]) until as many reads as
+/// the registered plans that read them have taken them; and the preparations under way, so that requests for one sample made at
 /// once wait for one preparation. Only an optimisation: a sample dropped early is
 /// prepared again, to the same bytes.
 struct Kept {
@@ -96,6 +100,7 @@ impl Kept {
                 .max_capacity(memory)
                 .weigher(|_, h: &Arc<Held>| u32::try_from(h.bytes.len()).unwrap_or(u32::MAX))
                 .eviction_policy(moka::policy::EvictionPolicy::lru())
+                .time_to_idle(KEPT_IDLE)
                 .build(),
             flights: Mutex::new(HashMap::new()),
         }
