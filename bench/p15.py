@@ -30,6 +30,7 @@ Needs Pillow (to cut the photographs), the granary package and a release build o
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import io
 import json
@@ -46,6 +47,7 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from datalib import free_port  # noqa: E402
 from photos import imagenet_like  # noqa: E402
 
 import granary  # noqa: E402
@@ -74,6 +76,40 @@ def write_shards(directory: Path, jpegs: list[bytes], per_shard: int) -> None:
                     info.size = len(data)
                     tar.addfile(info, io.BytesIO(data))
         (directory / f"shard-{i // per_shard:04}.tar").write_bytes(buf.getvalue())
+
+
+@contextlib.contextmanager
+def photo_node(images: int, per_shard: int, seed: int, *extra: str):
+    """A node on this machine with `[pipelines.train224]`, over `images` photographs at
+    ImageNet's sizes in shards of `per_shard` (`.jpg` and `.cls` each), warm in its cache:
+    its endpoint; stopped and its files removed after."""
+    binary = os.environ.get("GRANARY_BIN", str(ROOT / "target" / "release" / "granary"))
+    work = Path(tempfile.mkdtemp(prefix="photos-"))
+    write_shards(work / "origin" / BUCKET / PREFIX.rstrip("/"),
+                 imagenet_like(images, seed=seed), per_shard)
+    (work / "granary.toml").write_text(CONFIG)
+    port = free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    node = subprocess.Popen([binary, "serve", "--listen", f"127.0.0.1:{port}",
+                             "--data-dir", str(work / "data"),
+                             "--backend", f"fs:{work / 'origin'}",
+                             "--config", str(work / "granary.toml"), *extra],
+                            stdout=subprocess.DEVNULL, stderr=open(work / "node.log", "wb"))
+    try:
+        for _ in range(300):
+            try:
+                stats(endpoint)
+                break
+            except OSError:
+                time.sleep(0.05)
+        c = granary.Client(endpoint)
+        for key in c.list(BUCKET, PREFIX):  # warm: the prep is measured, not the fill
+            c.get(BUCKET, key)
+        yield endpoint
+    finally:
+        node.terminate()
+        node.wait()
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def stats(endpoint: str) -> dict:
@@ -146,31 +182,9 @@ def main() -> int:
                     help="the node's --prep-memory (an epoch of 600 is 90 MB prepared)")
     ap.add_argument("--json", help="write the figures here")
     a = ap.parse_args()
-    binary = os.environ.get("GRANARY_BIN", str(ROOT / "target" / "release" / "granary"))
-    work = Path(tempfile.mkdtemp(prefix="p15-"))
-    jpegs = imagenet_like(a.images, seed=15)
-    write_shards(work / "origin" / BUCKET / PREFIX.rstrip("/"), jpegs, a.per_shard)
-    (work / "granary.toml").write_text(CONFIG)
-    s = socket_port()
-    endpoint = f"http://127.0.0.1:{s}"
-    node = subprocess.Popen([binary, "serve", "--listen", f"127.0.0.1:{s}",
-                             "--data-dir", str(work / "data"),
-                             "--backend", f"fs:{work / 'origin'}",
-                             "--config", str(work / "granary.toml"),
-                             "--prep-memory", a.prep_memory],
-                            stdout=subprocess.DEVNULL, stderr=open(work / "node.log", "wb"))
     shapes = ["one", "same-seed", "staggered", "independent"]
     runs: dict = {k: [] for k in shapes}
-    try:
-        for _ in range(300):
-            try:
-                stats(endpoint)
-                break
-            except OSError:
-                time.sleep(0.05)
-        c = granary.Client(endpoint)
-        for key in c.list(BUCKET, PREFIX):  # warm: the prep, not the fill, is measured
-            c.get(BUCKET, key)
+    with photo_node(a.images, a.per_shard, 15, "--prep-memory", a.prep_memory) as endpoint:
         epoch = 0
         for r in range(a.rounds):
             for shape in shapes:
@@ -178,10 +192,6 @@ def main() -> int:
                 got = measure(endpoint, shape, a.jobs, epoch, a.images)
                 runs[shape].append(got)
                 print(f"round {r} {shape}: {json.dumps(got)}", file=sys.stderr)
-    finally:
-        node.terminate()
-        node.wait()
-        shutil.rmtree(work, ignore_errors=True)
     one = statistics.median(x["prep_cpu_seconds"] for x in runs["one"])
     print(f"\nP15: {a.images} photographs (ImageNet sizes) in {a.images // a.per_shard} "
           f"shards, RandomResizedCrop(224) + flip on the node, {a.jobs} jobs, "
@@ -198,15 +208,6 @@ def main() -> int:
     if a.json:
         Path(a.json).write_text(json.dumps(table, indent=1))
     return 0
-
-
-def socket_port() -> int:
-    import socket
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 if __name__ == "__main__":

@@ -31,14 +31,10 @@ import argparse
 import io
 import json
 import math
-import os
 import random
 import resource
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -48,13 +44,10 @@ import torch  # noqa: E402
 from torch.utils.data import DataLoader, IterableDataset  # noqa: E402
 
 import granary  # noqa: E402
-from datalib import Ceiling, free_port  # noqa: E402
-from p15 import CONFIG, write_shards  # noqa: E402
-from photos import imagenet_like  # noqa: E402
+from datalib import Ceiling  # noqa: E402
+from p15 import BUCKET, PREFIX, photo_node  # noqa: E402
 from stall import Step  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
-BUCKET, PREFIX = "photos", "train/"
 OUT = 224
 
 
@@ -154,30 +147,9 @@ def main() -> int:
                                       "granary-local-w2,pipeline-w1,pipeline-w2")
     ap.add_argument("--json", help="write the figures here")
     a = ap.parse_args()
-    binary = os.environ.get("GRANARY_BIN", str(ROOT / "target" / "release" / "granary"))
-    work = Path(tempfile.mkdtemp(prefix="stall-jpeg-"))
-    write_shards(work / "origin" / BUCKET / PREFIX.rstrip("/"),
-                 imagenet_like(a.images, seed=16), 64)
-    (work / "granary.toml").write_text(CONFIG)
-    port = free_port()
-    endpoint = f"http://127.0.0.1:{port}"
-    node = subprocess.Popen([binary, "serve", "--listen", f"127.0.0.1:{port}",
-                             "--data-dir", str(work / "data"),
-                             "--backend", f"fs:{work / 'origin'}",
-                             "--config", str(work / "granary.toml")],
-                            stdout=subprocess.DEVNULL, stderr=open(work / "node.log", "wb"))
     names = a.only.split(",")
     runs: dict = {n: [] for n in names}
-    try:
-        for _ in range(300):
-            try:
-                node_cpu(endpoint)
-                break
-            except OSError:
-                time.sleep(0.05)
-        c = granary.Client(endpoint)
-        for key in c.list(BUCKET, PREFIX):  # warm: the prep is measured, not the fill
-            c.get(BUCKET, key)
+    with photo_node(a.images, 64, 16) as endpoint:
         step = Step("none", a.step_ms)
         n = 0
         for r in range(a.rounds):
@@ -186,10 +158,6 @@ def main() -> int:
                 got = run_epoch(name, a, step, endpoint, a.images, n)
                 runs[name].append(got)
                 print(f"round {r} {name}: {json.dumps(got)}", file=sys.stderr)
-    finally:
-        node.terminate()
-        node.wait()
-        shutil.rmtree(work, ignore_errors=True)
     base = statistics.median(x["wall"] for x in runs["synthetic"]) if "synthetic" in runs else None
     print(f"\nstall harness, JPEG: {a.images} photographs (ImageNet sizes), batch {a.batch}, "
           f"a {a.step_ms:g} ms step per batch (demand {1e3 * a.batch / a.step_ms:.0f} "

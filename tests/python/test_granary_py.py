@@ -107,13 +107,10 @@ def node(tmp_path_factory):
         yield e, every, root
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    """Three credentialed nodes over one origin: (endpoints, samples, origin)."""
-    root = tmp_path_factory.mktemp("pycluster")
-    origin = root / "origin"
-    every = write_dataset(origin, "ds", counts=[6] * 12)
-    ids = ["n0", "n1", "n2"]
+@contextlib.contextmanager
+def members(root: Path, origin: Path, ids: list[str], creds: bool,
+            extra: list[str] = ()):
+    """A cluster of `ids` over `origin`, every member up: their endpoints; stopped after."""
     ports = [_free_port() for _ in ids]
     peers = []
     for i, p in zip(ids, ports):
@@ -121,13 +118,23 @@ def cluster(tmp_path_factory):
     procs = []
     try:
         for i, p in zip(ids, ports):
-            procs.append(start_node(root, origin, i, p, peers, creds=True))
+            procs.append(start_node(root, origin, i, p, peers, creds=creds, extra=extra))
         endpoints = [f"http://127.0.0.1:{p}" for p in ports]
         wait_members_up(endpoints, procs, [root / f"{i}.log" for i in ids])
-        yield endpoints, every, origin
+        yield endpoints
     finally:
         for p in procs:
             _stop_process(p)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """Three credentialed nodes over one origin: (endpoints, samples, origin)."""
+    root = tmp_path_factory.mktemp("pycluster")
+    origin = root / "origin"
+    every = write_dataset(origin, "ds", counts=[6] * 12)
+    with members(root, origin, ["n0", "n1", "n2"], creds=True) as endpoints:
+        yield endpoints, every, origin
 
 
 def as_list(batch):

@@ -110,29 +110,15 @@ def write_photo_shards(origin, prefix, counts, damaged=None):
 @pytest.fixture(scope="module")
 def prep_cluster(tmp_path_factory):
     """Two nodes with the `train` pipeline over one origin: (endpoints, samples, origin)."""
-    from conftest import _free_port, _stop_process, wait_members_up
-    from test_granary_py import start_node
+    from test_granary_py import members
     root = tmp_path_factory.mktemp("prepcluster")
     origin = root / "origin"
     every = write_photo_shards(origin, "ds", [5, 7, 6, 4, 6])
     config = root / "granary.toml"
     config.write_text(PIPELINE_TOML)
-    ids = ["p0", "p1"]
-    ports = [_free_port() for _ in ids]
-    peers = []
-    for i, p in zip(ids, ports):
-        peers += ["--peer", f"{i}=http://127.0.0.1:{p}"]
-    procs = []
-    try:
-        for i, p in zip(ids, ports):
-            procs.append(start_node(root, origin, i, p, peers, creds=False,
-                                    extra=["--config", str(config)]))
-        endpoints = [f"http://127.0.0.1:{p}" for p in ports]
-        wait_members_up(endpoints, procs, [root / f"{i}.log" for i in ids])
+    with members(root, origin, ["p0", "p1"], creds=False,
+                 extra=["--config", str(config)]) as endpoints:
         yield endpoints, every, origin
-    finally:
-        for proc in procs:
-            _stop_process(proc)
 
 
 def expected(every, seed, epoch, key):

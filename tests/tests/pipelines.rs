@@ -44,9 +44,19 @@ fn jpeg(w: u32, h: u32, seed: u32) -> Vec<u8> {
 }
 
 fn get(server: &Server, path: &str) -> Result<RawResponse> {
+    call(server, "GET", path, &[], b"")
+}
+
+fn call(
+    server: &Server,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Result<RawResponse> {
     raw_request_blocking(
         server.addr(),
-        &request_bytes("GET", path, server.addr(), &[], b""),
+        &request_bytes(method, path, server.addr(), headers, body),
     )
 }
 
@@ -218,16 +228,8 @@ fn jobs_reading_one_epoch_share_its_preparations_and_runs_of_a_shard_are_prepare
         at(4) - 512,
         at(7) + list["members"][7][2].as_u64().unwrap() - 1,
     );
-    let resp = raw_request_blocking(
-        server.addr(),
-        &request_bytes(
-            "GET",
-            &whole,
-            server.addr(),
-            &[("range", &format!("bytes={first}-{last}"))],
-            b"",
-        ),
-    )?;
+    let range = format!("bytes={first}-{last}");
+    let resp = call(&server, "GET", &whole, &[("range", &range)], b"")?;
     assert_eq!(resp.status, 200, "{}", resp.text());
     assert_eq!(
         resp.header("x-granary-source-range"),
@@ -237,16 +239,7 @@ fn jobs_reading_one_epoch_share_its_preparations_and_runs_of_a_shard_are_prepare
     assert_eq!(counter(&server, "prep_samples")?, 6, "the run was kept");
 
     // A version the reader did not list is refused, not prepared.
-    let resp = raw_request_blocking(
-        server.addr(),
-        &request_bytes(
-            "GET",
-            &whole,
-            server.addr(),
-            &[("if-match", "\"0ld\"")],
-            b"",
-        ),
-    )?;
+    let resp = call(&server, "GET", &whole, &[("if-match", "\"0ld\"")], b"")?;
     resp.assert_s3_error(412, &["PreconditionFailed"]);
 
     // Another epoch is another preparation, never a kept one.
@@ -324,16 +317,7 @@ fn a_plan_that_names_a_pipeline_has_its_samples_prepared_before_its_reads() -> R
     let members = six_samples();
     let shard = tar_of(&members);
     std::fs::write(origin.join("d/s.tar"), &shard)?;
-    let head = raw_request_blocking(
-        server.addr(),
-        &request_bytes(
-            "HEAD",
-            &format!("/{BUCKET}/d/s.tar"),
-            server.addr(),
-            &[],
-            b"",
-        ),
-    )?;
+    let head = call(&server, "HEAD", &format!("/{BUCKET}/d/s.tar"), &[], b"")?;
     let etag = head
         .header("etag")
         .unwrap_or_default()
@@ -346,15 +330,12 @@ fn a_plan_that_names_a_pipeline_has_its_samples_prepared_before_its_reads() -> R
         "bucket": BUCKET, "prefix": "d/", "seed": 5, "epoch": 2, "pipeline": "train",
         "shards": [{"key": "d/s.tar", "etag": etag, "samples": 6, "size": shard.len()}],
     });
-    let resp = raw_request_blocking(
-        server.addr(),
-        &request_bytes(
-            "POST",
-            "/_granary/plans",
-            server.addr(),
-            &[("content-type", "application/json")],
-            plan.to_string().as_bytes(),
-        ),
+    let resp = call(
+        &server,
+        "POST",
+        "/_granary/plans",
+        &[("content-type", "application/json")],
+        plan.to_string().as_bytes(),
     )?;
     assert_eq!(resp.status, 201, "{}", resp.text());
     let view: serde_json::Value = serde_json::from_slice(&resp.body)?;
