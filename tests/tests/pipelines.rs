@@ -1,7 +1,9 @@
 //! Pipelines (`?pipeline=NAME&seed=S&epoch=E`) through the real binary: an image and a
 //! `.tar` shard's members come out as `granary_prep` makes them here (the client's code,
 //! so a sample prepared on the node and in the client is the same bytes), the same for
-//! the same (seed, epoch) and other for another; members the pipeline does not take pass
+//! the same (seed, epoch), after a restart too, and other for another; jobs reading one
+//! epoch share each preparation, and a plan naming the pipeline has its samples prepared
+//! ahead of its reads; members the pipeline does not take pass
 //! as they are, in tar order; a damaged image is a `500` naming it before the first byte
 //! and a cut stream after it; an unknown pipeline is `400`; a definition that cannot run
 //! stops the node at start, naming its line.
@@ -69,7 +71,7 @@ fn start(root: &Path, pipelines: &str) -> Result<Server> {
 #[test]
 fn images_and_shards_are_prepared_as_the_client_prepares_them() -> Result<()> {
     let dir = tempfile::tempdir()?;
-    let server = start(dir.path(), &format!("[pipelines.train]\n{PIPELINE}"))?;
+    let mut server = start(dir.path(), &format!("[pipelines.train]\n{PIPELINE}"))?;
     let origin = server.data_dir().join("origin").join(BUCKET);
     std::fs::create_dir_all(origin.join("shards"))?;
     let photo = jpeg(300, 200, 1);
@@ -139,6 +141,16 @@ fn images_and_shards_are_prepared_as_the_client_prepares_them() -> Result<()> {
     assert_eq!(stats["prep_samples"], 6, "{stats}");
     assert_eq!(stats["prep_shared"], 1, "{stats}");
     assert!(stats["prep_cpu_seconds"].as_f64().unwrap() > 0.0, "{stats}");
+
+    // After a crash and a restart nothing is kept, and the same request makes the same
+    // bytes again.
+    server.kill_and_restart()?;
+    let again = get(
+        &server,
+        &format!("/{BUCKET}/shards/s0.tar?pipeline=train&seed=9&epoch=4"),
+    )?;
+    assert_eq!(untar(&again.body), got);
+    assert_eq!(server.stats()?["prep_samples"], 4, "made again, not kept");
 
     // What cannot be prepared is never a complete answer.
     std::fs::write(origin.join("bad.jpg"), &photo[..photo.len() / 2])?;
