@@ -507,6 +507,20 @@ impl Server {
         .await
     }
 
+    /// [`Server::raw`], from a thread that is not in a runtime.
+    pub fn raw_blocking(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Result<RawResponse> {
+        raw_request_blocking(
+            self.addr,
+            &request_bytes(method, path, self.addr, headers, body),
+        )
+    }
+
     /// An S3 client for this server signing with the test credentials.
     pub fn s3_client(&self) -> aws_sdk_s3::Client {
         self.s3_client_with(ACCESS, SECRET)

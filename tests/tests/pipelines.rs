@@ -13,9 +13,7 @@ use std::path::Path;
 
 use anyhow::Result;
 use granary_prep::{sample_key, Pipeline, PipelineSpec};
-use granary_tests::{
-    raw_request_blocking, request_bytes, tar_of, untar, RawResponse, Server, ServerOpts,
-};
+use granary_tests::{tar_of, untar, RawResponse, Server, ServerOpts};
 use image::codecs::jpeg::JpegEncoder;
 use image::{ExtendedColorType, ImageEncoder, RgbImage};
 
@@ -46,20 +44,7 @@ fn jpeg(w: u32, h: u32, seed: u32) -> Vec<u8> {
 }
 
 fn get(server: &Server, path: &str) -> Result<RawResponse> {
-    call(server, "GET", path, &[], b"")
-}
-
-fn call(
-    server: &Server,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: &[u8],
-) -> Result<RawResponse> {
-    raw_request_blocking(
-        server.addr(),
-        &request_bytes(method, path, server.addr(), headers, body),
-    )
+    server.raw_blocking("GET", path, &[], b"")
 }
 
 fn start(root: &Path, pipelines: &str) -> Result<Server> {
@@ -197,10 +182,6 @@ fn six_samples() -> Vec<(String, Vec<u8>)> {
     members
 }
 
-fn counter(server: &Server, name: &str) -> Result<u64> {
-    Ok(server.stats()?[name].as_u64().unwrap_or(0))
-}
-
 #[test]
 fn jobs_reading_one_epoch_share_its_preparations_and_runs_of_a_shard_are_prepared_alone(
 ) -> Result<()> {
@@ -226,8 +207,8 @@ fn jobs_reading_one_epoch_share_its_preparations_and_runs_of_a_shard_are_prepare
         assert_eq!(a.status, 200, "{}", a.text());
         assert_eq!(a.body, answers[0].body);
     }
-    assert_eq!(counter(&server, "prep_samples")?, 6);
-    assert_eq!(counter(&server, "prep_shared")?, 18);
+    assert_eq!(server.stat("prep_samples"), 6);
+    assert_eq!(server.stat("prep_shared"), 18);
     let prepared = untar(&answers[0].body);
     assert_eq!(prepared.len(), members.len());
 
@@ -241,17 +222,17 @@ fn jobs_reading_one_epoch_share_its_preparations_and_runs_of_a_shard_are_prepare
         at(7) + list["members"][7][2].as_u64().unwrap() - 1,
     );
     let range = format!("bytes={first}-{last}");
-    let resp = call(&server, "GET", &whole, &[("range", &range)], b"")?;
+    let resp = server.raw_blocking("GET", &whole, &[("range", &range)], b"")?;
     assert_eq!(resp.status, 200, "{}", resp.text());
     assert_eq!(
         resp.header("x-granary-source-range"),
         Some(format!("bytes {first}-{last}/{}", list["size"]).as_str())
     );
     assert_eq!(untar(&resp.body), prepared[4..8].to_vec());
-    assert_eq!(counter(&server, "prep_samples")?, 6, "the run was kept");
+    assert_eq!(server.stat("prep_samples"), 6, "the run was kept");
 
     // A version the reader did not list is refused, not prepared.
-    let resp = call(&server, "GET", &whole, &[("if-match", "\"0ld\"")], b"")?;
+    let resp = server.raw_blocking("GET", &whole, &[("if-match", "\"0ld\"")], b"")?;
     resp.assert_s3_error(412, &["PreconditionFailed"]);
 
     // Another epoch is another preparation, never a kept one.
@@ -261,7 +242,7 @@ fn jobs_reading_one_epoch_share_its_preparations_and_runs_of_a_shard_are_prepare
     )?;
     assert_eq!(next.status, 200);
     assert_ne!(next.body, answers[0].body);
-    assert_eq!(counter(&server, "prep_samples")?, 12);
+    assert_eq!(server.stat("prep_samples"), 12);
 
     // With nothing kept (--prep-memory 0), a later job prepares again, to the same bytes.
     let dir = tempfile::tempdir()?;
@@ -280,9 +261,9 @@ fn jobs_reading_one_epoch_share_its_preparations_and_runs_of_a_shard_are_prepare
         // The same members and bytes (the headers' times are this node's file's).
         let again = get(&lean, &whole)?;
         assert_eq!(untar(&again.body), untar(&answers[0].body));
-        assert_eq!(counter(&lean, "prep_samples")?, 6 * round);
+        assert_eq!(lean.stat("prep_samples"), 6 * round);
     }
-    assert_eq!(counter(&lean, "prep_shared")?, 0);
+    assert_eq!(lean.stat("prep_shared"), 0);
     Ok(())
 }
 
@@ -329,7 +310,7 @@ fn a_plan_that_names_a_pipeline_has_its_samples_prepared_before_its_reads() -> R
     let members = six_samples();
     let shard = tar_of(&members);
     std::fs::write(origin.join("d/s.tar"), &shard)?;
-    let head = call(&server, "HEAD", &format!("/{BUCKET}/d/s.tar"), &[], b"")?;
+    let head = server.raw_blocking("HEAD", &format!("/{BUCKET}/d/s.tar"), &[], b"")?;
     let etag = head
         .header("etag")
         .unwrap_or_default()
@@ -342,8 +323,7 @@ fn a_plan_that_names_a_pipeline_has_its_samples_prepared_before_its_reads() -> R
         "bucket": BUCKET, "prefix": "d/", "seed": 5, "epoch": 2, "pipeline": "train",
         "shards": [{"key": "d/s.tar", "etag": etag, "samples": 6, "size": shard.len()}],
     });
-    let resp = call(
-        &server,
+    let resp = server.raw_blocking(
         "POST",
         "/_granary/plans",
         &[("content-type", "application/json")],
@@ -355,7 +335,7 @@ fn a_plan_that_names_a_pipeline_has_its_samples_prepared_before_its_reads() -> R
 
     // No prepared read yet: the node prepares the shard's images for the plan.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while counter(&server, "prep_samples")? < 6 {
+    while server.stat("prep_samples") < 6 {
         assert!(
             std::time::Instant::now() < deadline,
             "not prepared ahead: {}",
@@ -363,7 +343,7 @@ fn a_plan_that_names_a_pipeline_has_its_samples_prepared_before_its_reads() -> R
         );
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
-    assert_eq!(counter(&server, "prep_shared")?, 0);
+    assert_eq!(server.stat("prep_shared"), 0);
 
     // The job's read finds every image prepared, the bytes the client's code makes.
     let resp = get(
@@ -381,7 +361,7 @@ fn a_plan_that_names_a_pipeline_has_its_samples_prepared_before_its_reads() -> R
             None => assert_eq!(data, source),
         }
     }
-    assert_eq!(counter(&server, "prep_samples")?, 6, "none prepared twice");
-    assert_eq!(counter(&server, "prep_shared")?, 6);
+    assert_eq!(server.stat("prep_samples"), 6, "none prepared twice");
+    assert_eq!(server.stat("prep_shared"), 6);
     Ok(())
 }

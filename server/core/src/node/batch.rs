@@ -236,14 +236,9 @@ impl Node {
         };
         let input = match data {
             Data::Whole(b) => b,
-            Data::Stream(mut s) => {
-                let mut buf = BytesMut::with_capacity(size as usize);
-                while let Some(chunk) = s.next().await {
-                    let chunk =
-                        chunk.map_err(|e| NodeError::Cut(format!("member {member}: {e}")))?;
-                    buf.put(chunk);
-                }
-                buf.freeze()
+            Data::Stream(s) => {
+                super::read::gather(s, size, |e| NodeError::Cut(format!("member {member}: {e}")))
+                    .await?
             }
         };
         let sample = split_name(member).map_or(member, |(k, _)| k);
@@ -254,16 +249,15 @@ impl Node {
 
 /// What the member `it` names, prepared by `prep`, is kept under.
 fn prep_key(it: &Item, prep: &Prep) -> PrepKey {
-    PrepKey {
-        pipeline: prep.pipeline.name.clone(),
-        fingerprint: prep.pipeline.pipeline.fingerprint(),
-        seed: prep.job.0,
-        epoch: prep.job.1,
-        bucket: it.bucket.clone(),
-        key: prep.shard.clone(),
-        etag: prep.version.0.clone(),
-        member: it.archpath.as_deref().unwrap_or(&it.key).to_owned(),
-    }
+    let member = it.archpath.as_deref().unwrap_or(&it.key);
+    PrepKey::new(
+        &prep.pipeline,
+        prep.job,
+        &it.bucket,
+        &prep.shard,
+        &prep.version.0,
+        member,
+    )
 }
 
 /// Whether a call failed for want of an answer (the member is likely gone: marked down,

@@ -374,7 +374,10 @@ impl Node {
     /// left to the jobs' reads), while what is kept leaves room (`room_ahead`).
     fn prep_step(self: &Arc<Self>) {
         let pipelines = self.transforms.pipelines();
-        if self.planner.prepping.load(Ordering::Acquire) || !pipelines.room_ahead() {
+        if self.planner.prepping.load(Ordering::Acquire)
+            || !pipelines.room_ahead()
+            || !self.plans.all().iter().any(|p| p.spec().pipeline.is_some())
+        {
             return;
         }
         let mut due: Vec<(f64, String, Planned)> = self

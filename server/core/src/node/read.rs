@@ -469,23 +469,11 @@ impl Node {
             Some(m) => self.read_member(req, m).await?,
             None => self.read_object(req, Mode::Stream).await?,
         };
-        let too_large = |size: u64| TransformError::TooLarge {
-            limit: MAX_INPUT,
-            size,
-        };
-        if source.size > MAX_INPUT {
-            return Err(too_large(source.size).into());
-        }
-        let mut input = BytesMut::with_capacity(source.size as usize);
-        let mut body = source.body.into_stream();
-        while let Some(chunk) = body.next().await {
-            let chunk = chunk.map_err(|e| BackendError::Unavailable(e.to_string()))?;
-            if (input.len() + chunk.len()) as u64 > MAX_INPUT {
-                return Err(too_large((input.len() + chunk.len()) as u64).into());
-            }
-            input.extend_from_slice(&chunk);
-        }
-        Ok((source.meta, input.freeze()))
+        let input = gather(source.body.into_stream(), source.size, |e| {
+            BackendError::Unavailable(e.to_string()).into()
+        })
+        .await?;
+        Ok((source.meta, input))
     }
 
     /// An image object prepared by pipeline `p` for (seed, epoch), keyed by its key.
@@ -496,23 +484,29 @@ impl Node {
         p: &Arc<NamedPipeline>,
         job: (u64, u64),
     ) -> Result<Bytes, NodeError> {
-        let (meta, input) = self.read_whole(&ReadRequest::object(bucket, key)).await?;
-        let kept_as = PrepKey {
-            pipeline: p.name.clone(),
-            fingerprint: p.pipeline.fingerprint(),
-            seed: job.0,
-            epoch: job.1,
-            bucket: bucket.to_owned(),
-            key: key.to_owned(),
-            etag: meta.etag,
-            member: String::new(),
-        };
+        // The source's version names the sample: a kept one is served without reading it.
+        let req = ReadRequest::object(bucket, key);
+        let etag = self
+            .cache
+            .read(&*self.backend, bucket, key, &|_| Ok(None), Mode::Head)
+            .await?
+            .meta
+            .etag;
+        let kept_as = PrepKey::new(p, job, bucket, key, &etag, "");
         let readers = self.plans.readers(bucket, key, job.0, job.1, &p.name);
-        let make = self.prepare(p, input, job, key);
+        let make = async {
+            let (meta, input) = self.read_whole(&req).await?;
+            if meta.etag != etag {
+                return Err(NodeError::Changed(
+                    "the source changed while it was prepared; retry",
+                ));
+            }
+            Ok(self.prepare(p, input, job, key).await?)
+        };
         let pipelines = self.transforms.pipelines();
-        Ok(pipelines
+        pipelines
             .kept_or_prepared(kept_as, readers, &self.stats, make)
-            .await?)
+            .await
     }
 
     /// The member index of a `.tar` shard and the version it indexes, reading the shard
@@ -556,6 +550,31 @@ fn shard_format(key: &str, member: &str) -> Result<Format, NodeError> {
     Format::of(key).ok_or_else(|| {
         NodeError::Invalid("archpath reads members of .tar, .tar.gz and .tgz objects".into())
     })
+}
+
+/// A body read whole into memory, `size` bytes announced: at most [`MAX_INPUT`] (a
+/// transform's or a pipeline's input); a failed chunk is `cut`'s error.
+pub(super) async fn gather(
+    mut body: crate::backend::ByteStream,
+    size: u64,
+    cut: impl Fn(std::io::Error) -> NodeError,
+) -> Result<Bytes, NodeError> {
+    let too_large = |size: u64| TransformError::TooLarge {
+        limit: MAX_INPUT,
+        size,
+    };
+    if size > MAX_INPUT {
+        return Err(too_large(size).into());
+    }
+    let mut input = BytesMut::with_capacity(size as usize);
+    while let Some(chunk) = body.next().await {
+        let chunk = chunk.map_err(&cut)?;
+        if (input.len() + chunk.len()) as u64 > MAX_INPUT {
+            return Err(too_large((input.len() + chunk.len()) as u64).into());
+        }
+        input.extend_from_slice(&chunk);
+    }
+    Ok(input.freeze())
 }
 
 #[cfg(test)]

@@ -68,6 +68,30 @@ pub struct PrepKey {
     pub member: String,
 }
 
+impl PrepKey {
+    /// What `member` of `bucket/key` (empty for an image object) at version `etag`,
+    /// prepared by `p` for `(seed, epoch)`, is kept under.
+    pub fn new(
+        p: &NamedPipeline,
+        (seed, epoch): (u64, u64),
+        bucket: &str,
+        key: &str,
+        etag: &str,
+        member: &str,
+    ) -> PrepKey {
+        PrepKey {
+            pipeline: p.name.clone(),
+            fingerprint: p.pipeline.fingerprint(),
+            seed,
+            epoch,
+            bucket: bucket.to_owned(),
+            key: key.to_owned(),
+            etag: etag.to_owned(),
+            member: member.to_owned(),
+        }
+    }
+}
+
 /// How long a kept sample no request reads stays: its epoch's jobs have moved on (a
 /// job of the seed that registered no plan of its own cannot say when it has read it).
 pub const KEPT_IDLE: std::time::Duration = std::time::Duration::from_secs(120);

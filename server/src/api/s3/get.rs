@@ -21,9 +21,9 @@ use crate::api::error::{S3Code, S3Error};
 use crate::api::AppState;
 use crate::local::FdSender;
 use granary_core::{
-    calls, members_in_order, ArchiveFormat as Format, Body as Bytes, ByteRange, CacheError,
-    Conditions, Item, LocalFile, LocalReader, NodeError, ObjectMeta, ObjectParts, Origin,
-    PartRange, ReadMode, ReadRequest, Reply, Served,
+    calls, etag_matches, members_in_order, ArchiveFormat as Format, Body as Bytes, ByteRange,
+    CacheError, Conditions, Item, LocalFile, LocalReader, NodeError, ObjectMeta, ObjectParts,
+    Origin, PartRange, ReadMode, ReadRequest, Reply, Served,
 };
 
 /// What was read: an object (and its headers), a shard member, or a transform's result.
@@ -588,14 +588,12 @@ async fn prepared(state: &AppState, r: Req, name: &str, head: bool) -> Result<Re
             )
         })?),
     };
-    let if_match = r
-        .header("if-match")
-        .map(|v| v.trim().trim_matches('"').to_owned());
+    let if_match = r.header("if-match").map(str::to_owned);
     let (bucket, key) = (r.bucket.as_str(), r.key());
     match Format::of(key) {
         Some(Format::Tar) => {
             let (meta, idx) = node.shard_index(bucket, key).await?;
-            if if_match.is_some_and(|e| e != "*" && e != meta.etag) {
+            if if_match.is_some_and(|v| !etag_matches(&v, &meta.etag)) {
                 return Err(S3Error::new(
                     S3Code::PreconditionFailed,
                     "the shard is not the version If-Match names",
