@@ -1,30 +1,38 @@
-"""P13: a dataset twice the cluster's cache, behind a backend slower than the job.
+"""P13: datasets larger than the cluster's cache, behind a backend slower than the job.
 
     python bench/p13.py ROOT GRANARY_BIN [--nodes 1|3] [--shards 192] [--shard-mib 2]
                         [--rate-mib 32] [--epochs 3] [--policies never-evict,lru,planner]
-                        [--read-ahead 2] [--batch 8] [--prefetch-factor 2] [--backend fs|moto]
+                        [--dc 2[,4...]] [--bx 0.55[,0.3...]] [--loader default|small]
+                        [--read-ahead 2] [--batch 8] [--prefetch-factor 2]
+                        [--backend fs|moto|store]
 
-D = SHARDS x SHARD_MIB, the cache C = D/2 (split over the nodes), the backend paced to
-B = 0.55 x X as a whole: `fs` is a directory paced by each node's `--backend-rate`
-(B split evenly over the nodes), `moto` a moto server behind `paceproxy.py`, which paces
-all the nodes' reads together to B, as a store's egress cap would. X is the job's
+D = SHARDS x SHARD_MIB; for each cell of the matrix DC x BX, the cache C = D / DC (split
+over the nodes) and the backend paced to B = BX x X as a whole. X is the job's
 consumption rate: ShardDataset in a DataLoader with 2 workers, and a fixed step per
-batch that sets X (BATCH samples a batch, the DataLoader PREFETCH_FACTOR batches ahead per
-worker). Each policy runs EPOCHS epochs on fresh nodes: never-evict and lru
-without a plan, the planner (never-evict with ShardDataset's plan). The ideal is the
-same job's epoch with the whole dataset in cache, measured in the same run. Per epoch:
-wall time / ideal, seconds the loop waited for data, the fraction of reads answered from
-the cache, and bytes from the backend / (D - C). Prints one JSON line per epoch and a
-table.
+batch that sets X. Loaders: `default` is batches of 8, read_ahead 2 and the DataLoader 2
+batches ahead per worker; `small` batches of 2, no read-ahead, 1 batch ahead (the shape
+in which never-evict's misses show); `--batch/--read-ahead/--prefetch-factor` set them
+one by one.
 
-How far the loader looks ahead decides whether never-evict's misses show in its wall
-time: with the defaults they hide behind the hits before them (about 1.1 x ideal); with
-`--batch 2 --read-ahead 0 --prefetch-factor 1 --backend moto` the backend idles while the
-job reads the cached half, as in the 0.5 + 0.5 / 0.55 of the arithmetic (about 1.5).
+Backends: `fs` is a directory paced by each node's `--backend-rate` (B split evenly over
+the nodes); `moto` a moto server and `store` a granary node over the directory with no
+cache (`--cache-capacity 0`), each behind `paceproxy.py`, which paces all the nodes'
+reads together to B, as a store's egress cap would, and shares it per connection.
+
+The ideal is the same job's epoch with the whole dataset in cache, measured once per run
+before the cells (it depends on neither C nor B). Per cell, each policy runs EPOCHS
+epochs on fresh nodes: never-evict and lru without a plan, the planner (never-evict with
+ShardDataset's plan). The bound of an epoch is max(D/X, (D - C)/B): D/X is the ideal
+measured, (D - C)/B computed. Per epoch: wall time over the ideal and over the bound,
+seconds the loop waited for data, the fraction of reads answered from the cache, the
+planned reads that found their entry committed (the plan's reads_ready), and bytes from
+the backend over D - C. Prints one JSON line per epoch and a table per cell.
 """
 import argparse, io, json, os, shutil, subprocess, sys, tarfile, time
 import requests
 from benchlib import CREDS, port, start_moto, wait_healthy
+
+LOADERS = {"default": (8, 2, 2), "small": (2, 0, 1)}
 
 ap = argparse.ArgumentParser()
 ap.add_argument("root"); ap.add_argument("granary")
@@ -35,26 +43,41 @@ ap.add_argument("--sample-kib", type=int, default=256)
 ap.add_argument("--rate-mib", type=float, default=32.0, help="the job's consumption rate X")
 ap.add_argument("--epochs", type=int, default=3)
 ap.add_argument("--policies", default="never-evict,lru,planner")
-ap.add_argument("--read-ahead", type=int, default=2, help="ShardDataset's read_ahead (runs per worker)")
-ap.add_argument("--backend", choices=("fs", "moto"), default="fs")
-ap.add_argument("--batch", type=int, default=8, help="samples per batch (one step each)")
-ap.add_argument("--prefetch-factor", type=int, default=2, help="the DataLoader's batches ahead per worker")
+ap.add_argument("--dc", default="2", help="D / C, a comma-separated list")
+ap.add_argument("--bx", default="0.55", help="B / X, a comma-separated list")
+ap.add_argument("--loader", choices=sorted(LOADERS), default="default")
+ap.add_argument("--read-ahead", type=int, help="ShardDataset's read_ahead (runs per worker)")
+ap.add_argument("--backend", choices=("fs", "moto", "store"), default="fs")
+ap.add_argument("--batch", type=int, help="samples per batch (one step each)")
+ap.add_argument("--prefetch-factor", type=int, help="the DataLoader's batches ahead per worker")
+ap.add_argument("--out", help="append every JSON line here too")
 a = ap.parse_args()
 
 MIB = 1 << 20
 root = os.path.abspath(a.root)
 origin = os.path.join(root, "origin")
 per_shard = a.shard_mib * 1024 // a.sample_kib
-batch = a.batch
+batch, read_ahead, prefetch = LOADERS[a.loader]
+batch = a.batch or batch
+read_ahead = read_ahead if a.read_ahead is None else a.read_ahead
+prefetch = a.prefetch_factor or prefetch
 D = a.shards * a.shard_mib * MIB
-C = D // 2
 X = a.rate_mib * MIB
-B = int(0.55 * X)
+out = open(a.out, "a") if a.out else None
+
+
+def emit(row):
+    line = json.dumps(row)
+    print(line, flush=True)
+    if out:
+        out.write(line + "\n"); out.flush()
 
 
 def lay_out():
     d = os.path.join(origin, "dsets", "p")
-    if os.path.isdir(d) and len(os.listdir(d)) == a.shards:
+    want = f"{a.shards}x{a.shard_mib}x{a.sample_kib}"
+    mark = os.path.join(origin, "shape")
+    if os.path.isdir(d) and os.path.exists(mark) and open(mark).read() == want:
         return
     shutil.rmtree(origin, ignore_errors=True)
     os.makedirs(d)
@@ -68,26 +91,53 @@ def lay_out():
                 t.addfile(ti, io.BytesIO(data))
         with open(os.path.join(d, f"shard-{s:04}.tar"), "wb") as f:
             f.write(buf.getvalue())
+    open(mark, "w").write(want)
 
 
-store = {}
+store = {"procs": []}
 
 
 def start_store():
-    """The moto server with the dataset, and a proxy pacing it to B (moto only)."""
-    if a.backend != "moto":
+    """The store the nodes read (moto, or a granary node with no cache over the
+    directory); `pace(B)` puts a proxy pacing it to B in front of it."""
+    if a.backend == "moto":
+        moto = os.environ.get("MOTO_SERVER", "moto_server")
+        proc, url, s3 = start_moto(moto)
+        d = os.path.join(origin, "dsets")
+        for name in sorted(os.listdir(os.path.join(d, "p"))):
+            with open(os.path.join(d, "p", name), "rb") as f:
+                s3.put_object(Bucket="dsets", Key=f"p/{name}", Body=f.read())
+    elif a.backend == "store":
+        sp = port()
+        data = os.path.join(root, "store")
+        shutil.rmtree(data, ignore_errors=True); os.makedirs(data)
+        proc = subprocess.Popen([a.granary, "serve", "--listen", f"127.0.0.1:{sp}", "--data-dir", data,
+                                 "--backend", f"fs:{origin}", "--cache-capacity", "0"],
+                                stdout=subprocess.DEVNULL, stderr=open(f"{data}.log", "w"))
+        url = f"http://127.0.0.1:{sp}"
+        wait_healthy(url)
+    else:
         return
-    moto = os.environ.get("MOTO_SERVER", "moto_server")
-    proc, url, s3 = start_moto(moto)
-    d = os.path.join(origin, "dsets")
-    for name in sorted(os.listdir(os.path.join(d, "p"))):
-        with open(os.path.join(d, "p", name), "rb") as f:
-            s3.put_object(Bucket="dsets", Key=f"p/{name}", Body=f.read())
+    store.update(url=url)
+    store["procs"].append(proc)
+
+
+def pace(rate):
+    """A paceproxy in front of the store at `rate` bytes per second: its URL."""
+    stop_pace()
     pp = port()
     proxy = subprocess.Popen([sys.executable, os.path.join(os.path.dirname(__file__), "paceproxy.py"),
-                              str(pp), url.rsplit(":", 1)[1], str(B)], stdout=subprocess.PIPE, text=True)
+                              str(pp), store["url"].rsplit(":", 1)[1], str(int(rate))],
+                             stdout=subprocess.PIPE, text=True)
     assert proxy.stdout.readline().strip() == "ready"
-    store.update(url=url, paced=f"http://127.0.0.1:{pp}", procs=[proc, proxy])
+    store["proxy"] = proxy
+    return f"http://127.0.0.1:{pp}"
+
+
+def stop_pace():
+    p = store.pop("proxy", None)
+    if p:
+        p.kill(); p.wait()
 
 
 def start_nodes(policy, capacity, rate):
@@ -96,18 +146,21 @@ def start_nodes(policy, capacity, rate):
     ports = [port() for _ in ids]
     peers = ",".join(f"{i}=http://127.0.0.1:{p}" for i, p in zip(ids, ports))
     procs, urls = [], []
+    endpoint = None
+    if a.backend != "fs":
+        endpoint = pace(rate) if rate else store["url"]
     for i, p in zip(ids, ports):
         data = os.path.join(root, "run", i)
         shutil.rmtree(data, ignore_errors=True); os.makedirs(data)
         args = [a.granary, "serve", "--listen", f"127.0.0.1:{p}", "--data-dir", data,
                 "--node-id", i, "--cache-capacity", str(capacity // a.nodes),
                 "--cache-policy", "lru" if policy == "lru" else "never-evict"]
-        if a.backend == "moto":
-            args += ["--backend", "s3", "--s3-endpoint", store["paced"] if rate else store["url"]]
+        if endpoint:
+            args += ["--backend", "s3", "--s3-endpoint", endpoint]
         else:
             args += ["--backend", f"fs:{origin}"]
             if rate:
-                args += ["--backend-rate", str(rate // a.nodes)]
+                args += ["--backend-rate", str(int(rate) // a.nodes)]
         if a.nodes > 1:
             args += ["--peer", peers]
         procs.append(subprocess.Popen(args, stdout=subprocess.DEVNULL, env=dict(os.environ, **CREDS),
@@ -118,6 +171,12 @@ def start_nodes(policy, capacity, rate):
     return procs, urls
 
 
+def stop(procs):
+    for p in procs:
+        p.kill(); p.wait()
+    stop_pace()
+
+
 def totals(urls):
     keys = ("hits", "misses", "bypasses", "peer_fills", "planned_fetches", "bytes_from_backend")
     out = dict.fromkeys(keys, 0)
@@ -125,15 +184,20 @@ def totals(urls):
         s = requests.get(f"{u}/_granary/stats").json()
         for k in keys:
             out[k] += s.get(k, 0)
+    # The plan's reads, summed over the cluster by its home: the same through any node.
+    plans = requests.get(f"{urls[0]}/_granary/plans").json().get("plans", [])
+    out["reads_ready"] = sum(p.get("reads_ready", 0) for p in plans)
+    out["reads_waited"] = sum(p.get("reads_waited", 0) for p in plans)
     return out
 
 
 JOB = r"""
 import json, sys, time, torch, granary
-url, epochs, first, step, plan, ahead = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), sys.argv[5] == "1", int(sys.argv[6])
-ds = granary.ShardDataset(url, "dsets", "p/", seed=3, batch_size=%d, read_ahead=ahead, plan=plan)
-dl = torch.utils.data.DataLoader(ds, batch_size=%d, num_workers=2, collate_fn=lambda b: b,
-                                 persistent_workers=False, prefetch_factor=%d)
+url, epochs, first, step, plan = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), sys.argv[5] == "1"
+batch, ahead, prefetch = int(sys.argv[6]), int(sys.argv[7]), int(sys.argv[8])
+ds = granary.ShardDataset(url, "dsets", "p/", seed=3, batch_size=batch, read_ahead=ahead, plan=plan)
+dl = torch.utils.data.DataLoader(ds, batch_size=batch, num_workers=2, collate_fn=lambda b: b,
+                                 persistent_workers=False, prefetch_factor=prefetch)
 for e in range(first, first + epochs):
     ds.set_epoch(e)
     t0 = time.monotonic(); waited = 0.0; n = 0
@@ -144,13 +208,14 @@ for e in range(first, first + epochs):
         time.sleep(step)
         t = time.monotonic()
     print(json.dumps({"epoch": e, "wall": time.monotonic() - t0, "waited": waited, "bytes": n}), flush=True)
-""" % (batch, batch, a.prefetch_factor)
+"""
 
 
 def run_job(url, epochs, first, plan, on_epoch):
     step = batch * (a.sample_kib * 1024 - 1024) / X
     p = subprocess.Popen([sys.executable, "-c", JOB, url, str(epochs), str(first), str(step),
-                          "1" if plan else "0", str(a.read_ahead)], stdout=subprocess.PIPE, text=True)
+                          "1" if plan else "0", str(batch), str(read_ahead), str(prefetch)],
+                         stdout=subprocess.PIPE, text=True)
     for line in p.stdout:
         on_epoch(json.loads(line))
     assert p.wait() == 0, "the job failed"
@@ -158,47 +223,58 @@ def run_job(url, epochs, first, plan, on_epoch):
 
 lay_out()
 start_store()
-rows = []
+shape = {"nodes": a.nodes, "backend": a.backend, "shard_mib": a.shard_mib, "shards": a.shards,
+         "loader": f"{batch}/{read_ahead}/{prefetch}", "X": X, "D": D}
 # The ideal: the whole dataset in cache, no pacing; an epoch to warm, then one timed.
 procs, urls = start_nodes("never-evict", 4 * D, 0)
 ideal = []
 run_job(urls[0], 2, 0, False, lambda r: ideal.append(r))
-for p in procs:
-    p.kill(); p.wait()
+stop(procs)
 ideal_wall = ideal[-1]["wall"]
-print(json.dumps({"ideal_wall": ideal_wall, "D": D, "C": C, "B": B, "X": X, "nodes": a.nodes}), flush=True)
-for policy in a.policies.split(","):
-    procs, urls = start_nodes(policy, C, B)
-    before = [totals(urls)]
+emit({**shape, "ideal_wall": ideal_wall})
+rows = []
+for dc in [float(v) for v in a.dc.split(",")]:
+    for bx in [float(v) for v in a.bx.split(",")]:
+        C = int(D / dc)
+        B = bx * X
+        bound = max(ideal_wall, (D - C) / B)
+        for policy in a.policies.split(","):
+            procs, urls = start_nodes(policy, C, B)
+            before = [totals(urls)]
 
-    def on_epoch(r):
-        now = totals(urls)
-        prev = before[-1]
-        before.append(now)
-        d = {k: now[k] - prev[k] for k in now}
-        # The planner's own fetches count among the misses; they are no reads of the job.
-        reads = d["hits"] + d["misses"] + d["bypasses"] + d["peer_fills"] - d["planned_fetches"]
-        row = {"policy": policy, "nodes": a.nodes, "epoch": r["epoch"],
-               "wall_over_ideal": round(r["wall"] / ideal_wall, 3),
-               "waited_s": round(r["waited"], 2),
-               "cache_fraction": round(d["hits"] / reads, 3) if reads else None,
-               "backend_over_D_minus_C": round(d["bytes_from_backend"] / (D - C), 3),
-               "wall_s": round(r["wall"], 2),
-               **{k: d[k] for k in ("hits", "misses", "bypasses", "peer_fills", "planned_fetches")}}
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+            def on_epoch(r):
+                now = totals(urls)
+                prev = before[-1]
+                before.append(now)
+                d = {k: now[k] - prev[k] for k in now}
+                # The planner's own fetches count among the misses; they are no reads of the job.
+                reads = d["hits"] + d["misses"] + d["bypasses"] + d["peer_fills"] - d["planned_fetches"]
+                planned = d["reads_ready"] + d["reads_waited"]
+                row = {**shape, "dc": dc, "bx": bx, "policy": policy, "epoch": r["epoch"],
+                       "wall_over_ideal": round(r["wall"] / ideal_wall, 3),
+                       "wall_over_bound": round(r["wall"] / bound, 3),
+                       "bound_s": round(bound, 2),
+                       "waited_s": round(r["waited"], 2),
+                       "cache_fraction": round(d["hits"] / reads, 3) if reads else None,
+                       "ready": round(d["reads_ready"] / planned, 3) if planned else None,
+                       "backend_over_D_minus_C": round(d["bytes_from_backend"] / (D - C), 3),
+                       "wall_s": round(r["wall"], 2),
+                       **{k: d[k] for k in ("hits", "misses", "bypasses", "peer_fills", "planned_fetches")}}
+                rows.append(row)
+                emit(row)
 
-    run_job(urls[0], a.epochs, 0, policy == "planner", on_epoch)
-    for p in procs:
-        p.kill(); p.wait()
+            run_job(urls[0], a.epochs, 0, policy == "planner", on_epoch)
+            stop(procs)
 
-for p in store.get("procs", []):
+stop_pace()
+for p in store["procs"]:
     p.kill(); p.wait()
 
-print(f"\nP13, {a.nodes} node(s), {a.backend}: D = {D / MIB:.0f} MiB, C = {C / MIB:.0f} MiB, "
-      f"X = {X / MIB:.1f} MiB/s, B = {B / MIB:.1f} MiB/s; ideal epoch {ideal_wall:.2f} s")
-print("| policy | epoch | wall / ideal | waited (s) | from cache | backend / (D-C) |")
-print("|---|---|---|---|---|---|")
+print(f"\nP13, {a.nodes} node(s), {a.backend}: D = {D / MIB:.0f} MiB in {a.shard_mib} MiB shards, "
+      f"X = {X / MIB:.1f} MiB/s, loader {batch}/{read_ahead}/{prefetch}; ideal epoch {ideal_wall:.2f} s")
+print("| D/C | B/X | policy | epoch | wall / bound | wall / ideal | waited (s) | from cache | ready | backend / (D-C) |")
+print("|---|---|---|---|---|---|---|---|---|---|")
 for r in rows:
-    print(f"| {r['policy']} | {r['epoch'] + 1} | {r['wall_over_ideal']:.2f} | {r['waited_s']:.2f} "
-          f"| {r['cache_fraction']} | {r['backend_over_D_minus_C']:.2f} |")
+    print(f"| {r['dc']:g} | {r['bx']:g} | {r['policy']} | {r['epoch'] + 1} | {r['wall_over_bound']:.2f} "
+          f"| {r['wall_over_ideal']:.2f} | {r['waited_s']:.2f} | {r['cache_fraction']} | {r['ready']} "
+          f"| {r['backend_over_D_minus_C']:.2f} |")

@@ -42,6 +42,11 @@ enum Command {
     /// Simulate key placement over 10 to 1000 nodes with the node's own ring: load
     /// spread and the keys moved by a join and by a leave (no server needed).
     Ring(RingArgs),
+    /// Simulate the planner at scale with the node's own planning code (plans, their
+    /// exchange, schedule, ring and decisions) over simulated caches, backend and
+    /// ranks (no server needed): epoch time against its bound, planned reads ready,
+    /// plan-exchange bytes per member, CPU per planner look.
+    PlanSim(PlanSimArgs),
     /// N random samples (members of the tar shards under a prefix) as one GetBatch
     /// against N single `?archpath=` GETs, sequential and in parallel (warm cache).
     Batch(BatchArgs),
@@ -293,6 +298,39 @@ struct RingArgs {
 }
 
 #[derive(Args)]
+struct PlanSimArgs {
+    #[arg(long, default_value_t = 100)]
+    nodes: usize,
+    #[arg(long, default_value_t = 1000)]
+    ranks: usize,
+    #[arg(long, default_value_t = 100_000)]
+    shards: usize,
+    /// Samples per shard.
+    #[arg(long, default_value_t = 16)]
+    samples: u32,
+    #[arg(long, value_parser = parse_size, default_value = "4MiB")]
+    sample_size: u64,
+    /// The cluster's cache over the dataset, C / D.
+    #[arg(long, default_value_t = 0.5)]
+    cache: f64,
+    /// The job's consumption rate over all ranks, X (`100GB` a second).
+    #[arg(long, value_parser = parse_size, default_value = "100GB")]
+    job_rate: u64,
+    /// The backend's throughput over B / X.
+    #[arg(long, default_value_t = 0.55)]
+    bx: f64,
+    #[arg(long, default_value_t = 2)]
+    epochs: u64,
+    /// How far ahead of what they consume the ranks read, in samples per rank (a
+    /// loader's read-ahead: ShardDataset's 2 runs of a worker are about 2 shards').
+    #[arg(long, default_value_t = 32)]
+    lead: u64,
+    /// Stop after this many simulated seconds (0: after `--epochs`).
+    #[arg(long, default_value_t = 0.0)]
+    seconds: f64,
+}
+
+#[derive(Args)]
 struct Common {
     /// Server to load, `http://host:port`: Granary, a plain HTTP server such as nginx
     /// (paths `/BUCKET/KEY`), or an S3 server (with --access-key/--secret-key).
@@ -405,6 +443,7 @@ fn main() -> anyhow::Result<()> {
         Command::Run(a) => a.common.threads,
         Command::Get(a) => a.common.threads,
         Command::Ring(a) => return ring(a),
+        Command::PlanSim(a) => return plan_sim(a),
         Command::Local(a) => return local(a),
         Command::Wire(a) => return wire(a),
         Command::Soak(a) => return soak(a),
@@ -423,6 +462,7 @@ fn main() -> anyhow::Result<()> {
             Command::Run(a) => run(a).await,
             Command::Get(a) => get(a).await,
             Command::Ring(_)
+            | Command::PlanSim(_)
             | Command::Local(_)
             | Command::Wire(_)
             | Command::Soak(_)
@@ -759,6 +799,35 @@ fn soak(a: &SoakArgs) -> anyhow::Result<()> {
     if plan.cluster.is_some() && r.cached_over_distinct > 1.05 {
         anyhow::bail!("the cluster holds more than one copy of its objects");
     }
+    Ok(())
+}
+
+fn plan_sim(a: &PlanSimArgs) -> anyhow::Result<()> {
+    if a.nodes == 0 || a.ranks == 0 || a.shards == 0 || a.samples == 0 {
+        anyhow::bail!("--nodes, --ranks, --shards and --samples must be at least 1");
+    }
+    let cfg = granary_core::PlannerSimConfig {
+        nodes: a.nodes,
+        ranks: a.ranks,
+        shards: a.shards,
+        samples: a.samples,
+        sample_bytes: a.sample_size,
+        cache: a.cache,
+        backend: a.bx * a.job_rate as f64,
+        job: a.job_rate as f64,
+        epochs: a.epochs,
+        lead: a.lead,
+        seconds: a.seconds,
+    };
+    let r = granary_core::simulate_planner(&cfg);
+    println!(
+        "{}",
+        serde_json::to_string(&serde_json::json!({
+            "nodes": a.nodes, "ranks": a.ranks, "shards": a.shards, "samples": a.samples,
+            "sample_bytes": a.sample_size, "cache": a.cache, "bx": a.bx, "job_rate": a.job_rate,
+            "lead": a.lead, "report": r,
+        }))?
+    );
     Ok(())
 }
 

@@ -23,6 +23,8 @@ pub mod plans;
 pub mod stats;
 pub mod transform;
 
+/// The planner driven at scale with no I/O (`granary-bench plan-sim`).
+pub use node::{simulate_planner, SimConfig as PlannerSimConfig, SimReport as PlannerSimReport};
 pub use node::{Node, NodeConfig, NodeError, OpenError};
 
 // The node's front: every name the server crate serves the node through, so that the

@@ -19,8 +19,13 @@ use serde::{Deserialize, Serialize};
 
 /// How long a plan is kept without a sign of progress, unless configured.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(60);
-/// The shortest span a plan's rate is measured over.
+/// The shortest span a plan's rate, and the backend's throughput, are measured over: a
+/// span holds a report from every member (they report every second), and no more than
+/// a report or two, so that a change of pace shows within two spans.
 const RATE_SPAN: Duration = Duration::from_millis(1500);
+/// How long a member's need counts at the home without a new report: three missed
+/// reports (members report every second; one that stops, stopped).
+const FRESH: Duration = Duration::from_secs(3);
 /// Most shards a plan may name.
 pub const MAX_SHARDS: usize = 1 << 20;
 /// Most plans a node holds.
@@ -28,6 +33,27 @@ pub const MAX_PLANS: usize = 256;
 /// How often a plan's registration is passed on again to every member, while its job
 /// keeps registering it (so that a member that restarted learns it).
 pub const RESEND_EVERY: Duration = Duration::from_secs(30);
+
+thread_local! {
+    /// A simulation's clock on this thread (`None`: the real one).
+    static SIMULATED: std::cell::Cell<Option<Instant>> = const { std::cell::Cell::new(None) };
+}
+
+/// Now, on the clock plans keep time by: the real one, or a simulation's
+/// ([`set_simulated_now`]), so that the planner can be driven at scale with no waiting.
+pub fn now() -> Instant {
+    SIMULATED.with(|c| c.get()).unwrap_or_else(Instant::now)
+}
+
+/// Time since `t`, on the plans' clock.
+pub fn since(t: Instant) -> Duration {
+    now().saturating_duration_since(t)
+}
+
+/// Sets this thread's plans' clock (a simulation's; `None`: the real one again).
+pub fn set_simulated_now(t: Option<Instant>) {
+    SIMULATED.with(|c| c.set(t));
+}
 
 /// Why a plan was refused.
 #[derive(Debug, thiserror::Error)]
@@ -42,6 +68,54 @@ pub enum PlansError {
     Plan(#[from] PlanError),
 }
 
+/// The deadlines, in seconds from now, by which [`Need`] counts bytes: doubling from
+/// a second to about two minutes. Eight numbers a report; a shard needed later than the
+/// last one is no load on the backend yet. The first deadline is the exchange's own
+/// period (a need reported is a second old when the members act on it), and doubling
+/// keeps the steepest rate within a factor of two of the exact one.
+pub const NEED_BY: [f64; 8] = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0];
+
+/// Bytes still to come from the backend, by deadline: `bytes[i]` are needed later than
+/// `NEED_BY[i - 1]` seconds from now and by `NEED_BY[i]`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Need {
+    pub bytes: Vec<u64>,
+}
+
+impl Need {
+    /// The need of shards still missing: `(size, seconds to its read)`.
+    pub fn of(missing: impl IntoIterator<Item = (u64, f64)>) -> Need {
+        let mut bytes = vec![0u64; NEED_BY.len()];
+        for (size, due) in missing {
+            if let Some(i) = NEED_BY.iter().position(|&by| due <= by) {
+                bytes[i] += size;
+            }
+        }
+        Need { bytes }
+    }
+
+    pub fn add(&mut self, o: &Need) {
+        if self.bytes.len() < o.bytes.len() {
+            self.bytes.resize(o.bytes.len(), 0);
+        }
+        for (a, b) in self.bytes.iter_mut().zip(&o.bytes) {
+            *a += b;
+        }
+    }
+
+    /// The rate, in bytes per second, that brings every byte in by its deadline: the
+    /// steepest of the bytes due by each deadline over it.
+    pub fn rate(&self) -> f64 {
+        let mut sum = 0.0;
+        let mut most = 0.0f64;
+        for (b, by) in self.bytes.iter().zip(NEED_BY) {
+            sum += *b as f64;
+            most = most.max(sum / by);
+        }
+        most
+    }
+}
+
 /// A member's note of a plan's progress, sent to the plan's home.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Report {
@@ -53,6 +127,15 @@ pub struct Report {
     pub counts: Counts,
     /// Milliseconds since this member last saw the plan used (a read or a registration).
     pub idle_ms: u64,
+    /// The bytes of this plan's shards that this member owns and has still to bring
+    /// from the backend, by deadline (a shard two plans read counts for the one that
+    /// reads it first).
+    #[serde(default)]
+    pub need: Need,
+    /// The member's bytes from the backend since it started, whatever asked for them:
+    /// the home sums them over the members into the backend's throughput.
+    #[serde(default)]
+    pub backend_bytes: u64,
 }
 
 /// A plan's counters on one member, or summed over the cluster.
@@ -90,6 +173,41 @@ pub struct Standing {
     pub pace: f64,
     pub counts: Counts,
     pub idle_ms: u64,
+    /// The members' need for the backend, summed ([`Report::need`]).
+    #[serde(default)]
+    pub need: Need,
+    /// The backend's throughput for the whole cluster, bytes per second (0: not
+    /// measured yet): what the members' needs divide among them.
+    #[serde(default)]
+    pub backend: f64,
+}
+
+impl BackendMeter {
+    /// Member `from` reports `bytes` from the backend since it started; the cluster
+    /// needs `need` bytes per second of it. Over spans of [`RATE_SPAN`], the bytes all
+    /// members brought are the backend's throughput; it is its capacity only where the
+    /// members needed more than they got (else a lower bound, kept when above the last
+    /// measure). Answers the throughput known (`old` until a span ends).
+    fn add(&mut self, from: &str, bytes: u64, need: f64, old: f64, now: Instant) -> f64 {
+        // A member that restarted counts from 0 again: its first report adds nothing.
+        if let Some(prev) = self.last.insert(from.to_owned(), bytes) {
+            self.bytes += bytes.saturating_sub(prev);
+        }
+        let since = *self.since.get_or_insert(now);
+        let span = now.duration_since(since);
+        if span < RATE_SPAN {
+            return old;
+        }
+        let r = self.bytes as f64 / span.as_secs_f64();
+        self.bytes = 0;
+        self.since = Some(now);
+        if need > r && old > 0.0 {
+            // Saturated: the throughput is what the backend gives.
+            0.5 * old + 0.5 * r
+        } else {
+            old.max(r)
+        }
+    }
 }
 
 /// One plan on this node.
@@ -125,6 +243,18 @@ struct State {
     last_place: Option<(u64, Instant)>,
     /// When the standing was made (at the home) or learned (elsewhere).
     stood: Instant,
+    /// At the home: the backend's bytes counted since `since`, summed over the members'
+    /// reports, and each member's counter as last reported.
+    backend: BackendMeter,
+}
+
+/// The backend's throughput for the whole cluster, as the home measures it from the
+/// members' counters.
+#[derive(Default)]
+struct BackendMeter {
+    last: HashMap<String, u64>,
+    bytes: u64,
+    since: Option<Instant>,
 }
 
 impl Plan {
@@ -136,7 +266,7 @@ impl Plan {
                 spec: Arc::new(spec),
                 schedule: Arc::new(schedule),
                 sent: None,
-                used: Instant::now(),
+                used: now(),
                 noted: HashMap::new(),
                 last_read: HashMap::new(),
                 reports: HashMap::new(),
@@ -145,7 +275,8 @@ impl Plan {
                     ..Standing::default()
                 },
                 last_place: None,
-                stood: Instant::now(),
+                stood: now(),
+                backend: BackendMeter::default(),
             }),
             fetched: AtomicU64::new(0),
             evicted: AtomicU64::new(0),
@@ -182,7 +313,7 @@ impl Plan {
             st.schedule.clone(),
             place,
             st.standing.pace,
-            st.stood.elapsed(),
+            since(st.stood),
         )
     }
 
@@ -228,32 +359,45 @@ impl Plan {
             .is_some_and(|&e| e < st.schedule.epoch)
     }
 
-    /// This node's report to the plan's home.
-    pub fn report(&self) -> Report {
+    /// This node's report to the plan's home: with its `need` for this plan's shards,
+    /// and its `backend_bytes` so far.
+    pub fn report(&self, need: Need, backend_bytes: u64) -> Report {
         let st = self.lock();
         Report {
             id: self.id.clone(),
             epoch: st.spec.epoch,
             ranks: st.noted.iter().map(|(&r, &p)| (r, p)).collect(),
             counts: self.counts(),
-            idle_ms: st.used.elapsed().as_millis() as u64,
+            idle_ms: since(st.used).as_millis() as u64,
+            need,
+            backend_bytes,
         }
+    }
+
+    /// The standing last made or learned.
+    pub fn standing(&self) -> Standing {
+        self.lock().standing.clone()
     }
 
     /// At the home: takes member `from`'s report and answers with the standing.
     pub fn merge(&self, from: &str, report: Report) -> Standing {
         let mut st = self.lock();
         Plan::advance(&mut st, report.epoch);
-        st.reports.insert(from.to_owned(), (Instant::now(), report));
+        let report_backend = report.backend_bytes;
+        st.reports.insert(from.to_owned(), (now(), report));
         // Reports from members not heard for a while are stale.
         st.reports
-            .retain(|_, (at, _)| at.elapsed() < Duration::from_secs(10));
+            .retain(|_, (at, _)| since(*at) < Duration::from_secs(10));
         let epoch = st.spec.epoch;
         let mut ranks: HashMap<u32, u64> = HashMap::new();
         let mut counts = Counts::default();
         let mut idle = u64::MAX;
-        for (_, r) in st.reports.values() {
+        let mut need = Need::default();
+        for (at, r) in st.reports.values() {
             counts.add(&r.counts);
+            if since(*at) < FRESH {
+                need.add(&r.need);
+            }
             idle = idle.min(r.idle_ms);
             if r.epoch == epoch {
                 for &(rank, place) in &r.ranks {
@@ -269,7 +413,7 @@ impl Plan {
             0
         };
         let consumed = ranks.values().sum::<u64>();
-        let now = Instant::now();
+        let now = now();
         // Over spans of a couple of reports: the ranks' reads come in runs, and stand
         // still at an epoch's end while the job eats what it has read.
         let at_all = epoch * st.schedule.per_rank + place;
@@ -296,9 +440,11 @@ impl Plan {
                 st.standing.rate
             }
         };
-        if idle < st.used.elapsed().as_millis() as u64 {
+        if idle < since(st.used).as_millis() as u64 {
             st.used = now - Duration::from_millis(idle);
         }
+        let old = st.standing.backend;
+        let backend = st.backend.add(from, report_backend, need.rate(), old, now);
         st.stood = now;
         st.standing = Standing {
             epoch,
@@ -307,7 +453,9 @@ impl Plan {
             rate,
             pace,
             counts,
-            idle_ms: st.used.elapsed().as_millis() as u64,
+            idle_ms: since(st.used).as_millis() as u64,
+            need,
+            backend,
         };
         st.standing.clone()
     }
@@ -316,12 +464,12 @@ impl Plan {
     pub fn learn(&self, standing: Standing) {
         let mut st = self.lock();
         Plan::advance(&mut st, standing.epoch);
-        let used = Instant::now() - Duration::from_millis(standing.idle_ms);
+        let used = now() - Duration::from_millis(standing.idle_ms);
         if used > st.used {
             st.used = used;
         }
         st.standing = standing;
-        st.stood = Instant::now();
+        st.stood = now();
     }
 
     /// How the plan shows: its spec, the standing, and `ttl` less its idle time.
@@ -355,7 +503,7 @@ impl Plan {
             evicted_bytes: counts.evicted_bytes,
             reads_ready: counts.reads_ready,
             reads_waited: counts.reads_waited,
-            expires_in_s: ttl.saturating_sub(st.used.elapsed()).as_secs_f64(),
+            expires_in_s: ttl.saturating_sub(since(st.used)).as_secs_f64(),
         }
     }
 }
@@ -413,7 +561,7 @@ impl Plans {
         let held = self.lock().get(&id).cloned();
         if let Some(plan) = held {
             let mut st = plan.lock();
-            st.used = Instant::now();
+            st.used = now();
             let news = st.spec.version() != spec.version();
             if news {
                 let schedule = Schedule::of(&spec)?;
@@ -421,7 +569,7 @@ impl Plans {
                 st.schedule = Arc::new(schedule);
                 st.noted.clear();
             }
-            let due = st.sent.is_none_or(|t| t.elapsed() >= RESEND_EVERY);
+            let due = st.sent.is_none_or(|t| since(t) >= RESEND_EVERY);
             drop(st);
             return Ok(Registered {
                 plan,
@@ -446,7 +594,7 @@ impl Plans {
 
     /// The registration was passed on to every member now.
     pub fn sent(&self, plan: &Plan) {
-        plan.lock().sent = Some(Instant::now());
+        plan.lock().sent = Some(now());
     }
 
     pub fn get(&self, id: &str) -> Option<Arc<Plan>> {
@@ -516,7 +664,7 @@ impl Plans {
         let ttl = self.ttl();
         let mut map = self.lock();
         map.retain(|id, p| {
-            let keep = p.lock().used.elapsed() < ttl;
+            let keep = since(p.lock().used) < ttl;
             if !keep {
                 gone.push(id.clone());
             }
@@ -539,7 +687,7 @@ impl Plans {
         }
         let mut st = plan.lock();
         Plan::advance(&mut st, mark.epoch);
-        st.used = Instant::now();
+        st.used = now();
         if mark.epoch == st.spec.epoch {
             let p = st.noted.entry(mark.rank).or_default();
             *p = (*p).max(mark.place);
@@ -636,7 +784,7 @@ mod tests {
         plans.note(&mark(&id, 0, 0, 7), "p/0.tar", true);
         plans.note(&mark(&id, 0, 0, 5), "p/0.tar", false);
         // One rank seen: the slowest place is not known yet.
-        let s = plan.merge("a", plan.report());
+        let s = plan.merge("a", plan.report(Need::default(), 0));
         assert_eq!((s.place, s.consumed), (0, 7));
         assert_eq!((s.counts.reads_ready, s.counts.reads_waited), (1, 1));
         // Another member saw rank 1.
@@ -649,6 +797,7 @@ mod tests {
                 ..Counts::default()
             },
             idle_ms: 0,
+            ..Report::default()
         };
         let s = plan.merge("b", other);
         assert_eq!((s.place, s.consumed), (4, 11));
@@ -686,6 +835,50 @@ mod tests {
         plans.note(&mark(&id, 1, 0, 9), "q/x.tar", true);
         assert!(!plan.unread_here("q/x.tar"));
         assert_eq!(plan.lock().last_read.len(), 2);
+    }
+
+    #[test]
+    fn a_need_is_the_steepest_rate_its_deadlines_ask() {
+        const MB: u64 = 1_000_000;
+        // 1 MB by 1 s; 2 MB more by 4 s (3 MB by then); one past every deadline.
+        let n = Need::of([(MB, 0.5), (MB, 3.0), (MB, 4.0), (5 * MB, 1000.0)]);
+        assert_eq!(n.bytes, vec![MB, 0, 2 * MB, 0, 0, 0, 0, 0]);
+        assert!(
+            (n.rate() - MB as f64).abs() < 1.0,
+            "1 MB by 1 s is the steepest"
+        );
+        let mut all = Need::of([(4 * MB, 2.0)]);
+        assert!((all.rate() - 2.0 * MB as f64).abs() < 1.0);
+        all.add(&n);
+        // 5 MB by 2 s.
+        assert!((all.rate() - 2.5 * MB as f64).abs() < 1.0);
+        assert_eq!(Need::default().rate(), 0.0);
+    }
+
+    /// The home sums the members' bytes into the backend's throughput: its capacity
+    /// where they needed more, else a floor kept until a span needing more says less.
+    #[test]
+    fn the_home_measures_the_backends_throughput_from_the_members_counts() {
+        let t0 = Instant::now();
+        let s = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut m = BackendMeter::default();
+        // First reports: counters known, nothing counted yet.
+        assert_eq!(m.add("a", 1000, 0.0, 0.0, s(0)), 0.0);
+        assert_eq!(m.add("b", 5000, 0.0, 0.0, s(100)), 0.0);
+        // 2 s later: a brought 2 MB and b 1 MB: 1.5 MB/s; needed less, a floor.
+        let r = m.add("a", 2_001_000, 0.0, 0.0, s(1000));
+        assert_eq!(r, 0.0, "span not over yet");
+        let r = m.add("b", 1_005_000, 0.0, r, s(2000));
+        assert!((r - 1.5e6).abs() < 1.0, "{r}");
+        // A span with less brought and less needed keeps the floor.
+        let r2 = m.add("a", 2_501_000, 0.1e6, r, s(4000));
+        assert_eq!(r2, r);
+        // Members needing more than they got: the backend gives no more.
+        let r3 = m.add("a", 3_001_000, 5e6, r2, s(6000));
+        assert!((r3 - (0.5 * 1.5e6 + 0.5 * 0.25e6)).abs() < 1.0, "{r3}");
+        // A member that restarted counts from 0: its drop adds nothing.
+        m.add("b", 10, 0.0, r3, s(6500));
+        assert_eq!(m.bytes, 0);
     }
 
     #[test]

@@ -41,6 +41,7 @@ pub use catalog::FRESH_FOR as CATALOG_FRESH_FOR;
 pub use drain::DRAIN_FILE;
 pub use error::NodeError;
 pub use open::{BackendSpec, NodeConfig, OpenError};
+pub use planner::sim::{simulate as simulate_planner, SimConfig, SimEpoch, SimReport};
 pub use planner::Demand;
 pub use prefetch::PREFETCH_PARALLEL;
 pub use read::{etag_matches, Conditions, ReadMode, ReadRequest, Reply, Served};

@@ -5,10 +5,23 @@
 //! - **Plans.** A plan registered through any node is passed on to every member up
 //!   ([`SharePlan`]), and again every [`crate::plans::RESEND_EVERY`] while its job keeps
 //!   registering it, so a member that restarted learns it. A drop is passed on too.
-//! - **Progress.** Planned reads carry their rank's place; each node notes the places
-//!   it serves, and once a second reports them per plan to the plan's home (its owner
-//!   on the ring), which answers with the slowest rank's place and the rate: one call
-//!   per plan per member per second, whatever the number of ranks ([`PlanReport`]).
+//! - **Progress and need.** Planned reads carry their rank's place; each node notes
+//!   the places it serves, and once a second reports them per plan to the plan's home
+//!   (its owner on the ring), with its need for the backend: the bytes of the plan's
+//!   shards it owns and still has to fetch, by deadline ([`crate::plans::Need`]), and
+//!   its count of bytes from the backend. The home answers with the slowest rank's
+//!   place and the ranks' rate, the members' needs summed, and the backend's
+//!   throughput for the whole cluster (the members' bytes over time; its capacity where
+//!   they needed more than they got). One call per plan per member per second,
+//!   whatever the number of ranks ([`PlanReport`]).
+//! - **The backend shared by need.** The backend is one budget. Each member counts on
+//!   no more than its part of the cluster's throughput, in proportion to its need
+//!   among all the members' needs (nor more than it measured itself), and runs as
+//!   many fetches as its need asks at one fetch's measured throughput, so the member
+//!   that owns the most misses runs the most and takes the most. Where the members
+//!   together need more than the backend gives, more fetches bring no more bytes,
+//!   only a larger part of them, and each holds its room in the cache while it runs:
+//!   then each member runs its part of [`FETCHES`] per member, by need (at least one).
 //! - **Fetching.** Every [`TICK`], the shards this node owns are ranked by their next
 //!   use in seconds (places to go over the plan's rate; the earliest over all plans).
 //!   Those that fit, soonest first, in the room the plans may use are the ones worth
@@ -21,14 +34,12 @@
 //!   else as many as the shards still missing need at one fetch's measured
 //!   throughput, [`FETCHES`] − 1 to 2 × [`FETCHES`]: members share a backend per
 //!   connection, and one that owns more of the misses takes more of it.
-//! - **Just in time.** A fetch starts no earlier than it must: the planner measures
-//!   the backend's throughput while it fetches, and starts the next fetch once the
-//!   shards still missing, fetched one after another at [`SHARE`] of that rate, would
-//!   otherwise come later than [`SLACK`] before their reads (the rate was measured
-//!   while other members may have fetched less than they are about to). A fetch made
-//!   earlier than that would drop an entry that is read before the fetched shard's
-//!   turn comes, and cost its fetch again: the bytes from the backend stay at what the
-//!   cache's size forces.
+//! - **Just in time.** A fetch starts no earlier than it must: it starts once the
+//!   shards still missing, fetched one after another at [`SHARE`] of the member's
+//!   part of the backend, would otherwise come later than [`SLACK`] before their
+//!   reads. A fetch made earlier than that would drop an entry that is read before
+//!   the fetched shard's turn comes, and cost its fetch again: the bytes from the
+//!   backend stay at what the cache's size forces.
 //!   Times come from the ranks' pace when no read waits; while clients' reads have
 //!   waited on the backend within [`BEHIND`], the planner is behind, and fetches the
 //!   shards still to be read in this epoch as soon as it can.
@@ -40,6 +51,34 @@
 //!   place across the epoch's end, and the entry it replaced is fetched again.
 //!   Entries of no plan stay under the cache's policy. A dropped entry's next read is
 //!   an ordinary miss: bytes never change.
+//!
+//! **What the thresholds come from.** Measured by the node: one planned fetch's
+//! throughput (`Meter::one`), the backend's throughput (this member's, and the
+//! cluster's at the plans' homes), the members' needs, the ranks' pace (places per
+//! second, from the exchanged progress) and the time left before each shard's first
+//! planned read (its place in the plan over the pace). The numbers that remain:
+//! - [`SLACK`] (400 ms), [`SHARE`] (0.75) and [`BEHIND`] (2 s) were fitted to P13's
+//!   first shape (2 MiB shards fetched in about 0.1 s, 12 s epochs). Derived in their
+//!   place and measured over a matrix of shapes (BENCHMARKS.md, P13): the slack as one
+//!   fetch's time, the share as the whole of the member's part, behind for two
+//!   fetches' time. Where the backend is the bound, each made the planner bring more
+//!   bytes (1.15–1.35 × (D − C) against 1.09–1.12) and the epochs longer in the same
+//!   proportion; so they stay, until a derivation holds across the matrix.
+//! - [`TICK`] (200 ms) and [`EXCHANGE_EVERY`] (1 s): how often to look and to report;
+//!   five looks per exchange, and the staleness an exchange's period brings is
+//!   counted in (`Planned::early`).
+//! - [`FETCHES`] (2): fetches before one was timed, and the range around the need.
+//! - The reads' lag behind a rank's furthest place: two batches and the shuffle
+//!   buffer (a DataLoader's workers read batches in turn; the place reported is the
+//!   furthest worker's).
+//! - The meter's span (500 ms) and smoothing (0.7 of the old value): a span must hold
+//!   more than one piece of a fetch (1 MiB pieces; at 10 MB/s half a second holds
+//!   five), and three spans follow a change.
+//! - In `plans`: the rate's span (1.5 s: a report from every member), a need's
+//!   freshness (three missed reports), and the deadlines a need is counted by
+//!   ([`crate::plans::NEED_BY`]: doubling, within a factor of two of the exact rate).
+
+pub mod sim;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -49,21 +88,28 @@ use std::time::{Duration, Instant};
 use granary_proto::plan::{PlanMark, PlanSpec, PlanView};
 
 use super::{Node, NodeError, ReadRequest};
-use crate::cache::Origin;
+use crate::cache::{Origin, Usage};
 use crate::cluster::calls::{DropPlan, PlanReport, SharePlan};
 use crate::cluster::ring::key_hash;
 use crate::plans::{Plan, PlansError, Standing};
 use crate::stats::Metric;
 
-/// How often the planner looks at its plans.
+/// How often the planner looks at its plans, besides when a fetch ends or a plan comes:
+/// five looks per exchange of the ranks' progress (which is what moves between looks),
+/// so that a fetch starts within a fifth of the exchange's age of its time. A look
+/// ranks this node's shards of every plan; the simulation in BENCHMARKS.md measures it.
 pub const TICK: Duration = Duration::from_millis(200);
-/// How often each plan's progress is exchanged with its home.
+/// How often each plan's progress, and this member's need for the backend, are
+/// exchanged with the plan's home: one small call per plan per member per second
+/// (BENCHMARKS.md has the bytes); the standing it brings is at most this old, and the
+/// planner counts that age as time the ranks may have run ahead.
 pub const EXCHANGE_EVERY: Duration = Duration::from_secs(1);
-/// Planned fetches in flight at once.
+/// Planned fetches in flight: as many as the need asks at one fetch's throughput,
+/// from [`FETCHES`] − 1 to 2 × [`FETCHES`]; two before one has been timed.
 pub const FETCHES: usize = 2;
 /// How long before its read a planned shard should be in the cache, at least.
 pub const SLACK: Duration = Duration::from_millis(400);
-/// The part of the backend's measured throughput that the planner counts on when it
+/// The part of its share of the backend's throughput that the planner counts on when it
 /// decides that a fetch of this epoch's shards can wait.
 pub const SHARE: f64 = 0.75;
 /// How long after a client's read waited on the backend the planner fetches as soon as
@@ -222,6 +268,256 @@ fn plans_error(e: PlansError) -> NodeError {
     }
 }
 
+/// What the planner looks at, gathered from the node (or from a simulation of one).
+struct Look<'a> {
+    pub usage: Usage,
+    /// Planned fetches in flight: `bucket/key`, and their sizes.
+    pub fetching: &'a HashMap<String, u64>,
+    /// Whether a client's read is filling `bucket/key`.
+    pub filling: &'a dyn Fn(&str, &str) -> bool,
+    /// This member's measure of the backend's throughput, and of one fetch's.
+    pub measured: f64,
+    pub one: f64,
+    /// A client's read waits on the backend now.
+    pub demand: bool,
+    /// A client's read waited on the backend within [`BEHIND`].
+    pub waited: bool,
+    pub standing: Standings,
+    /// Members up, this one among them.
+    pub members: usize,
+}
+
+/// The plans' standings, summed: what the homes last said of the cluster's backend.
+#[derive(Default)]
+struct Standings {
+    /// The backend's throughput for the whole cluster (0: not measured yet).
+    pub backend: f64,
+    /// The members' needs over all plans.
+    pub need: crate::plans::Need,
+}
+
+impl Standings {
+    pub fn of(plans: &[Arc<Plan>]) -> Standings {
+        let mut s = Standings::default();
+        for plan in plans {
+            let st = plan.standing();
+            s.backend = s.backend.max(st.backend);
+            s.need.add(&st.need);
+        }
+        s
+    }
+}
+
+/// What to do next: the earliest shard not in the cache (`wanted`; `held`: those in
+/// it), if it fits, or fits once planned entries needed later are dropped.
+fn decide(look: &Look<'_>, mut wanted: Vec<Planned>, held: Vec<Planned>) -> Option<Step> {
+    // Shards being read now are the readers' to bring (by range, as they go); the
+    // planner brings the next ones before their first read. A shard a client's read
+    // is filling has its room already.
+    wanted.retain(|p| {
+        p.due > 0.0
+            && p.due.is_finite()
+            && !look
+                .fetching
+                .contains_key(&format!("{}/{}", p.bucket, p.key))
+            && !(look.filling)(&p.bucket, &p.key)
+    });
+    // Belady's horizon: the shards needed soonest that fit in the room plans may
+    // use (the cache less what entries of no plan hold) are the ones worth holding;
+    // one needed later would be dropped before its read for one needed sooner, its
+    // fetch wasted.
+    let u = look.usage;
+    let unplanned = u.used.saturating_sub(held.iter().map(|p| p.size).sum());
+    let budget = u.capacity.saturating_sub(unplanned);
+    let mut by_due: Vec<(f64, u64)> = held
+        .iter()
+        .chain(&wanted)
+        .map(|p| (p.due, p.size))
+        .collect();
+    by_due.sort_by(|a, b| a.0.total_cmp(&b.0));
+    // Fills in flight hold their room already.
+    let mut taken = u.reserved;
+    let mut horizon = f64::NEG_INFINITY;
+    for (due, n) in by_due {
+        taken += n;
+        if taken > budget {
+            break;
+        }
+        horizon = due;
+    }
+    wanted.sort_by(|a, b| a.due.total_cmp(&b.due));
+    let missing: Vec<(u64, f64)> = wanted
+        .iter()
+        .map(|p| (p.size, (p.due - p.early).max(0.0)))
+        .collect();
+    let backlog = look.fetching.values().sum();
+    // Behind: a client's read waited lately, and the shard first needed is still to be
+    // read in this epoch. A shard for the next epoch waits for its time even then:
+    // fetched early, it is the first entry dropped for a read of this epoch's.
+    let waited = look.waited;
+    let behind = wanted.first().is_some_and(|p| p.due < p.reuse) && waited;
+    let one = look.one;
+    // Clients' reads waiting on the backend go first: one planned fetch at most
+    // beside them (the planner then keeps its place ahead of them, which is what
+    // keeps them from waiting); reads that join a planned fetch are none of them.
+    // Else as many as the shards still missing need to come in before their reads,
+    // at one fetch's throughput: members share the backend per connection, so a
+    // member with more to fetch takes a larger share by running more.
+    // Where the members together need more than the backend gives, more fetches
+    // bring no more bytes, only a larger part of them, and each holds its room in
+    // the cache while it runs (a room that a small cache misses: an entry dropped
+    // for it is fetched again). Then the members' fetches are split by need, [`FETCHES`]
+    // per member on the whole: this member's part of them, at least one.
+    let most = if look.demand {
+        1
+    } else if let Some(part) = part_of_backend(look, &missing, backlog) {
+        ((part * (FETCHES * look.members.max(1)) as f64).round() as usize).max(1)
+    } else if one > 0.0 {
+        let wanted = (need(&missing, backlog) / one).ceil() as usize;
+        (wanted.max(FETCHES - 1) + usize::from(waited)).clamp(1, 2 * FETCHES)
+    } else {
+        FETCHES
+    };
+    if look.fetching.len() >= most {
+        return None;
+    }
+    // When to start: at this member's part of the backend (below), counting on
+    // [`SHARE`] of it: the throughput was measured over spans in which the share
+    // of other members and of clients' reads was not the one to come, and a member
+    // that starts late cannot make up the time at a share it does not have.
+    let rate = SHARE * share_of_backend(look, &missing, backlog);
+    if !behind && !due_now(&missing, backlog, rate, SLACK.as_secs_f64()) {
+        return None;
+    }
+    let first = wanted.into_iter().next().filter(|p| p.due <= horizon)?;
+    let victims = room_for(&first, held, u)?;
+    if victims.is_empty() {
+        return Some(Step::Fetch(first));
+    }
+    // A shard of the next epoch fetched before this epoch's reads are over, in
+    // place of an entry kept for the next epoch, takes that entry's place across
+    // the epoch's end, and the entry is fetched again: only when it can wait no
+    // longer (once the ranks read the next epoch, its entries read make room).
+    if first.due >= first.reuse && !just_in_time(&first, backlog, rate / SHARE, SLACK.as_secs_f64())
+    {
+        return None;
+    }
+    Some(Step::DropThenFetch(victims, first))
+}
+
+/// The backend's throughput this member counts on when it times its fetches: its
+/// part of the cluster's measured throughput, by its need (`missing` as in [`spare`],
+/// behind `backlog` bytes in flight) among the members' needs as the plans' homes
+/// last summed them (counted alike, by [`crate::plans::Need`]), and no more than
+/// its own measure: the throughput it saw (`measured`, over spans in which it
+/// fetched), as if [`FETCHES`] of `one` fetch's throughput ran at once (a span in
+/// which it had the backend alone says little of one in which every member
+/// fetches). Its own measure alone until the homes have measured the cluster's.
+/// Where the members together need more of the backend than its measured throughput:
+/// this member's part of their need (else `None`).
+fn part_of_backend(look: &Look<'_>, missing: &[(u64, f64)], backlog: u64) -> Option<f64> {
+    let budget = look.standing.backend;
+    let mine = crate::plans::Need::of(missing.iter().copied().chain([(backlog, 0.0)])).rate();
+    let total = look.standing.need.rate().max(mine);
+    (budget > 0.0 && mine > 0.0 && total > budget).then(|| mine / total)
+}
+
+fn share_of_backend(look: &Look<'_>, missing: &[(u64, f64)], backlog: u64) -> f64 {
+    let (measured, one) = (look.measured, look.one);
+    let budget = look.standing.backend;
+    let own = if measured > 0.0 && one > 0.0 {
+        measured.min(one * FETCHES as f64)
+    } else {
+        measured
+    };
+    if budget <= 0.0 || own <= 0.0 {
+        return own;
+    }
+    // The homes' sum holds this member's need as it last reported it; nothing
+    // needed by anyone (or by this member alone): all of it.
+    let mine = crate::plans::Need::of(missing.iter().copied().chain([(backlog, 0.0)])).rate();
+    let total = look.standing.need.rate().max(mine);
+    if total <= 0.0 || mine <= 0.0 {
+        return own;
+    }
+    own.min(budget * mine / total)
+}
+
+/// The planned entries to drop so that `target` fits: none when it fits now, `None`
+/// when dropping every entry needed later than it would not do.
+fn room_for(target: &Planned, mut held: Vec<Planned>, u: Usage) -> Option<Vec<Planned>> {
+    let room = u.capacity.saturating_sub(u.used + u.reserved);
+    if target.size <= room {
+        return Some(Vec::new());
+    }
+    // Farthest first; only those needed later than the shard, and read already in
+    // this epoch (their next read is the next epoch's, and no read of the last epoch
+    // is the last one noted here: the ranks' places run ahead of a slow reader's):
+    // one that is still to be read in this epoch is worth keeping until then, as an
+    // entry read meanwhile will make room (dropping it for a fetch made early would
+    // cost its fetch again).
+    held.retain(|p| p.due > target.due && p.due >= p.reuse && !p.plan.unread_here(&p.key));
+    held.sort_by(|a, b| b.due.total_cmp(&a.due));
+    let mut freed = room;
+    let mut victims = Vec::new();
+    for v in held {
+        if freed >= target.size {
+            break;
+        }
+        freed += v.size;
+        victims.push(v);
+    }
+    (freed >= target.size).then_some(victims)
+}
+
+/// The shards of `plans` that this node owns (`mine`), each with its earliest next use.
+fn planned(plans: &[Arc<Plan>], mine: impl Fn(&str, &str) -> bool) -> Vec<Planned> {
+    let mut by_key: HashMap<String, Planned> = HashMap::new();
+    for plan in plans {
+        let spec = plan.spec();
+        let (schedule, place, rate, age) = plan.position();
+        let early = age.min(EXCHANGE_EVERY).as_secs_f64();
+        // Before a rate is known, places stand for seconds: the order holds.
+        let rate = if rate > 0.0 { rate } else { 1.0 };
+        // A rank's DataLoader workers read batches in turn: the furthest place
+        // reported is ahead of the others' by a batch or two.
+        let lag = 2 * spec.batch_size.max(1) as u64 + spec.shuffle_buffer as u64;
+        for (i, shard) in spec.shards.iter().enumerate() {
+            if !mine(&spec.bucket, &shard.key) {
+                continue;
+            }
+            let secs = |p: Option<u64>| p.map_or(f64::INFINITY, |p| p as f64 / rate);
+            let due = secs(schedule.next_use(i, place, lag));
+            let reuse = secs(schedule.reuse(i, place));
+            let id = format!("{}/{}", spec.bucket, shard.key);
+            match by_key.get_mut(&id) {
+                Some(p) if p.due <= due => p.reuse = p.reuse.min(reuse),
+                Some(p) => {
+                    p.due = due;
+                    p.reuse = p.reuse.min(reuse);
+                    p.early = early;
+                    p.plan = plan.clone();
+                }
+                None => {
+                    by_key.insert(
+                        id,
+                        Planned {
+                            bucket: spec.bucket.clone(),
+                            key: shard.key.clone(),
+                            size: shard.size,
+                            due,
+                            reuse,
+                            early,
+                            plan: plan.clone(),
+                        },
+                    );
+                }
+            }
+        }
+    }
+    by_key.into_values().collect()
+}
+
 impl Node {
     /// A job registers its plan (through this node): held here, passed on to every
     /// member up when it is news, and the planner woken.
@@ -313,13 +609,13 @@ impl Node {
             .unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
     }
 
-    /// Whether a client's read waited on the backend within [`BEHIND`].
-    fn waited_lately(&self) -> bool {
+    /// Whether a client's read waited on the backend within `span`.
+    fn waited_within(&self, span: Duration) -> bool {
         self.planner
             .waited
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .is_some_and(|at| at.elapsed() < BEHIND)
+            .is_some_and(|at| at.elapsed() < span)
     }
 
     /// Whether the planner is fetching `bucket/key`.
@@ -460,8 +756,21 @@ impl Node {
 
     /// Reports each plan's progress noted here to its home, and learns its standing.
     async fn exchange(self: &Arc<Self>) {
+        // This member's shards still missing, by the plan that reads each first.
+        let mut needs: HashMap<String, Vec<(u64, f64)>> = HashMap::new();
+        for p in self.split_held().0 {
+            if p.due.is_finite() {
+                let due = (p.due - p.early).max(0.0);
+                needs
+                    .entry(p.plan.id.clone())
+                    .or_default()
+                    .push((p.size, due));
+            }
+        }
+        let backend_bytes = self.stats.get(Metric::BytesFromBackend);
         for plan in self.plans.all() {
-            let report = plan.report();
+            let need = crate::plans::Need::of(needs.remove(&plan.id).unwrap_or_default());
+            let report = plan.report(need, backend_bytes);
             let home = self.cluster.owner_of_hash(key_hash(HOME, &plan.id));
             if self.cluster.is_me(&home) {
                 plan.merge(&self.id, report);
@@ -489,53 +798,9 @@ impl Node {
 
     /// This node's shards in the plans, each with its earliest next use.
     fn planned_here(&self) -> Vec<Planned> {
-        let mut by_key: HashMap<String, Planned> = HashMap::new();
-        for plan in self.plans.all() {
-            let spec = plan.spec();
-            let (schedule, place, rate, age) = plan.position();
-            let early = age.min(EXCHANGE_EVERY).as_secs_f64();
-            // Before a rate is known, places stand for seconds: the order holds.
-            let rate = if rate > 0.0 { rate } else { 1.0 };
-            // A rank's DataLoader workers read batches in turn: the furthest place
-            // reported is ahead of the others' by a batch or two.
-            let lag = 2 * spec.batch_size.max(1) as u64 + spec.shuffle_buffer as u64;
-            for (i, shard) in spec.shards.iter().enumerate() {
-                if !self
-                    .cluster
-                    .is_me(&self.cluster.owner(&spec.bucket, &shard.key))
-                {
-                    continue;
-                }
-                let secs = |p: Option<u64>| p.map_or(f64::INFINITY, |p| p as f64 / rate);
-                let due = secs(schedule.next_use(i, place, lag));
-                let reuse = secs(schedule.reuse(i, place));
-                let id = format!("{}/{}", spec.bucket, shard.key);
-                match by_key.get_mut(&id) {
-                    Some(p) if p.due <= due => p.reuse = p.reuse.min(reuse),
-                    Some(p) => {
-                        p.due = due;
-                        p.reuse = p.reuse.min(reuse);
-                        p.early = early;
-                        p.plan = plan.clone();
-                    }
-                    None => {
-                        by_key.insert(
-                            id,
-                            Planned {
-                                bucket: spec.bucket.clone(),
-                                key: shard.key.clone(),
-                                size: shard.size,
-                                due,
-                                reuse,
-                                early,
-                                plan: plan.clone(),
-                            },
-                        );
-                    }
-                }
-            }
-        }
-        by_key.into_values().collect()
+        planned(&self.plans.all(), |bucket, key| {
+            self.cluster.is_me(&self.cluster.owner(bucket, key))
+        })
     }
 
     /// What to do next: the earliest shard not in the cache, if it fits, or fits once
@@ -557,128 +822,23 @@ impl Node {
     }
 
     fn next_step(&self, fetching: &HashMap<String, u64>) -> Option<Step> {
-        let (mut wanted, held) = self.split_held();
-        // Shards being read now are the readers' to bring (by range, as they go); the
-        // planner brings the next ones before their first read. A shard a client's read
-        // is filling has its room already.
-        wanted.retain(|p| {
-            p.due > 0.0
-                && p.due.is_finite()
-                && !fetching.contains_key(&format!("{}/{}", p.bucket, p.key))
-                && !self.cache.filling(&p.bucket, &p.key)
-        });
-        // Belady's horizon: the shards needed soonest that fit in the room plans may
-        // use (the cache less what entries of no plan hold) are the ones worth holding;
-        // one needed later would be dropped before its read for one needed sooner, its
-        // fetch wasted.
-        let u = self.cache.usage();
-        let unplanned = u.used.saturating_sub(held.iter().map(|p| p.size).sum());
-        let budget = u.capacity.saturating_sub(unplanned);
-        let mut by_due: Vec<(f64, u64)> = held
-            .iter()
-            .chain(&wanted)
-            .map(|p| (p.due, p.size))
-            .collect();
-        by_due.sort_by(|a, b| a.0.total_cmp(&b.0));
-        // Fills in flight hold their room already.
-        let mut taken = u.reserved;
-        let mut horizon = f64::NEG_INFINITY;
-        for (due, n) in by_due {
-            taken += n;
-            if taken > budget {
-                break;
-            }
-            horizon = due;
-        }
-        wanted.sort_by(|a, b| a.due.total_cmp(&b.due));
-        let missing: Vec<(u64, f64)> = wanted
-            .iter()
-            .map(|p| (p.size, (p.due - p.early).max(0.0)))
-            .collect();
-        let backlog = fetching.values().sum();
-        // Behind: a client's read waited lately, and the shard first needed is still to be
-        // read in this epoch. A shard for the next epoch waits for its time even then:
-        // fetched early, it is the first entry dropped for a read of this epoch's.
-        let waited = self.waited_lately();
-        let behind = wanted.first().is_some_and(|p| p.due < p.reuse) && waited;
+        let (wanted, held) = self.split_held();
         let (measured, one) = {
             let m = self.planner.meter.lock().unwrap_or_else(|p| p.into_inner());
             (m.rate, m.one)
         };
-        // Clients' reads waiting on the backend go first: one planned fetch at most
-        // beside them (the planner then keeps its place ahead of them, which is what
-        // keeps them from waiting); reads that join a planned fetch are none of them.
-        // Else as many as the shards still missing need to come in before their reads,
-        // at one fetch's throughput: members share the backend per connection, so a
-        // member with more to fetch takes a larger share by running more.
-        let most = if self.planner.demand.load(Ordering::Acquire) > 0 {
-            1
-        } else if one > 0.0 {
-            let wanted = (need(&missing, backlog) / one).ceil() as usize;
-            (wanted.max(FETCHES - 1) + usize::from(waited)).clamp(1, 2 * FETCHES)
-        } else {
-            FETCHES
+        let look = Look {
+            usage: self.cache.usage(),
+            fetching,
+            filling: &|bucket, key| self.cache.filling(bucket, key),
+            measured,
+            one,
+            demand: self.planner.demand.load(Ordering::Acquire) > 0,
+            waited: self.waited_within(BEHIND),
+            standing: Standings::of(&self.plans.all()),
+            members: self.cluster.others_up().len() + 1,
         };
-        // When to start: as if [`FETCHES`] ran at once, at the throughput measured (a
-        // span in which this member had the backend to itself says little of one in
-        // which every member fetches).
-        // (Fetches that end quickly leave no span long enough to measure, and the rate
-        // stays unknown: every fetch is due then.)
-        let rate = if measured > 0.0 && one > 0.0 {
-            measured.min(one * FETCHES as f64)
-        } else {
-            measured
-        };
-        if fetching.len() >= most {
-            return None;
-        }
-        // Counting on [`SHARE`] of that rate: it was measured while other members may
-        // have fetched less than they are about to, and a member that starts late
-        // cannot make up the time at a share of the backend it does not have.
-        if !behind && !due_now(&missing, backlog, SHARE * rate, SLACK.as_secs_f64()) {
-            return None;
-        }
-        let first = wanted.into_iter().next().filter(|p| p.due <= horizon)?;
-        let victims = self.room_for(&first, held)?;
-        if victims.is_empty() {
-            return Some(Step::Fetch(first));
-        }
-        // A shard of the next epoch fetched before this epoch's reads are over, in
-        // place of an entry kept for the next epoch, takes that entry's place across
-        // the epoch's end, and the entry is fetched again: only when it can wait no
-        // longer (once the ranks read the next epoch, its entries read make room).
-        if first.due >= first.reuse && !just_in_time(&first, backlog, rate, SLACK.as_secs_f64()) {
-            return None;
-        }
-        Some(Step::DropThenFetch(victims, first))
-    }
-
-    /// The planned entries to drop so that `target` fits: none when it fits now, `None`
-    /// when dropping every entry needed later than it would not do.
-    fn room_for(&self, target: &Planned, mut held: Vec<Planned>) -> Option<Vec<Planned>> {
-        let u = self.cache.usage();
-        let room = u.capacity.saturating_sub(u.used + u.reserved);
-        if target.size <= room {
-            return Some(Vec::new());
-        }
-        // Farthest first; only those needed later than the shard, and read already in
-        // this epoch (their next read is the next epoch's, and no read of the last epoch
-        // is the last one noted here: the ranks' places run ahead of a slow reader's):
-        // one that is still to be read in this epoch is worth keeping until then, as an
-        // entry read meanwhile will make room (dropping it for a fetch made early would
-        // cost its fetch again).
-        held.retain(|p| p.due > target.due && p.due >= p.reuse && !p.plan.unread_here(&p.key));
-        held.sort_by(|a, b| b.due.total_cmp(&a.due));
-        let mut freed = room;
-        let mut victims = Vec::new();
-        for v in held {
-            if freed >= target.size {
-                break;
-            }
-            freed += v.size;
-            victims.push(v);
-        }
-        (freed >= target.size).then_some(victims)
+        decide(&look, wanted, held)
     }
 
     /// Drops `victims` (where no read holds them) for `for_key`.
@@ -722,7 +882,7 @@ impl Node {
         if !target.due.is_finite() {
             return;
         }
-        if let Some(victims) = self.room_for(&target, held) {
+        if let Some(victims) = room_for(&target, held, self.cache.usage()) {
             self.drop_for(victims, key);
         }
     }
@@ -876,6 +1036,50 @@ mod tests {
         // Late already: the first may wait less than nothing.
         assert!(spare(&[(4 * MB, 2.0)], 0, MB as f64).is_some_and(|s| s < 0.0));
         assert_eq!(spare(&[(MB, 2.0)], 0, 0.0), None, "no rate known");
+    }
+
+    /// Where the members together need more than the backend gives, a member's fetches
+    /// are its part of the need; else none is set by need.
+    #[test]
+    fn where_the_backend_is_short_a_member_runs_its_part_of_the_fetches() {
+        let fetching = HashMap::new();
+        let filling = |_: &str, _: &str| false;
+        let mut look = Look {
+            usage: Usage {
+                used: 0,
+                reserved: 0,
+                capacity: 0,
+                objects: 0,
+            },
+            fetching: &fetching,
+            filling: &filling,
+            measured: 0.0,
+            one: 0.0,
+            demand: false,
+            waited: false,
+            standing: Standings {
+                backend: 10.0 * MB as f64,
+                need: crate::plans::Need::of([(60 * MB, 2.0)]),
+            },
+            members: 3,
+        };
+        // 20 MB by 2 s of the members' 60 MB by 2 s (30 MB/s, where the backend gives 10).
+        let part = part_of_backend(&look, &[(20 * MB, 2.0)], 0).unwrap();
+        assert!((part - 1.0 / 3.0).abs() < 1e-9, "{part}");
+        // Of its own part of the backend, it counts on no more than it measured itself.
+        assert_eq!(share_of_backend(&look, &[(20 * MB, 2.0)], 0), 0.0);
+        look.measured = 20.0 * MB as f64;
+        look.one = 5.0 * MB as f64;
+        let share = share_of_backend(&look, &[(20 * MB, 2.0)], 0);
+        assert!((share - 10.0 / 3.0 * MB as f64).abs() < 1.0, "{share}");
+        // A backend with room for every need: nothing is split by need.
+        look.standing.backend = 100.0 * MB as f64;
+        assert_eq!(part_of_backend(&look, &[(20 * MB, 2.0)], 0), None);
+        let share = share_of_backend(&look, &[(20 * MB, 2.0)], 0);
+        assert!(
+            (share - 10.0 * MB as f64).abs() < 1.0,
+            "the measure caps: {share}"
+        );
     }
 
     /// The meter measures only spans in which a fetch was in flight throughout.
