@@ -51,6 +51,10 @@ ap.add_argument("--backend", choices=("fs", "moto", "store"), default="fs")
 ap.add_argument("--batch", type=int, help="samples per batch (one step each)")
 ap.add_argument("--prefetch-factor", type=int, help="the DataLoader's batches ahead per worker")
 ap.add_argument("--out", help="append every JSON line here too")
+ap.add_argument("--jobs", type=int, choices=(1, 2), default=1,
+                help="2: a second job on a second dataset of the same size, started --stagger s later "
+                     "(the planner only; D is then both datasets, and each job's bound is its half's)")
+ap.add_argument("--stagger", type=float, default=30.0)
 a = ap.parse_args()
 
 MIB = 1 << 20
@@ -73,24 +77,35 @@ def emit(row):
         out.write(line + "\n"); out.flush()
 
 
+PREFIXES = ["p", "q"][: a.jobs]
+UNPLANNED = 4
+
+
 def lay_out():
-    d = os.path.join(origin, "dsets", "p")
-    want = f"{a.shards}x{a.shard_mib}x{a.sample_kib}"
+    want = f"{a.shards}x{a.shard_mib}x{a.sample_kib}x{a.jobs}"
     mark = os.path.join(origin, "shape")
-    if os.path.isdir(d) and os.path.exists(mark) and open(mark).read() == want:
+    if os.path.exists(mark) and open(mark).read() == want:
         return
     shutil.rmtree(origin, ignore_errors=True)
-    os.makedirs(d)
     payload = os.urandom(a.sample_kib * 1024 + 4096)
-    for s in range(a.shards):
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as t:
-            for i in range(per_shard):
-                data = payload[(s * 7 + i) % 4096:][: a.sample_kib * 1024 - 1024]
-                ti = tarfile.TarInfo(f"{s:04}{i:04}.bin"); ti.size = len(data)
-                t.addfile(ti, io.BytesIO(data))
-        with open(os.path.join(d, f"shard-{s:04}.tar"), "wb") as f:
-            f.write(buf.getvalue())
+    for n, prefix in enumerate(PREFIXES):
+        d = os.path.join(origin, "dsets", prefix)
+        os.makedirs(d)
+        for s in range(a.shards):
+            buf = io.BytesIO()
+            with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as t:
+                for i in range(per_shard):
+                    data = payload[(s * 7 + i + n) % 4096:][: a.sample_kib * 1024 - 1024]
+                    ti = tarfile.TarInfo(f"{s:04}{i:04}.bin"); ti.size = len(data)
+                    t.addfile(ti, io.BytesIO(data))
+            with open(os.path.join(d, f"shard-{s:04}.tar"), "wb") as f:
+                f.write(buf.getvalue())
+    # Objects no plan reads: read once before the jobs, they must stay cached.
+    d = os.path.join(origin, "dsets", "u")
+    os.makedirs(d)
+    for i in range(UNPLANNED):
+        with open(os.path.join(d, f"obj-{i}"), "wb") as f:
+            f.write(payload[: 64 << 10])
     open(mark, "w").write(want)
 
 
@@ -104,9 +119,10 @@ def start_store():
         moto = os.environ.get("MOTO_SERVER", "moto_server")
         proc, url, s3 = start_moto(moto)
         d = os.path.join(origin, "dsets")
-        for name in sorted(os.listdir(os.path.join(d, "p"))):
-            with open(os.path.join(d, "p", name), "rb") as f:
-                s3.put_object(Bucket="dsets", Key=f"p/{name}", Body=f.read())
+        for prefix in PREFIXES + ["u"]:
+            for name in sorted(os.listdir(os.path.join(d, prefix))):
+                with open(os.path.join(d, prefix, name), "rb") as f:
+                    s3.put_object(Bucket="dsets", Key=f"{prefix}/{name}", Body=f.read())
     elif a.backend == "store":
         sp = port()
         data = os.path.join(root, "store")
@@ -194,8 +210,8 @@ def totals(urls):
 JOB = r"""
 import json, sys, time, torch, granary
 url, epochs, first, step, plan = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), sys.argv[5] == "1"
-batch, ahead, prefetch = int(sys.argv[6]), int(sys.argv[7]), int(sys.argv[8])
-ds = granary.ShardDataset(url, "dsets", "p/", seed=3, batch_size=batch, read_ahead=ahead, plan=plan)
+batch, ahead, prefetch, prefix = int(sys.argv[6]), int(sys.argv[7]), int(sys.argv[8]), sys.argv[9]
+ds = granary.ShardDataset(url, "dsets", prefix, seed=3, batch_size=batch, read_ahead=ahead, plan=plan)
 dl = torch.utils.data.DataLoader(ds, batch_size=batch, num_workers=2, collate_fn=lambda b: b,
                                  persistent_workers=False, prefetch_factor=prefetch)
 for e in range(first, first + epochs):
@@ -211,14 +227,75 @@ for e in range(first, first + epochs):
 """
 
 
-def run_job(url, epochs, first, plan, on_epoch):
+def start_job(url, epochs, first, plan, prefix="p/"):
     step = batch * (a.sample_kib * 1024 - 1024) / X
-    p = subprocess.Popen([sys.executable, "-c", JOB, url, str(epochs), str(first), str(step),
-                          "1" if plan else "0", str(batch), str(read_ahead), str(prefetch)],
-                         stdout=subprocess.PIPE, text=True)
+    return subprocess.Popen([sys.executable, "-c", JOB, url, str(epochs), str(first), str(step),
+                             "1" if plan else "0", str(batch), str(read_ahead), str(prefetch), prefix],
+                            stdout=subprocess.PIPE, text=True)
+
+
+def run_job(url, epochs, first, plan, on_epoch):
+    p = start_job(url, epochs, first, plan)
     for line in p.stdout:
         on_epoch(json.loads(line))
     assert p.wait() == 0, "the job failed"
+
+
+def two_jobs():
+    """Two jobs on two datasets of D each, one cache C = 2D / DC, one backend B = BX x X,
+    the second started STAGGER s after the first. Each job's bound is its half's:
+    max(D/X, (D - C/2) / (B/2)) while both run. Unplanned objects read before the jobs
+    must still be cached after them."""
+    import threading
+    rows = []
+    for dc in [float(v) for v in a.dc.split(",")]:
+        for bx in [float(v) for v in a.bx.split(",")]:
+            C = int(2 * D / dc)
+            B = bx * X
+            half = max(ideal_wall, (D - C / 2) / (B / 2))
+            procs, urls = start_nodes("planner", C, B)
+            for i in range(UNPLANNED):
+                requests.get(f"{urls[0]}/dsets/u/obj-{i}").raise_for_status()
+            before_u = totals(urls)
+            out = {}
+
+            def job(prefix, delay):
+                time.sleep(delay)
+                p = start_job(urls[0], a.epochs, 0, True, prefix + "/")
+                for line in p.stdout:
+                    r = json.loads(line)
+                    plans = requests.get(f"{urls[0]}/_granary/plans").json().get("plans", [])
+                    mine = [x for x in plans if x.get("prefix") == prefix + "/"]
+                    row = {**shape, "jobs": 2, "job": prefix, "dc": dc, "bx": bx, "epoch": r["epoch"],
+                           "wall_over_bound": round(r["wall"] / half, 3), "bound_s": round(half, 2),
+                           "waited_s": round(r["waited"], 2), "wall_s": round(r["wall"], 2),
+                           "reads_ready": sum(x.get("reads_ready", 0) for x in mine),
+                           "reads_waited": sum(x.get("reads_waited", 0) for x in mine)}
+                    out.setdefault(prefix, []).append(row)
+                    emit(row)
+                assert p.wait() == 0, "a job failed"
+
+            ts = [threading.Thread(target=job, args=(pre, i * a.stagger)) for i, pre in enumerate(PREFIXES)]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join()
+            mid = totals(urls)
+            for i in range(UNPLANNED):
+                requests.get(f"{urls[0]}/dsets/u/obj-{i}").raise_for_status()
+            after = totals(urls)
+            kept = after["hits"] - mid["hits"]
+            emit({**shape, "jobs": 2, "dc": dc, "bx": bx, "unplanned_kept": kept, "unplanned": UNPLANNED,
+                  "backend_over_2D_minus_C": round((mid["bytes_from_backend"] - before_u["bytes_from_backend"])
+                                                   / (a.epochs * (2 * D - C)), 3)})
+            rows += [r for v in out.values() for r in v]
+            stop(procs)
+    print("| D/C | B/X | job | epoch | wall / its bound | ready (cumulative) |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        n = r["reads_ready"] + r["reads_waited"]
+        print(f"| {r['dc']:g} | {r['bx']:g} | {r['job']} | {r['epoch'] + 1} | {r['wall_over_bound']:.2f} "
+              f"| {r['reads_ready'] / n if n else 0:.3f} |")
 
 
 lay_out()
@@ -232,6 +309,12 @@ run_job(urls[0], 2, 0, False, lambda r: ideal.append(r))
 stop(procs)
 ideal_wall = ideal[-1]["wall"]
 emit({**shape, "ideal_wall": ideal_wall})
+if a.jobs == 2:
+    two_jobs()
+    stop_pace()
+    for p in store["procs"]:
+        p.kill(); p.wait()
+    sys.exit(0)
 rows = []
 for dc in [float(v) for v in a.dc.split(",")]:
     for bx in [float(v) for v in a.bx.split(",")]:

@@ -31,9 +31,10 @@
 //!   when dropping planned entries needed later than it makes room. One while the
 //!   node's own clients' misses wait on the backend (demand reads go first, and the
 //!   planner still gets ahead of them; a read that joins a planned fetch is none);
-//!   else as many as the shards still missing need at one fetch's measured
-//!   throughput, [`FETCHES`] − 1 to 2 × [`FETCHES`]: members share a backend per
-//!   connection, and one that owns more of the misses takes more of it.
+//!   where the backend is short, its part by need (above); else as many as the shards
+//!   still missing need at one fetch's measured throughput, [`FETCHES`] − 1 to
+//!   2 × [`FETCHES`]: members share a backend per connection, and one that owns more
+//!   of the misses takes more of it.
 //! - **Just in time.** A fetch starts no earlier than it must: it starts once the
 //!   shards still missing, fetched one after another at [`SHARE`] of the member's
 //!   part of the backend, would otherwise come later than [`SLACK`] before their
