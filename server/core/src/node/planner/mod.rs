@@ -386,7 +386,8 @@ fn decide(look: &Look<'_>, mut wanted: Vec<Planned>, held: Vec<Planned>) -> Opti
     // [`SHARE`] of it: the throughput was measured over spans in which the share
     // of other members and of clients' reads was not the one to come, and a member
     // that starts late cannot make up the time at a share it does not have.
-    let rate = SHARE * share_of_backend(look, &missing, backlog);
+    let share = share_of_backend(look, &missing, backlog);
+    let rate = SHARE * share;
     if !behind && !due_now(&missing, backlog, rate, SLACK.as_secs_f64()) {
         return None;
     }
@@ -399,8 +400,7 @@ fn decide(look: &Look<'_>, mut wanted: Vec<Planned>, held: Vec<Planned>) -> Opti
     // place of an entry kept for the next epoch, takes that entry's place across
     // the epoch's end, and the entry is fetched again: only when it can wait no
     // longer (once the ranks read the next epoch, its entries read make room).
-    if first.due >= first.reuse && !just_in_time(&first, backlog, rate / SHARE, SLACK.as_secs_f64())
-    {
+    if first.due >= first.reuse && !just_in_time(&first, backlog, share, SLACK.as_secs_f64()) {
         return None;
     }
     Some(Step::DropThenFetch(victims, first))
@@ -418,9 +418,16 @@ fn decide(look: &Look<'_>, mut wanted: Vec<Planned>, held: Vec<Planned>) -> Opti
 /// this member's part of their need (else `None`).
 fn part_of_backend(look: &Look<'_>, missing: &[(u64, f64)], backlog: u64) -> Option<f64> {
     let budget = look.standing.backend;
-    let mine = crate::plans::Need::of(missing.iter().copied().chain([(backlog, 0.0)])).rate();
-    let total = look.standing.need.rate().max(mine);
+    let (mine, total) = needs(look, missing, backlog);
     (budget > 0.0 && mine > 0.0 && total > budget).then(|| mine / total)
+}
+
+/// This member's need rate (`missing` behind `backlog`, counted as the members count
+/// theirs) and the members' together, as the homes last summed them (which hold this
+/// member's as it last reported it).
+fn needs(look: &Look<'_>, missing: &[(u64, f64)], backlog: u64) -> (f64, f64) {
+    let mine = crate::plans::Need::of(missing.iter().copied().chain([(backlog, 0.0)])).rate();
+    (mine, look.standing.need.rate().max(mine))
 }
 
 fn share_of_backend(look: &Look<'_>, missing: &[(u64, f64)], backlog: u64) -> f64 {
@@ -434,14 +441,44 @@ fn share_of_backend(look: &Look<'_>, missing: &[(u64, f64)], backlog: u64) -> f6
     if budget <= 0.0 || own <= 0.0 {
         return own;
     }
-    // The homes' sum holds this member's need as it last reported it; nothing
-    // needed by anyone (or by this member alone): all of it.
-    let mine = crate::plans::Need::of(missing.iter().copied().chain([(backlog, 0.0)])).rate();
-    let total = look.standing.need.rate().max(mine);
+    // Nothing needed by anyone (or by this member alone): all of it.
+    let (mine, total) = needs(look, missing, backlog);
     if total <= 0.0 || mine <= 0.0 {
         return own;
     }
     own.min(budget * mine / total)
+}
+
+/// `list` split into the shards not in the cache and those in it (`holds`: an entry's
+/// size), each looked up once: a held one's `size` is its entry's.
+fn split(
+    list: Vec<Planned>,
+    holds: impl Fn(&Planned) -> Option<u64>,
+) -> (Vec<Planned>, Vec<Planned>) {
+    let (mut missing, mut held) = (Vec::new(), Vec::new());
+    for mut p in list {
+        match holds(&p) {
+            Some(n) => {
+                p.size = n;
+                held.push(p);
+            }
+            None => missing.push(p),
+        }
+    }
+    (missing, held)
+}
+
+/// The need of shards still `missing`, by the plan that reads each first: what a
+/// member reports to each plan's home.
+fn need_by_plan(missing: &[Planned]) -> HashMap<String, crate::plans::Need> {
+    let mut by: HashMap<String, Vec<(u64, f64)>> = HashMap::new();
+    for p in missing.iter().filter(|p| p.due.is_finite()) {
+        let due = (p.due - p.early).max(0.0);
+        by.entry(p.plan.id.clone()).or_default().push((p.size, due));
+    }
+    by.into_iter()
+        .map(|(id, v)| (id, crate::plans::Need::of(v)))
+        .collect()
 }
 
 /// The planned entries to drop so that `target` fits: none when it fits now, `None`
@@ -757,20 +794,10 @@ impl Node {
 
     /// Reports each plan's progress noted here to its home, and learns its standing.
     async fn exchange(self: &Arc<Self>) {
-        // This member's shards still missing, by the plan that reads each first.
-        let mut needs: HashMap<String, Vec<(u64, f64)>> = HashMap::new();
-        for p in self.split_held().0 {
-            if p.due.is_finite() {
-                let due = (p.due - p.early).max(0.0);
-                needs
-                    .entry(p.plan.id.clone())
-                    .or_default()
-                    .push((p.size, due));
-            }
-        }
+        let mut needs = need_by_plan(&self.split_held().0);
         let backend_bytes = self.stats.get(Metric::BytesFromBackend);
         for plan in self.plans.all() {
-            let need = crate::plans::Need::of(needs.remove(&plan.id).unwrap_or_default());
+            let need = needs.remove(&plan.id).unwrap_or_default();
             let report = plan.report(need, backend_bytes);
             let home = self.cluster.owner_of_hash(key_hash(HOME, &plan.id));
             if self.cluster.is_me(&home) {
@@ -809,17 +836,7 @@ impl Node {
     /// This node's planned shards split into those not in the cache and those in it,
     /// each looked up once: a held one's `size` is its entry's.
     fn split_held(&self) -> (Vec<Planned>, Vec<Planned>) {
-        let (mut missing, mut held) = (Vec::new(), Vec::new());
-        for mut p in self.planned_here() {
-            match self.cache.holds(&p.bucket, &p.key) {
-                Some(n) => {
-                    p.size = n;
-                    held.push(p);
-                }
-                None => missing.push(p),
-            }
-        }
-        (missing, held)
+        split(self.planned_here(), |p| self.cache.holds(&p.bucket, &p.key))
     }
 
     fn next_step(&self, fetching: &HashMap<String, u64>) -> Option<Step> {

@@ -28,12 +28,13 @@ use granary_proto::plan::{PlanMark, PlanShard, PlanSpec, Schedule};
 use granary_proto::ring::Ring;
 
 use super::{
-    decide, planned, Look, Meter, Planned, Standings, Step, BEHIND, EXCHANGE_EVERY, HOME, TICK,
+    decide, need_by_plan, planned, split, Look, Meter, Planned, Standings, Step, BEHIND,
+    EXCHANGE_EVERY, HOME, TICK,
 };
 use crate::cache::Usage;
 use crate::cluster::calls::PlanReport;
 use crate::cluster::ring::key_hash;
-use crate::plans::{set_simulated_now, Need, Plans};
+use crate::plans::{set_simulated_now, Plans};
 
 /// What to simulate.
 #[derive(Debug, Clone)]
@@ -127,7 +128,7 @@ struct Member {
     waited_at: Option<Instant>,
     /// Looks owed this tick: one, and one per fetch that ended.
     looks: usize,
-    /// Ranks whose reads this member served since its last report.
+    /// Plan-exchange bytes this member sent and received.
     exchange_bytes: u64,
 }
 
@@ -234,9 +235,9 @@ pub fn simulate(cfg: &SimConfig) -> SimReport {
     let mut epochs = Vec::new();
     let mut epoch_start = now;
     let mut epoch_backend = 0u64;
-    let (mut ready, mut waited) = (0u64, 0u64);
+    let mut waited = 0u64;
     // Shards read through (not admitted) whose read has come in: readable once.
-    let mut read_through: HashMap<usize, ()> = HashMap::new();
+    let mut read_through: std::collections::HashSet<usize> = Default::default();
     // Reads that found no entry, waiting for their shard: first place, shard.
     let mut pending: VecDeque<(u64, usize)> = VecDeque::new();
     // How far ahead of what they consume the ranks read: `lead` places.
@@ -277,7 +278,7 @@ pub fn simulate(cfg: &SimConfig) -> SimReport {
                         m.used += t.size;
                         m.held.insert(t.shard, t.size);
                     } else {
-                        read_through.insert(t.shard, ());
+                        read_through.insert(t.shard);
                     }
                     if !t.demand {
                         m.fetching.remove(&format!("{BUCKET}/{}", keys[t.shard]));
@@ -330,9 +331,7 @@ pub fn simulate(cfg: &SimConfig) -> SimReport {
         }
         // Reads still waiting: done once their shard is in, or read through.
         while let Some(&(_, shard)) = pending.front() {
-            if members[owner[shard]].held.contains_key(&shard)
-                || read_through.remove(&shard).is_some()
-            {
+            if members[owner[shard]].held.contains_key(&shard) || read_through.remove(&shard) {
                 pending.pop_front();
                 continue;
             }
@@ -373,7 +372,7 @@ pub fn simulate(cfg: &SimConfig) -> SimReport {
         // The epoch's end.
         if place >= sched.per_rank as f64 && queue.is_empty() && pending.is_empty() {
             let shards_read = cfg.shards as u64;
-            ready += shards_read.saturating_sub(waited);
+            let ready = shards_read.saturating_sub(waited);
             epochs.push(SimEpoch {
                 epoch,
                 wall_s: now.duration_since(epoch_start).as_secs_f64(),
@@ -384,7 +383,6 @@ pub fn simulate(cfg: &SimConfig) -> SimReport {
             epoch += 1;
             epoch_start = now;
             epoch_backend = 0;
-            ready = 0;
             waited = 0;
             place = 0.0;
             let mut next = spec.clone();
@@ -411,16 +409,8 @@ pub fn simulate(cfg: &SimConfig) -> SimReport {
             last_exchange = now;
             for i in 0..members.len() {
                 let m = &members[i];
-                let list = planned(&m.plans.all(), |_, k| {
-                    index.get(k).is_some_and(|&s| owner[s] == i)
-                });
-                let need = Need::of(
-                    list.iter()
-                        .filter(|p| {
-                            p.due.is_finite() && !m.held.contains_key(&index[p.key.as_str()])
-                        })
-                        .map(|p| (p.size, (p.due - p.early).max(0.0))),
-                );
+                let (missing, _) = split_here(m, i, &owner, &index);
+                let need = need_by_plan(&missing).remove(&plan_id).unwrap_or_default();
                 let Some(plan) = m.plans.get(&plan_id) else {
                     continue;
                 };
@@ -514,6 +504,21 @@ pub fn simulate(cfg: &SimConfig) -> SimReport {
     }
 }
 
+/// Member `i`'s planned shards, not held and held, as `Node::split_held` splits them.
+fn split_here(
+    m: &Member,
+    i: usize,
+    owner: &[usize],
+    index: &HashMap<&str, usize>,
+) -> (Vec<Planned>, Vec<Planned>) {
+    split(
+        planned(&m.plans.all(), |_, k| {
+            index.get(k).is_some_and(|&s| owner[s] == i)
+        }),
+        |p| m.held.get(&index[p.key.as_str()]).copied(),
+    )
+}
+
 /// One look of member `i`'s planner, as `Node::next_step` makes it.
 fn look(
     m: &Member,
@@ -523,16 +528,7 @@ fn look(
     index: &HashMap<&str, usize>,
 ) -> Option<Step> {
     let plans = m.plans.all();
-    let (mut wanted, mut held): (Vec<Planned>, Vec<Planned>) = (Vec::new(), Vec::new());
-    for mut p in planned(&plans, |_, k| index.get(k).is_some_and(|&s| owner[s] == i)) {
-        match m.held.get(&index[p.key.as_str()]) {
-            Some(&n) => {
-                p.size = n;
-                held.push(p);
-            }
-            None => wanted.push(p),
-        }
-    }
+    let (wanted, held) = split_here(m, i, owner, index);
     // Shards a client's read is bringing have their room already, as fills do.
     let filling = |_: &str, k: &str| {
         index
