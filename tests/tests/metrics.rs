@@ -1,7 +1,7 @@
 //! The node's counters through the real binary: `/_granary/stats` (JSON) and
-//! `/_granary/metrics` (the Prometheus exposition, OpenMetrics text) are two views of
-//! one table, so after a known run of reads both say the same numbers, under their own
-//! names.
+//! `/_granary/metrics` (the Prometheus exposition: Prometheus text, or OpenMetrics where
+//! the scraper asks for it) are two views of one table, so after a known run of reads
+//! both say the same numbers, under their own names.
 
 use anyhow::Result;
 use granary_tests::{raw_request_blocking, request_bytes, Pattern, Server, ServerOpts};
@@ -48,7 +48,12 @@ fn stats_and_metrics_say_the_same_numbers() -> Result<()> {
     assert_eq!(get(&format!("/{BUCKET}/missing"))?, 404);
 
     let stats = server.stats()?;
-    let req = request_bytes("GET", "/_granary/metrics", server.addr(), &[], b"");
+    // What Prometheus itself sends.
+    let om = [(
+        "Accept",
+        "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
+    )];
+    let req = request_bytes("GET", "/_granary/metrics", server.addr(), &om, b"");
     let resp = raw_request_blocking(server.addr(), &req)?;
     assert_eq!(resp.status, 200);
     assert!(
@@ -82,5 +87,27 @@ fn stats_and_metrics_say_the_same_numbers() -> Result<()> {
     let inf =
         format!("granary_request_duration_seconds_bucket{{node=\"{node}\",le=\"+Inf\"}} {served}");
     assert!(text.lines().any(|l| l == inf), "{inf}");
+
+    // A scraper that names no format, or asks for Prometheus text, gets Prometheus text:
+    // the same samples, each counter's family named as its samples, no `# EOF`.
+    for headers in [&[][..], &[("Accept", "text/plain; version=0.0.4")][..]] {
+        let req = request_bytes("GET", "/_granary/metrics", server.addr(), headers, b"");
+        let resp = raw_request_blocking(server.addr(), &req)?;
+        assert_eq!(resp.status, 200);
+        assert_eq!(
+            resp.header("content-type"),
+            Some("text/plain; version=0.0.4; charset=utf-8")
+        );
+        let plain = resp.text();
+        assert!(!plain.contains("# EOF"), "{plain}");
+        assert!(plain.contains("# TYPE granary_cache_hits_total counter\n"));
+        assert!(plain.contains("# HELP granary_cache_hits_total "));
+        assert!(plain.contains("# TYPE granary_cache_used_bytes gauge\n"));
+        assert_eq!(sample(&plain, "granary_cache_hits_total", node), Some(3.0));
+        assert_eq!(
+            sample(&plain, "granary_backend_bytes_total", node),
+            Some(total as f64)
+        );
+    }
     Ok(())
 }

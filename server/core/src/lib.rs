@@ -48,5 +48,5 @@ pub use node::{
     etag_matches, BackendSpec, Conditions, Data, Item, LocalReader, Outcome, Prep, ReadMode,
     ReadRequest, Reply, Served, WriteConditions,
 };
-pub use stats::{Metric, EXPOSITION_TYPE};
+pub use stats::{Exposition, Metric};
 pub use transform::{Named, TransformError, TransformSpec};

@@ -136,6 +136,10 @@ pub struct Report {
     /// the home sums them over the members into the backend's throughput.
     #[serde(default)]
     pub backend_bytes: u64,
+    /// The most places a read served here came behind its rank's furthest place noted
+    /// here, in this epoch or the last ([`Plan::lag`]).
+    #[serde(default)]
+    pub lag: u64,
 }
 
 /// A plan's counters on one member, or summed over the cluster.
@@ -180,6 +184,10 @@ pub struct Standing {
     /// measured yet): what the members' needs divide among them.
     #[serde(default)]
     pub backend: f64,
+    /// The most places the members' reads came behind their ranks' furthest places
+    /// ([`Report::lag`]).
+    #[serde(default)]
+    pub lag: u64,
 }
 
 impl BackendMeter {
@@ -230,6 +238,9 @@ struct State {
     used: Instant,
     /// Ranks' furthest places in the current epoch, noted here.
     noted: HashMap<u32, u64>,
+    /// The most places a read noted here came behind its rank's furthest place: in
+    /// this epoch, and in the last.
+    lag: (u64, u64),
     /// The epoch of each shard's last planned read noted here, by key (keys under the
     /// dataset's prefix, no more than the plan has shards).
     last_read: HashMap<String, u64>,
@@ -268,6 +279,7 @@ impl Plan {
                 sent: None,
                 used: now(),
                 noted: HashMap::new(),
+                lag: (0, 0),
                 last_read: HashMap::new(),
                 reports: HashMap::new(),
                 standing: Standing {
@@ -295,6 +307,15 @@ impl Plan {
 
     /// The plan's schedule, where its slowest rank stands in it (in places), the pace
     /// its ranks read at (places per second), and how old the standing is.
+    /// How far behind its rank's furthest place a read may come: the most measured
+    /// here or by any member (in this epoch or the last). A rank's reads do not come in
+    /// order: a DataLoader's workers each read their batches, and a dataset reads
+    /// ahead, so a shard is still read well after a later place was.
+    pub fn lag(&self) -> u64 {
+        let st = self.lock();
+        st.lag.0.max(st.lag.1).max(st.standing.lag)
+    }
+
     pub fn position(&self) -> (Arc<Schedule>, u64, f64, Duration) {
         let st = self.lock();
         // The standing of another epoch says nothing of this one.
@@ -347,6 +368,7 @@ impl Plan {
             st.spec = Arc::new(spec);
             st.schedule = Arc::new(s);
             st.noted.clear();
+            st.lag = (0, st.lag.0);
         }
     }
 
@@ -371,6 +393,7 @@ impl Plan {
             idle_ms: since(st.used).as_millis() as u64,
             need,
             backend_bytes,
+            lag: st.lag.0.max(st.lag.1),
         }
     }
 
@@ -393,11 +416,13 @@ impl Plan {
         let mut counts = Counts::default();
         let mut idle = u64::MAX;
         let mut need = Need::default();
+        let mut lag = 0;
         for (at, r) in st.reports.values() {
             counts.add(&r.counts);
             if since(*at) < FRESH {
                 need.add(&r.need);
             }
+            lag = lag.max(r.lag);
             idle = idle.min(r.idle_ms);
             if r.epoch == epoch {
                 for &(rank, place) in &r.ranks {
@@ -456,6 +481,7 @@ impl Plan {
             idle_ms: since(st.used).as_millis() as u64,
             need,
             backend,
+            lag,
         };
         st.standing.clone()
     }
@@ -690,7 +716,9 @@ impl Plans {
         st.used = now();
         if mark.epoch == st.spec.epoch {
             let p = st.noted.entry(mark.rank).or_default();
+            let behind = p.saturating_sub(mark.place);
             *p = (*p).max(mark.place);
+            st.lag.0 = st.lag.0.max(behind);
         }
         // On the read path: no search of the plan's shards. A key under the dataset's
         // prefix, at most as many as the plan has shards.
@@ -808,6 +836,37 @@ mod tests {
         plans.note(&mark(&id, 1, 0, 1), "p/0.tar", true);
         assert_eq!(plan.spec().epoch, 1);
         assert_eq!(plan.position().1, 0);
+    }
+
+    /// Reads come out of order (workers, read-ahead): how far one came behind its
+    /// rank's furthest place is measured, kept for an epoch more, and shared.
+    #[test]
+    fn the_lag_of_reads_behind_the_furthest_place_is_measured() {
+        let plans = Plans::new(Duration::from_secs(60));
+        let plan = plans.register(spec(1)).unwrap().plan;
+        let id = plan.id.clone();
+        plans.note(&mark(&id, 0, 0, 0), "p/0.tar", true);
+        plans.note(&mark(&id, 0, 0, 16), "p/1.tar", true);
+        plans.note(&mark(&id, 0, 0, 64), "p/2.tar", true);
+        plans.note(&mark(&id, 0, 0, 8), "p/0.tar", true);
+        assert_eq!(plan.lag(), 56);
+        assert_eq!(plan.report(Need::default(), 0).lag, 56);
+        // The next epoch keeps the last one's.
+        plans.note(&mark(&id, 1, 0, 0), "p/1.tar", true);
+        plans.note(&mark(&id, 1, 0, 10), "p/2.tar", true);
+        plans.note(&mark(&id, 1, 0, 6), "p/1.tar", true);
+        assert_eq!(plan.lag(), 56);
+        plans.note(&mark(&id, 2, 0, 0), "p/1.tar", true);
+        assert_eq!(plan.lag(), 4, "two epochs on");
+        // Another member's, through the home's standing.
+        let other = Report {
+            id: id.clone(),
+            epoch: 2,
+            lag: 30,
+            ..Report::default()
+        };
+        assert_eq!(plan.merge("b", other).lag, 30);
+        assert_eq!(plan.lag(), 30);
     }
 
     #[test]

@@ -13,7 +13,7 @@ use serde_json::json;
 
 use super::error::{S3Code, S3Error};
 use super::{s3, AppState};
-use granary_core::{calls, Announced, EXPOSITION_TYPE};
+use granary_core::{calls, Announced, Exposition};
 
 /// A prefetch part names its objects: room for a few hundred thousand keys.
 const MAX_PART_BODY: usize = 64 << 20;
@@ -82,11 +82,16 @@ pub async fn handle(state: &Arc<AppState>, req: Request) -> Response {
             json_response(stats)
         }
         ("/_granary/metrics", true) => {
-            let text = node.stats_snapshot().exposition(node.id());
+            let accept = req
+                .headers()
+                .get(header::ACCEPT)
+                .and_then(|v| v.to_str().ok());
+            let format = Exposition::accepting(accept);
+            let text = node.stats_snapshot().exposition(node.id(), format);
             let mut resp = Response::new(Body::from(text));
             resp.headers_mut().insert(
                 header::CONTENT_TYPE,
-                HeaderValue::from_static(EXPOSITION_TYPE),
+                HeaderValue::from_static(format.content_type()),
             );
             resp
         }

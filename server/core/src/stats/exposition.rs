@@ -69,3 +69,40 @@ pub(super) fn write(snap: &Snapshot, node: &str) -> String {
     let _ = prometheus_client::encoding::text::encode(&mut out, &registry);
     out
 }
+
+/// Prometheus text (0.0.4) from the OpenMetrics text `om` the collector writes: the same
+/// samples, a counter's family named as its samples are (`_total`), no `# UNIT` and no
+/// `# EOF` (prometheus-client writes OpenMetrics only).
+pub(super) fn to_text(om: &str) -> String {
+    let counters: std::collections::HashSet<&str> = om
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(om.len() + 8 * counters.len());
+    for line in om.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        let meta = ["# HELP ", "# TYPE "]
+            .into_iter()
+            .find_map(|p| line.strip_prefix(p).map(|rest| (p, rest)));
+        match meta {
+            Some((p, rest)) => {
+                let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+                out.push_str(p);
+                out.push_str(name);
+                if counters.contains(name) {
+                    out.push_str("_total");
+                }
+                if !tail.is_empty() {
+                    out.push(' ');
+                    out.push_str(tail);
+                }
+            }
+            None => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    out
+}

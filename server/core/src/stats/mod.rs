@@ -295,15 +295,55 @@ impl Snapshot {
             .collect()
     }
 
-    /// The Prometheus exposition (OpenMetrics text) of every row and the latency
-    /// histogram, each series labelled `node="ID"`.
-    pub fn exposition(&self, node: &str) -> String {
-        exposition::write(self, node)
+    /// The Prometheus exposition of every row and the latency histogram, each series
+    /// labelled `node="ID"`, in `format`.
+    pub fn exposition(&self, node: &str, format: Exposition) -> String {
+        let om = exposition::write(self, node);
+        match format {
+            Exposition::OpenMetrics => om,
+            Exposition::Text => exposition::to_text(&om),
+        }
     }
 }
 
-/// The Content-Type of [`Snapshot::exposition`].
-pub const EXPOSITION_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+/// The two formats a scraper may ask for: Prometheus text (0.0.4) unless its `Accept`
+/// names OpenMetrics, as Prometheus's own client libraries answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Exposition {
+    /// `text/plain; version=0.0.4`.
+    Text,
+    /// `application/openmetrics-text; version=1.0.0`.
+    OpenMetrics,
+}
+
+impl Exposition {
+    /// The format an `Accept` header asks for: OpenMetrics where one of its media
+    /// ranges names it with a weight above 0, else Prometheus text.
+    pub fn accepting(accept: Option<&str>) -> Exposition {
+        let wants_om = accept.unwrap_or("").split(',').any(|range| {
+            let mut parts = range.split(';').map(str::trim);
+            let media = parts.next().unwrap_or("");
+            let q = parts
+                .filter_map(|p| p.strip_prefix("q="))
+                .find_map(|q| q.parse::<f64>().ok())
+                .unwrap_or(1.0);
+            media.eq_ignore_ascii_case("application/openmetrics-text") && q > 0.0
+        });
+        if wants_om {
+            Exposition::OpenMetrics
+        } else {
+            Exposition::Text
+        }
+    }
+
+    /// Its Content-Type.
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Exposition::Text => "text/plain; version=0.0.4; charset=utf-8",
+            Exposition::OpenMetrics => "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        }
+    }
+}
 
 /// User and system CPU time of this process (`libc::RUSAGE_SELF`) or of its waited-for
 /// children (`libc::RUSAGE_CHILDREN`), in microseconds.
@@ -366,21 +406,68 @@ mod tests {
         assert_eq!(j["used_bytes"], 4096);
         assert_eq!(j["misses"], 0);
         assert_eq!(j.len(), METRICS);
-        let text = snap.exposition("n1");
-        for line in [
-            "# TYPE granary_cache_hits counter",
-            "granary_cache_hits_total{node=\"n1\"} 3",
-            "granary_transform_cpu_seconds_total{node=\"n1\"} 1.5",
-            "# TYPE granary_cache_used_bytes gauge",
-            "granary_cache_used_bytes{node=\"n1\"} 4096",
-            "granary_cache_misses_total{node=\"n1\"} 0",
-            "# TYPE granary_request_duration_seconds histogram",
-            "granary_request_duration_seconds_bucket{node=\"n1\",le=\"0.0025\"} 1",
-            "granary_request_duration_seconds_bucket{node=\"n1\",le=\"+Inf\"} 1",
-            "granary_request_duration_seconds_count{node=\"n1\"} 1",
-            "# EOF",
-        ] {
-            assert!(text.lines().any(|l| l == line), "no `{line}` in:\n{text}");
-        }
+        let has_lines = |text: &str, lines: &[&str]| {
+            for line in lines {
+                assert!(text.lines().any(|l| l == *line), "no `{line}` in:\n{text}");
+            }
+        };
+        let text = snap.exposition("n1", Exposition::OpenMetrics);
+        has_lines(
+            &text,
+            &[
+                "# TYPE granary_cache_hits counter",
+                "granary_cache_hits_total{node=\"n1\"} 3",
+                "granary_transform_cpu_seconds_total{node=\"n1\"} 1.5",
+                "# TYPE granary_cache_used_bytes gauge",
+                "granary_cache_used_bytes{node=\"n1\"} 4096",
+                "granary_cache_misses_total{node=\"n1\"} 0",
+                "# TYPE granary_request_duration_seconds histogram",
+                "granary_request_duration_seconds_bucket{node=\"n1\",le=\"0.0025\"} 1",
+                "granary_request_duration_seconds_bucket{node=\"n1\",le=\"+Inf\"} 1",
+                "granary_request_duration_seconds_count{node=\"n1\"} 1",
+                "# EOF",
+            ],
+        );
+        // Prometheus text: a counter's family is named as its samples, no `# EOF`.
+        let plain = snap.exposition("n1", Exposition::Text);
+        has_lines(
+            &plain,
+            &[
+                "# TYPE granary_cache_hits_total counter",
+                "granary_cache_hits_total{node=\"n1\"} 3",
+                "# TYPE granary_cache_used_bytes gauge",
+                "# TYPE granary_request_duration_seconds histogram",
+                "granary_request_duration_seconds_count{node=\"n1\"} 1",
+            ],
+        );
+        assert!(!plain.contains("# EOF") && !plain.contains("# TYPE granary_cache_hits counter"));
+        let help = plain.lines().filter(|l| l.starts_with("# HELP ")).count();
+        assert_eq!(
+            help,
+            text.lines().filter(|l| l.starts_with("# HELP ")).count()
+        );
+    }
+
+    #[test]
+    fn the_scraper_chooses_the_format() {
+        let prometheus = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
+        assert_eq!(
+            Exposition::accepting(Some(prometheus)),
+            Exposition::OpenMetrics
+        );
+        assert_eq!(
+            Exposition::accepting(Some("Application/OpenMetrics-Text")),
+            Exposition::OpenMetrics
+        );
+        assert_eq!(
+            Exposition::accepting(Some("text/plain; version=0.0.4")),
+            Exposition::Text
+        );
+        assert_eq!(
+            Exposition::accepting(Some("application/openmetrics-text; q=0")),
+            Exposition::Text
+        );
+        assert_eq!(Exposition::accepting(Some("*/*")), Exposition::Text);
+        assert_eq!(Exposition::accepting(None), Exposition::Text);
     }
 }
