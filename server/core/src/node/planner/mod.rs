@@ -34,10 +34,7 @@
 //!   where the backend is short, its part by need (above); else as many as the shards
 //!   still missing need at one fetch's measured throughput, [`FETCHES`] − 1 to
 //!   2 × [`FETCHES`]: members share a backend per connection, and one that owns more
-//!   of the misses takes more of it. In every case no more than bring more bytes: the
-//!   node measures the backend's throughput at each number of fetches in flight, and
-//!   adds one only while one more brought more ([`GAIN`]); a backend paced as a
-//!   whole (a store's egress cap) gives a second fetch nothing but its room.
+//!   of the misses takes more of it.
 //! - **Just in time.** A fetch starts no earlier than it must: it starts once the
 //!   shards still missing, fetched one after another at [`SHARE`] of the member's
 //!   part of the backend, would otherwise come later than [`SLACK`] before their
@@ -72,10 +69,6 @@
 //!   five looks per exchange, and the staleness an exchange's period brings is
 //!   counted in (`Planned::early`).
 //! - [`FETCHES`] (2): fetches before one was timed, and the range around the need.
-//! - [`GAIN`] (1.15): what one more fetch must add to be worth its room, between the
-//!   noise of two spans at one number and the least a fetch of its own adds on a
-//!   backend paced per connection; [`RECHECK`] (20 s): how long a measure at one
-//!   number stands.
 //! - The reads' lag behind a rank's furthest place: measured, as the most places a
 //!   read came behind its rank's furthest place (in this epoch or the last, on any
 //!   member: [`crate::plans::Plan::lag`]); at least two batches and the shuffle
@@ -83,6 +76,10 @@
 //!   dataset reads ahead: with the default loader, a shard's second run came 56
 //!   places behind a later one, where two batches are 16, and a shard still being
 //!   read was dropped at each epoch's start and fetched again (BENCHMARKS.md, P13).
+//! - Not a limit on fetches by the throughput each more one brought: measured
+//!   (a member ran one more only while one more brought 1.15 × as much), it changed
+//!   nothing on 1 node and cost reads ready on 3, where members share the store per
+//!   connection (BENCHMARKS.md, P13).
 //! - The meter's span (500 ms) and smoothing (0.7 of the old value): a span must hold
 //!   more than one piece of a fetch (1 MiB pieces; at 10 MB/s half a second holds
 //!   five), and three spans follow a change.
@@ -127,16 +124,6 @@ pub const SHARE: f64 = 0.75;
 /// How long after a client's read waited on the backend the planner fetches as soon as
 /// it can, rather than just in time.
 pub const BEHIND: Duration = Duration::from_secs(2);
-/// What one more planned fetch in flight must add to the backend's measured throughput
-/// to be worth its room in the cache: more than the noise between two spans of the
-/// same number (a few percent on the paced backends of BENCHMARKS.md, P13), less than
-/// the least a fetch of its own adds where connections are paced one by one (half,
-/// from 2 to 3 in flight; a third from 3 to 4).
-pub const GAIN: f64 = 1.15;
-/// How long a measure of the throughput at a number of fetches stands before it is
-/// taken again ([`Meter::worth`]): a span or two (0.5–1 s) at another number every
-/// 20 s, a few percent of the time, to follow a backend whose other readers come and go.
-pub const RECHECK: Duration = Duration::from_secs(20);
 /// The ring key of a plan's home.
 const HOME: &str = "\0plans";
 
@@ -163,18 +150,12 @@ pub struct Planner {
 /// flight throughout (bytes from the backend over the span, whoever asked for them).
 #[derive(Default)]
 struct Meter {
-    /// The span's start: when, the node's bytes from the backend by then, and the
-    /// fetches in flight over it so far (fetch-seconds, the number at the last look, and
-    /// when that was).
-    since: Option<(Instant, u64, f64, usize, Instant)>,
+    /// The span's start: when, and the node's bytes from the backend by then.
+    since: Option<(Instant, u64)>,
     /// Bytes per second (0: not measured yet).
     rate: f64,
     /// One planned fetch's throughput, bytes per second (0: not measured yet).
     one: f64,
-    /// The throughput measured with `n` planned fetches in flight (on the span's
-    /// average), at index `n` (0: not measured yet), and when it was last measured.
-    with: [f64; 2 * FETCHES + 1],
-    with_at: [Option<Instant>; 2 * FETCHES + 1],
 }
 
 /// `old` moved toward a new measure `r` (`r` itself where nothing was measured yet).
@@ -190,62 +171,21 @@ impl Meter {
     /// The shortest span measured.
     const SPAN: Duration = Duration::from_millis(500);
 
-    /// A look at the backend: `in_flight` planned fetches now, `bytes` the node's bytes
-    /// from the backend so far.
-    fn look(&mut self, in_flight: usize, bytes: u64, now: Instant) {
-        if in_flight == 0 {
+    /// A look at the backend: `busy` while a planned fetch is in flight, `bytes` the
+    /// node's bytes from the backend so far.
+    fn look(&mut self, busy: bool, bytes: u64, now: Instant) {
+        if !busy {
             self.since = None;
             return;
         }
         match self.since {
-            None => self.since = Some((now, bytes, 0.0, in_flight, now)),
-            Some((at, before, fetch_s, last, last_at)) => {
-                let fetch_s = fetch_s + last as f64 * now.duration_since(last_at).as_secs_f64();
-                let span = now.duration_since(at).as_secs_f64();
-                if span < Self::SPAN.as_secs_f64() {
-                    self.since = Some((at, before, fetch_s, in_flight, now));
-                    return;
-                }
-                let r = bytes.saturating_sub(before) as f64 / span;
+            None => self.since = Some((now, bytes)),
+            Some((at, before)) if now.duration_since(at) >= Self::SPAN => {
+                let r = bytes.saturating_sub(before) as f64 / now.duration_since(at).as_secs_f64();
                 self.rate = smoothed(self.rate, r);
-                let n = ((fetch_s / span).round() as usize).clamp(1, 2 * FETCHES);
-                self.with[n] = smoothed(self.with[n], r);
-                self.with_at[n] = Some(now);
-                self.since = Some((now, bytes, 0.0, in_flight, now));
+                self.since = Some((now, bytes));
             }
-        }
-    }
-
-    /// The most planned fetches worth running at once: as many as bring more than one
-    /// fewer did, by [`GAIN`] at least. A backend that paces its reads together (a
-    /// store's egress cap, `--backend-rate`) gives a second fetch nothing, and each fetch
-    /// in flight holds its room in the cache (an entry dropped for it is fetched
-    /// again); one that paces each connection gives each its own. One more than the
-    /// last number measured, where it was not measured yet (so the count climbs a
-    /// fetch at a time while each brings more); one before anything is measured. One
-    /// more, too, where that number's measure is older than [`RECHECK`], so it is taken
-    /// again: other members and jobs come and go. (A measure below that goes stale as
-    /// the count stays above it; where the backend slows, the count drops to it, and
-    /// that measure is taken again.)
-    fn worth(&self, now: Instant) -> usize {
-        let mut n = 1;
-        while n < 2 * FETCHES {
-            let (here, more) = (self.with[n], self.with[n + 1]);
-            if here <= 0.0 {
-                return n;
-            }
-            if more <= 0.0 || more < GAIN * here {
-                break;
-            }
-            n += 1;
-        }
-        let stale = |m: usize| {
-            self.with_at[m].is_none_or(|at| now.saturating_duration_since(at) >= RECHECK)
-        };
-        if n < 2 * FETCHES && (self.with[n + 1] <= 0.0 || stale(n + 1)) {
-            n + 1
-        } else {
-            n
+            Some(_) => {}
         }
     }
 
@@ -347,8 +287,6 @@ struct Look<'a> {
     /// This member's measure of the backend's throughput, and of one fetch's.
     pub measured: f64,
     pub one: f64,
-    /// The most planned fetches worth running at once ([`Meter::worth`]).
-    pub worth: usize,
     /// A client's read waits on the backend now.
     pub demand: bool,
     /// A client's read waited on the backend within [`BEHIND`].
@@ -449,8 +387,6 @@ fn decide(look: &Look<'_>, mut wanted: Vec<Planned>, held: Vec<Planned>) -> Opti
     } else {
         FETCHES
     };
-    // No more than bring more bytes: a fetch that adds none holds room for nothing.
-    let most = most.min(look.worth.max(1));
     if look.fetching.len() >= most {
         return None;
     }
@@ -914,9 +850,9 @@ impl Node {
 
     fn next_step(&self, fetching: &HashMap<String, u64>) -> Option<Step> {
         let (wanted, held) = self.split_held();
-        let (measured, one, worth) = {
+        let (measured, one) = {
             let m = self.planner.meter.lock().unwrap_or_else(|p| p.into_inner());
-            (m.rate, m.one, m.worth(Instant::now()))
+            (m.rate, m.one)
         };
         let look = Look {
             usage: self.cache.usage(),
@@ -924,7 +860,6 @@ impl Node {
             filling: &|bucket, key| self.cache.filling(bucket, key),
             measured,
             one,
-            worth,
             demand: self.planner.demand.load(Ordering::Acquire) > 0,
             waited: self.waited_within(BEHIND),
             standing: Standings::of(&self.plans.all()),
@@ -995,7 +930,7 @@ impl Node {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .look(
-                    fetching.len(),
+                    !fetching.is_empty(),
                     self.stats.get(Metric::BytesFromBackend),
                     Instant::now(),
                 );
@@ -1147,7 +1082,6 @@ mod tests {
             filling: &filling,
             measured: 0.0,
             one: 0.0,
-            worth: 2 * FETCHES,
             demand: false,
             waited: false,
             standing: Standings {
@@ -1180,54 +1114,16 @@ mod tests {
     fn the_meter_counts_busy_spans_only() {
         let t0 = Instant::now();
         let mut m = Meter::default();
-        m.look(1, 0, t0);
-        m.look(1, 2 * MB, t0 + Duration::from_secs(1));
+        m.look(true, 0, t0);
+        m.look(true, 2 * MB, t0 + Duration::from_secs(1));
         assert_eq!(m.rate, 2.0 * MB as f64);
         // Idle: the span ends; bytes that came meanwhile (a client's read) do not count.
-        m.look(0, 10 * MB, t0 + Duration::from_secs(2));
-        m.look(1, 10 * MB, t0 + Duration::from_secs(3));
-        m.look(1, 11 * MB, t0 + Duration::from_secs(4));
+        m.look(false, 10 * MB, t0 + Duration::from_secs(2));
+        m.look(true, 10 * MB, t0 + Duration::from_secs(3));
+        m.look(true, 11 * MB, t0 + Duration::from_secs(4));
         assert_eq!(m.rate, 0.7 * 2.0 * MB as f64 + 0.3 * MB as f64);
         // A span shorter than the meter's is not measured yet.
-        m.look(1, 20 * MB, t0 + Duration::from_millis(4100));
+        m.look(true, 20 * MB, t0 + Duration::from_millis(4100));
         assert_eq!(m.rate, 0.7 * 2.0 * MB as f64 + 0.3 * MB as f64);
-    }
-
-    /// One fetch first; one more while each brings more; no more once one brings none.
-    #[test]
-    fn fetches_are_added_while_each_brings_more() {
-        let t0 = Instant::now();
-        let at = |ms: u64| t0 + Duration::from_millis(ms);
-        let mut m = Meter::default();
-        assert_eq!(m.worth(t0), 1, "nothing measured");
-        // A backend paced as a whole: 10 MB/s with one fetch or two.
-        m.look(1, 0, at(0));
-        m.look(1, 10 * MB, at(1000));
-        assert_eq!(m.worth(at(1000)), 2, "two not measured yet");
-        m.look(2, 10 * MB, at(1000));
-        m.look(2, 20 * MB, at(2000));
-        assert_eq!(m.worth(at(2000)), 1, "a second fetch brought nothing");
-        // Taken again once the measure is old.
-        assert_eq!(m.worth(at(2000) + RECHECK), 2);
-        // Paced per connection: a second fetch doubles it, a third adds half.
-        let mut m = Meter::default();
-        m.look(1, 0, at(0));
-        m.look(2, 10 * MB, at(1000));
-        m.look(2, 30 * MB, at(2000));
-        assert_eq!(m.worth(at(2000)), 3);
-        m.look(3, 30 * MB, at(2000));
-        m.look(3, 60 * MB, at(3000));
-        assert_eq!(m.worth(at(3000)), 4);
-        // A span counts the fetches in flight over it on average: 0.4 s at 4 and 0.2 s
-        // at 3 count as 4 (3.67), which brought 30 MB/s as 3 did.
-        m.look(4, 60 * MB, at(3000));
-        m.look(3, 72 * MB, at(3400));
-        m.look(3, 78 * MB, at(3600));
-        assert_eq!(
-            m.worth(at(3600)),
-            3,
-            "a fourth brought nothing: {:?}",
-            m.with
-        );
     }
 }

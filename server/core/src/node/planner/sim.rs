@@ -440,7 +440,7 @@ pub fn simulate(cfg: &SimConfig) -> SimReport {
             if n == 0 {
                 continue;
             }
-            m.meter.look(m.fetching.len(), m.backend_bytes, now);
+            m.meter.look(!m.fetching.is_empty(), m.backend_bytes, now);
             for _ in 0..n {
                 let start = Instant::now();
                 let step = look(m, i, cfg.nodes, &owner, &index);
@@ -547,7 +547,6 @@ fn look(
         filling: &filling,
         measured: m.meter.rate,
         one: m.meter.one,
-        worth: m.meter.worth(now),
         demand: m.transfers.iter().any(|t| t.demand),
         waited: m
             .waited_at
