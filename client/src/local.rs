@@ -17,7 +17,8 @@ use crate::client::Client;
 use crate::objects::{get_request, GetOptions, ObjectMeta};
 use crate::{Error, Result};
 
-use granary_proto::headers::{LOCAL, LOCAL_RESIDENT};
+use granary_proto::crc::BlockChecks;
+use granary_proto::headers::{LOCAL, LOCAL_CHECKS, LOCAL_RESIDENT};
 /// Largest object read into memory when a node answers a local read with the bytes.
 const MAX_FETCHED: usize = usize::MAX - 1;
 
@@ -28,6 +29,9 @@ pub struct LocalFile {
     offset: u64,
     len: u64,
     meta: ObjectMeta,
+    /// The checksums of the blocks holding the bytes, where the node sent them (asked
+    /// with [`LOCAL_RESIDENT`]).
+    checks: Option<BlockChecks>,
 }
 
 impl LocalFile {
@@ -70,17 +74,33 @@ impl LocalFile {
     }
 
     /// The asked bytes mapped, where every page of them is in the page cache now
-    /// (`mincore`); `None` where one is not. Asked for with [`LOCAL_RESIDENT`]: the node
-    /// brought the range in and checked it just before it answered. The mapping is
-    /// advised random, so a touch brings in no neighbour; its bytes are copied out at
-    /// once, or later through [`Mapping::copy_resident`], which checks them again and
-    /// reads no page in from the disk behind the node's back.
+    /// (`mincore`) and the node sent the checksums of their blocks; `None` where not.
+    /// Asked for with [`LOCAL_RESIDENT`]: the node brought the range in just before it
+    /// answered. The mapping (of the whole blocks holding the bytes) is advised random,
+    /// so a touch brings in no neighbour. Its bytes are copied out with
+    /// [`Mapping::copy_resident`], which checks the copy against the blocks' checksums.
     pub fn map_resident(self) -> io::Result<Option<Mapping>> {
-        let mut map = Mapping::new(self.fd.as_fd(), self.offset, self.len, libc::MADV_RANDOM)?;
+        let Some(checks) = self.checks else {
+            return Ok(None);
+        };
+        let start = checks.start();
+        if self.offset < start || self.offset + self.len > checks.end {
+            return Ok(None);
+        }
+        let mut map = Mapping::new(
+            self.fd.as_fd(),
+            start,
+            checks.end - start,
+            libc::MADV_RANDOM,
+        )?;
+        // The asked bytes within the blocks.
+        map.skip += (self.offset - start) as usize;
+        map.len = self.len as usize;
         if !map.resident(0..map.len)? {
             return Ok(None);
         }
         map.file = Some(self.fd);
+        map.checks = Some(checks);
         Ok(Some(map))
     }
 
@@ -108,6 +128,8 @@ pub struct Mapping {
     /// The file, kept where its bytes are copied out only while it is the node's
     /// ([`Mapping::copy_resident`]).
     file: Option<OwnedFd>,
+    /// The checksums of the blocks mapped (the whole mapping), where copies are checked.
+    checks: Option<BlockChecks>,
 }
 
 // SAFETY: the mapping is read-only and owned: shared references read immutable memory.
@@ -126,6 +148,7 @@ impl Mapping {
                 skip: 0,
                 len: 0,
                 file: None,
+                checks: None,
             });
         }
         // SAFETY: sysconf reads a constant.
@@ -154,6 +177,7 @@ impl Mapping {
             skip,
             len,
             file: None,
+            checks: None,
         };
         // SAFETY: advice on the mapping just made.
         if unsafe { libc::madvise(base, map_len, advice) } != 0 && advice == libc::MADV_RANDOM {
@@ -165,13 +189,19 @@ impl Mapping {
 
     /// Whether every page of bytes `range` (of the asked bytes) is in the page cache now.
     fn resident(&self, range: std::ops::Range<usize>) -> io::Result<bool> {
+        self.resident_mapped(self.skip + range.start..self.skip + range.end)
+    }
+
+    /// Whether every page of bytes `range` of the mapping (from its first byte) is in
+    /// the page cache now.
+    fn resident_mapped(&self, range: std::ops::Range<usize>) -> io::Result<bool> {
         if range.is_empty() {
             return Ok(true);
         }
         // SAFETY: sysconf reads a constant.
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
-        let from = (self.skip + range.start) / page * page;
-        let len = self.skip + range.end - from;
+        let from = range.start / page * page;
+        let len = range.end - from;
         let mut vec = vec![0u8; len.div_ceil(page)];
         // SAFETY: `from..from + len` lies in the mapping (page aligned), and `vec` has a
         // byte per page of it.
@@ -203,11 +233,14 @@ impl Mapping {
         Ok(st.st_nlink > 0)
     }
 
-    /// Copies bytes `range` (of the asked bytes) to `dst` where every page of them is in
-    /// the page cache now and the node still keeps the file, checked just before;
-    /// `false`, and nothing copied, where not. A page taken from memory between the
-    /// check and the copy is read in again by the copy (one page: the mapping of
-    /// [`LocalFile::map_resident`] is advised random).
+    /// Copies bytes `range` (of the asked bytes) to `dst`, and checks the copy against
+    /// its blocks' checksums: `true` where it holds. `false` where a page of the blocks
+    /// is not in the page cache now, the node no longer keeps the file, or the copy
+    /// fails its check; `dst` may then be written, and the caller asks the node for the
+    /// bytes. A page taken from memory between the look and the copy is read in again by
+    /// the copy (one page: the mapping is advised random), and the check catches it if
+    /// the disk damaged it. Needs a mapping from [`LocalFile::map_resident`] (else
+    /// `false`).
     ///
     /// # Safety
     ///
@@ -222,12 +255,37 @@ impl Mapping {
         dst: *mut u8,
     ) -> io::Result<bool> {
         let src = &self[range.clone()];
-        if !self.resident(range)? || !self.kept()? {
+        let Some(checks) = &self.checks else {
+            return Ok(false);
+        };
+        if src.is_empty() {
+            return Ok(true);
+        }
+        // The whole blocks holding the range, from the mapping's first byte (the first
+        // block's start).
+        let (at, block) = ((self.skip + range.start) as u64, checks.block);
+        let from = at / block * block;
+        let to = ((self.skip + range.end) as u64)
+            .div_ceil(block)
+            .saturating_mul(block)
+            .min(self.map_len as u64);
+        if !self.resident_mapped(from as usize..to as usize)? || !self.kept()? {
             return Ok(false);
         }
         // SAFETY: the caller vouches for `dst`; `src` is mapped while self lives.
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) };
-        Ok(true)
+        // SAFETY: just written, `src.len()` bytes.
+        let copy = unsafe { std::slice::from_raw_parts(dst, src.len()) };
+        Ok(checks.holds(self.blocks(), checks.start() + at, copy))
+    }
+
+    /// The whole mapping, from its first byte.
+    fn blocks(&self) -> &[u8] {
+        if self.map_len == 0 {
+            return &[];
+        }
+        // SAFETY: `map_len` bytes from `base` are mapped readable while self lives.
+        unsafe { std::slice::from_raw_parts(self.base.cast::<u8>(), self.map_len) }
     }
 }
 
@@ -318,9 +376,15 @@ impl Client {
                         map.len()
                     ))
                 })?;
-                // Every page was found resident a moment ago (`open_resident`).
-                out.extend_from_slice(&map);
-                Ok(out)
+                // SAFETY: `out` has room for the bytes, all written where this is true.
+                if unsafe { map.copy_resident(0..map.len(), out.as_mut_ptr()) }
+                    .map_err(|e| self.io(e))?
+                {
+                    // SAFETY: as above.
+                    unsafe { out.set_len(map.len()) };
+                    return Ok(out);
+                }
+                self.get_with(bucket, key, opts)
             }
         }
     }
@@ -420,11 +484,13 @@ impl Client {
         let fd = fd.ok_or_else(|| {
             Error::Protocol("the node answered with a descriptor, but none arrived".into())
         })?;
+        let checks = h.header(LOCAL_CHECKS).and_then(BlockChecks::parse);
         Ok(Local::File(LocalFile {
             fd,
             offset,
             len,
             meta: ObjectMeta { size: len, ..meta },
+            checks,
         }))
     }
 }
@@ -449,12 +515,29 @@ mod tests {
         f.sync_all().unwrap();
         drop(f);
         const AT: usize = 4096 + 7;
-        let open = || LocalFile {
+        const BLOCK: u64 = 64 << 10;
+        let end = ((AT + 500_000) as u64).div_ceil(BLOCK) * BLOCK;
+        let checks = BlockChecks {
+            block: BLOCK,
+            first: 0,
+            end,
+            crcs: data[..end as usize]
+                .chunks(BLOCK as usize)
+                .map(granary_proto::crc::crc32c)
+                .collect(),
+        };
+        let open_with = |checks: Option<BlockChecks>| LocalFile {
             fd: std::fs::File::open(&path).unwrap().into(),
             offset: AT as u64,
             len: 500_000,
             meta: ObjectMeta::default(),
+            checks,
         };
+        let open = || open_with(Some(checks.clone()));
+        assert!(
+            open_with(None).map_resident().unwrap().is_none(),
+            "nothing to check a copy against"
+        );
         // Written a moment ago: resident.
         let map = open().map_resident().unwrap().expect("resident pages");
         let mut out = vec![0u8; 100_000];
@@ -465,16 +548,35 @@ mod tests {
         };
         assert!(copy(&map, 1000, &mut out));
         assert!(out == data[AT + 1000..AT + 101_000]);
-
         drop(map);
 
+        // A copy that does not sum to its blocks' checksums is refused: here the
+        // checksum of block 2 (bytes 131,072..196,608 of the file) is wrong.
+        let mut wrong = checks.clone();
+        wrong.crcs[2] ^= 1;
+        let map = open_with(Some(wrong))
+            .map_resident()
+            .unwrap()
+            .expect("resident");
+        assert!(copy(&map, 1000, &mut out), "blocks 0 and 1");
+        assert!(out == data[AT + 1000..AT + 101_000]);
+        assert!(!copy(&map, 130_000, &mut out), "blocks 2 and 3");
+        assert!(copy(&map, 200_000, &mut out), "blocks 3 and 4");
+        assert!(out == data[AT + 200_000..AT + 300_000]);
+        let mut one = [0u8; 1];
+        // SAFETY: `one` holds one byte.
+        let in_block_2 = unsafe { map.copy_resident(140_000..140_001, one.as_mut_ptr()) };
+        assert!(!in_block_2.unwrap(), "one byte of block 2");
+        drop(map);
+
+        // Mapped while resident, untouched; then the pages dropped from memory.
+        let map = open().map_resident().unwrap().expect("resident pages");
         let file = std::fs::File::open(&path).unwrap();
         // SAFETY: advice on our own descriptor.
         let dropped =
             unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
         assert_eq!(dropped, 0);
         assert!(open().map_resident().unwrap().is_none(), "the pages left");
-        let map = Mapping::new(file.as_fd(), AT as u64, 500_000, libc::MADV_RANDOM).unwrap();
         assert!(!copy(&map, 1000, &mut out));
         assert!(
             !map.resident(0..500_000).unwrap(),

@@ -28,6 +28,10 @@ pub const LOCAL: &str = "x-granary-local";
 pub const LOCAL_RESIDENT: &str = "fd-resident";
 pub const LOCAL_OFFSET: &str = "x-granary-local-offset";
 pub const LOCAL_LENGTH: &str = "x-granary-local-length";
+/// On a descriptor answer to [`LOCAL_RESIDENT`]: the checksums of the blocks holding the
+/// bytes asked ([`BlockChecks`](crate::crc::BlockChecks)), against which the client
+/// checks what it copies out.
+pub const LOCAL_CHECKS: &str = "x-granary-local-checks";
 /// On answers over TCP to a client on the node's machine (a loopback address), where the
 /// node also serves its Unix socket: `PID PATH`, the node's process id and the socket's
 /// absolute path. The client may go on over the socket, once the process answering on it

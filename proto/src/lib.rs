@@ -6,6 +6,9 @@
 //! - [`auth`]: checking a request's signature (header, presigned, peer) as the node does.
 //! - [`peer`]: the MAC members sign their own requests with.
 //! - [`xml`]: S3's XML documents, written and read; [`code`]: S3 error codes.
+//! - [`crc`]: CRC32C, the checksum of every cache block (the node checks what it sends
+//!   with it, and a client on the node's machine what it copies out of a cache file),
+//!   and the other CRCs S3 names.
 //! - [`encode`]: keys, paths and queries; [`range`]: the `Range` header;
 //!   [`headers`]: header names; [`units`]: sizes and durations for people.
 //! - [`http1`]: where an HTTP/1.1 answer's body ends, for the sides that read them.
@@ -19,6 +22,7 @@
 pub mod auth;
 pub mod cluster;
 pub mod code;
+pub mod crc;
 pub mod encode;
 pub mod headers;
 pub mod http1;

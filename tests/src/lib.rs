@@ -35,3 +35,21 @@ pub use server::{
 };
 pub use sigv4::{amz_date, sha256_hex, signed_chunks_len, unix_now, SignedRequest};
 pub use xml::{assert_s3_error_body, check_xml, xml_tag, xml_tags};
+
+/// A test that cannot run here says so and why: on stderr, and in the file that
+/// `GRANARY_SKIPPED` names, which `tests/run.sh` lists at the end of the run. The caller
+/// then returns: a skipped test is reported, never counted as a pass unseen.
+pub fn skip(reason: &str) {
+    let name = std::thread::current().name().unwrap_or("?").to_owned();
+    eprintln!("SKIPPED {name}: {reason}");
+    if let Some(path) = std::env::var_os("GRANARY_SKIPPED") {
+        use std::io::Write;
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+        {
+            let _ = writeln!(f, "{name}: {reason}");
+        }
+    }
+}

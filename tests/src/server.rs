@@ -37,6 +37,12 @@ pub struct ServerOpts {
     /// at start; restarts keep it. Needed where the address must be known before the
     /// server starts (a cluster's `--peer` list).
     pub listen: Option<SocketAddr>,
+    /// The data directory, where not a fresh one under the server's temporary root (a
+    /// filesystem the test made, say).
+    pub data_dir: Option<PathBuf>,
+    /// A command the server runs under (`setpriv ...`, `prlimit ...`): the binary and its
+    /// arguments follow it.
+    pub wrapper: Vec<String>,
 }
 
 impl ServerOpts {
@@ -84,6 +90,18 @@ impl ServerOpts {
     /// Listens on `addr` (see [`ServerOpts::listen`]).
     pub fn listen(mut self, addr: SocketAddr) -> Self {
         self.listen = Some(addr);
+        self
+    }
+
+    /// Keeps the data in `dir` (see [`ServerOpts::data_dir`]).
+    pub fn data_dir(mut self, dir: &Path) -> Self {
+        self.data_dir = Some(dir.to_owned());
+        self
+    }
+
+    /// Runs the server under `command` (see [`ServerOpts::wrapper`]).
+    pub fn wrapped(mut self, command: &[&str]) -> Self {
+        self.wrapper = command.iter().map(|a| a.to_string()).collect();
         self
     }
 }
@@ -196,7 +214,10 @@ impl Server {
 
     fn start_waiting(opts: ServerOpts, health: &[u16]) -> Result<Server> {
         let root = tempfile::Builder::new().prefix("granary-test-").tempdir()?;
-        let data_dir = root.path().join("data");
+        let data_dir = opts
+            .data_dir
+            .clone()
+            .unwrap_or_else(|| root.path().join("data"));
         std::fs::create_dir_all(&data_dir)?;
         let log_path = root.path().join("server.log");
 
@@ -573,7 +594,14 @@ fn spawn_granary(
         );
     }
     let log = File::create(log_path)?;
-    let mut cmd = Command::new(&bin);
+    let mut cmd = match opts.wrapper.split_first() {
+        Some((first, rest)) => {
+            let mut cmd = Command::new(first);
+            cmd.args(rest).arg(&bin);
+            cmd
+        }
+        None => Command::new(&bin),
+    };
     cmd.arg("serve")
         .arg("--listen")
         .arg(addr.to_string())

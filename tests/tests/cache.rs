@@ -424,7 +424,9 @@ fn a_block_damaged_on_the_disk_after_its_pages_left_memory_is_never_sent() -> Re
         bail!("one entry expected, found {entries:?}")
     };
     if !damage_on_disk(entry, DAMAGE)? {
-        eprintln!("this filesystem refuses O_DIRECT: nothing to damage around the page cache");
+        granary_tests::skip(
+            "this filesystem refuses O_DIRECT: nothing to damage around the page cache",
+        );
         return Ok(());
     }
     let path = format!("/{BUCKET}/{key}");
@@ -864,6 +866,245 @@ fn large_reads_split_over_connections_sign_every_part() -> Result<()> {
     match open.get(BUCKET, "big") {
         Err(granary_client::Error::S3 { status: 403, .. }) => {}
         other => panic!("an unsigned split read: {:?}", other.map(|b| b.len())),
+    }
+    Ok(())
+}
+
+/// A GET read by a slow client (64 KiB at a time, a pause after each, a small receive
+/// buffer), so that the node's send of each piece waits on it: the status, the `x-granary-cache`
+/// header, and the body, `None` where the answer was cut short of its `Content-Length`.
+fn slow_get(addr: std::net::SocketAddr, path: &str) -> Result<(u16, String, Option<Vec<u8>>)> {
+    use std::io::{Read, Write};
+    use std::os::fd::AsRawFd;
+    let mut s = std::net::TcpStream::connect(addr)?;
+    let small: libc::c_int = 64 << 10;
+    // SAFETY: setting an option of our own socket from a local value.
+    unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            (&small as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    s.set_read_timeout(Some(Duration::from_secs(30)))?;
+    s.write_all(&request_bytes("GET", path, addr, &[], b""))?;
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 64 << 10];
+    let head_end = loop {
+        let n = s.read(&mut buf)?;
+        if n == 0 {
+            bail!("closed before the head");
+        }
+        got.extend_from_slice(&buf[..n]);
+        if let Some(i) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+    };
+    let head = String::from_utf8_lossy(&got[..head_end]).to_ascii_lowercase();
+    let status = head[9..12].parse()?;
+    let field = |name: &str| {
+        head.lines().find_map(|l| {
+            l.strip_prefix(&format!("{name}: "))
+                .map(|v| v.trim().to_owned())
+        })
+    };
+    let length: usize = field("content-length").unwrap_or_default().parse()?;
+    let source = field("x-granary-cache").unwrap_or_default();
+    let mut body = got[head_end..].to_vec();
+    while body.len() < length {
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => return Ok((status, source, None)),
+            Ok(n) => body.extend_from_slice(&buf[..n]),
+        }
+        std::thread::sleep(Duration::from_micros(500));
+    }
+    Ok((status, source, Some(body)))
+}
+
+/// Every byte a hit sends is a byte that was checked, whatever the kernel reclaims while
+/// it is sent. The node's data directory is an ext4 filesystem on a loop device. A warm
+/// entry is damaged on that device, a byte in every MiB: its times untouched, the good
+/// bytes still in the page cache. Then, while slow clients take large hits and a client
+/// on the node's machine copies the object out of the cache file, the node's memory
+/// cgroup is squeezed in a loop, so that every page not locked is reclaimed and read in
+/// again from the damaged disk. No complete answer and no copy kept carries a damaged
+/// byte:
+/// - a node that may lock memory sends its sealed windows from locked pages, which never
+///   leave memory: every answer comes whole and right;
+/// - one that may not (no `CAP_IPC_LOCK`, `RLIMIT_MEMLOCK` 0) reads each window into a
+///   buffer and checks it there, and cuts the answer where the check fails, and the
+///   client checks its copies against the blocks' checksums.
+#[test]
+fn no_answer_carries_a_page_reclaimed_and_read_in_damaged() -> Result<()> {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    const SIZE: usize = 24 << 20;
+    const ROUNDS: usize = 6;
+    let fs = match granary_tests::disk::LoopFs::make(256) {
+        Ok(fs) => fs,
+        Err(why) => {
+            granary_tests::skip(&format!("no loop-device filesystem: {why}"));
+            return Ok(());
+        }
+    };
+    let squeeze = match granary_tests::disk::Squeeze::new() {
+        Ok(s) => s,
+        Err(why) => {
+            granary_tests::skip(&format!("no memory cgroup to reclaim from: {why}"));
+            return Ok(());
+        }
+    };
+    let origin = tempfile::tempdir()?;
+    std::fs::create_dir_all(origin.path().join(BUCKET))?;
+    let data = Pattern::new(77).bytes(0, SIZE);
+    std::fs::write(origin.path().join(BUCKET).join("obj"), &data)?;
+    let want = md5_hex(&data);
+    let backend = format!("fs:{}", origin.path().display());
+    for locks in [true, false] {
+        let dir = fs.dir().join(format!("node-{locks}"));
+        let sock = origin.path().join(format!("node-{locks}.sock"));
+        let mut opts = ServerOpts::open().data_dir(&dir).args(&[
+            "--backend",
+            &backend,
+            "--verify-reads",
+            "true",
+            "--listen-unix",
+            sock.to_str().unwrap(),
+        ]);
+        if !locks {
+            opts = opts.wrapped(&[
+                "prlimit",
+                "--memlock=0:0",
+                "setpriv",
+                "--bounding-set",
+                "-ipc_lock",
+                "--inh-caps",
+                "-ipc_lock",
+            ]);
+        }
+        let server = Server::start(opts)?;
+        squeeze.add(server.pid())?;
+        let path = format!("/{BUCKET}/obj");
+        let (_, source, md5, _) = get(&server, "obj")?;
+        assert_eq!((source.as_str(), md5.as_str()), ("miss", want.as_str()));
+        settle(&server);
+        for _ in 0..2 {
+            let (_, source, md5, _) = get(&server, "obj")?;
+            assert_eq!(
+                (source.as_str(), md5.as_str()),
+                ("hit", want.as_str()),
+                "locks {locks}"
+            );
+        }
+        let locked = server.stat("locked_bytes");
+        if locks && locked == 0 {
+            granary_tests::skip("this process may not lock memory: no window is sealed");
+            continue;
+        }
+        assert_eq!(
+            locked,
+            if locks { SIZE as u64 } else { 0 },
+            "locks {locks}: sealed"
+        );
+
+        let entries = cache_entries(&dir.join("cache"));
+        let [entry] = entries.as_slice() else {
+            bail!("one entry expected, found {entries:?}")
+        };
+        let spots: Vec<u64> = (0..SIZE as u64 >> 20)
+            .map(|m| (m << 20) + 4097 + m)
+            .collect();
+        for &at in &spots {
+            fs.damage(entry, at)?;
+        }
+        match fs.on_disk(entry, spots[3])? {
+            None => {
+                granary_tests::skip(
+                    "this filesystem refuses O_DIRECT: the damage cannot be confirmed",
+                );
+                continue;
+            }
+            Some(b) => assert_ne!(b, data[spots[3] as usize], "the disk holds the damage"),
+        }
+
+        let stop = AtomicBool::new(false);
+        let squeezes = AtomicU64::new(0);
+        let (mut whole, mut cut, mut copies, mut refused) = (0, 0, 0, 0);
+        std::thread::scope(|s| -> Result<()> {
+            s.spawn(|| {
+                while !stop.load(Ordering::Relaxed) {
+                    squeeze.squeeze();
+                    squeezes.fetch_add(1, Ordering::Relaxed);
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+            });
+            let mut run = || -> Result<()> {
+                // The reads begin once the squeezing has: pages that are not locked are
+                // out of memory by then.
+                while squeezes.load(Ordering::Relaxed) < 5 {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                let mut local = granary_client::Client::new(&format!("unix:{}", sock.display()))?;
+                for round in 0..ROUNDS {
+                    let opts = granary_client::GetOptions::default();
+                    match local.get_resident(BUCKET, "obj", &opts) {
+                        Ok(copy) => {
+                            assert!(
+                                copy == data,
+                                "locks {locks}, round {round}: a damaged copy kept"
+                            );
+                            copies += 1;
+                        }
+                        Err(_) => refused += 1,
+                    }
+                    let (status, source, body) = slow_get(server.addr(), &path)?;
+                    match body {
+                        Some(body) => {
+                            assert_eq!(status, 200, "locks {locks}, round {round}");
+                            assert_eq!(
+                                md5_hex(&body),
+                                want,
+                                "locks {locks}, round {round}: a complete answer ({source}) with damaged bytes"
+                            );
+                            whole += 1;
+                        }
+                        None => cut += 1,
+                    }
+                }
+                Ok(())
+            };
+            // The squeezing stops however the reads end, a failed assertion too.
+            struct Stop<'a>(&'a AtomicBool);
+            impl Drop for Stop<'_> {
+                fn drop(&mut self) {
+                    self.0.store(true, Ordering::Relaxed);
+                }
+            }
+            let _stop = Stop(&stop);
+            run()
+        })?;
+        let squeezes = squeezes.into_inner();
+        eprintln!(
+            "locks {locks}: {whole} whole answers, {cut} cut, {copies} copies, {refused} refused, {squeezes} squeezes, misses {}",
+            server.stat("misses")
+        );
+        assert!(squeezes > 10, "the cgroup was squeezed while the hits ran");
+        if locks {
+            assert_eq!(
+                (whole, copies),
+                (ROUNDS, ROUNDS),
+                "sealed windows never leave memory: every answer whole and right"
+            );
+            assert_eq!(server.stat("locked_bytes"), SIZE as u64);
+        } else {
+            assert!(
+                cut + refused > 0 || server.stat("misses") > 1,
+                "the squeeze read damaged pages in, and the checks caught them"
+            );
+        }
+        let (_, _, md5, _) = get(&server, "obj")?;
+        assert_eq!(md5, want, "locks {locks}: the right bytes after");
     }
     Ok(())
 }

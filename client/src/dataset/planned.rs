@@ -439,7 +439,9 @@ fn fetch_from(
             crate::LocalBytes::Fetched(bytes) => return buffered(bytes),
         };
         // Headers walked in the mapping, whose every page is in memory: the node
-        // checked them just before it answered.
+        // brought them in just before it answered. A header damaged on the disk fails
+        // its tar checksum, and a member's copy is checked with the whole blocks it
+        // lies in, its header's bytes among them where they share one.
         let samples = samples_in(&shard.key, &map)?;
         let start = opts.range.as_ref().map_or(0, |r| r.start);
         let mapped = Arc::new(ResidentRun {

@@ -21,6 +21,8 @@ mod keylock;
 pub mod node;
 pub mod plans;
 pub mod stats;
+#[cfg(test)]
+mod testing;
 pub mod transform;
 
 /// The planner driven at scale with no I/O (`granary-bench plan-sim`).

@@ -127,7 +127,6 @@ mod tests {
             },
             crcs: Arc::from(Vec::new()),
             verified: AtomicBool::new(true),
-            resident: Default::default(),
             maps: Default::default(),
             checked: std::sync::atomic::AtomicU64::new(0),
             checked_at: std::sync::atomic::AtomicU64::new(0),

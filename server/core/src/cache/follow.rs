@@ -1,8 +1,9 @@
 //! Readers of a fill: every reader of an object being filled — the leader's client
 //! included — streams behind the writer. Bytes the writer wrote a moment ago come from
 //! its memory ([`Recent`](super::fill::Recent)); older ones from the temp file, mapped
-//! (no copy in user space) and checked block by block against the checksums the writer
-//! computed from the source's bytes, so a block damaged in the temp file is never sent.
+//! (no copy in user space), its pages locked in memory, and checked block by block
+//! against the checksums the writer computed from the source's bytes, so a block
+//! damaged in the temp file is never sent.
 //! When this node's disk fails, a reader goes on from the source ([`Resume`]).
 
 use std::io;
@@ -161,8 +162,18 @@ async fn read_back(fill: &Fill, pos: u64, to: u64) -> io::Result<Option<Bytes>> 
     if stop <= pos {
         return Ok(None);
     }
-    let map = FileBytes::resident(file, from, (stop - from) as usize).await?;
-    for (i, block) in map.mapped().chunks(BLOCK as usize).enumerate() {
+    // What is checked must be what leaves: the mapping's pages locked first, so that
+    // none is reclaimed and read in again unchecked before the socket takes it
+    // (unmapping unlocks them); where the lock is refused, the bytes copied out, and the
+    // copy checked and sent.
+    let map = FileBytes::new(file, from, (stop - from) as usize)?;
+    let bytes = tokio::task::spawn_blocking(move || match map.mapped().lock() {
+        Ok(()) => map.into_bytes(),
+        Err(_) => Bytes::copy_from_slice(map.mapped()),
+    })
+    .await
+    .map_err(io::Error::other)?;
+    for (i, block) in bytes.chunks(BLOCK as usize).enumerate() {
         if crc::crc32c(block) != sums[i] {
             tracing::error!(
                 block = first as usize + i,
@@ -174,7 +185,6 @@ async fn read_back(fill: &Fill, pos: u64, to: u64) -> io::Result<Option<Bytes>> 
             ));
         }
     }
-    let bytes = map.into_bytes();
     Ok(Some(bytes.slice(
         (pos - from) as usize..(stop.min(to) - from) as usize,
     )))

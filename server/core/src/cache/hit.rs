@@ -11,29 +11,23 @@
 //!   windows' mappings are kept for the next hits, in a budget ([`maps`](super::maps)).
 //!
 //! Where reads are checked (`--verify-reads`, or an entry not yet read whole since the
-//! node started), a mapped window's blocks are checked just before they are handed on,
-//! unless the window was checked whole since its pages last came in from the disk and
-//! they are all resident now ([`Residency`](super::resident::Residency)): the disk is
-//! where damage comes from, and memory that was checked is sent as it is. With
-//! `--sendfile` every block is checked.
+//! node started), the bytes that leave are the bytes checked, whatever the kernel
+//! reclaims meanwhile. The kernel reads a mapped page when the socket takes it, which
+//! may be long after any check: a page reclaimed in between would come in again from
+//! the disk, unchecked, and leave. So a mapped window leaves only sealed: its pages
+//! locked in memory first, then checked whole ([`maps`](super::maps)). A locked page is
+//! never reclaimed, so a sealed window is sent with no further check for as long as it
+//! is kept (`bytes_checked_earlier`). A window that cannot be sealed (not kept, the lock
+//! budget spent, locks refused) is read into buffers and checked there, as small reads
+//! are: what is checked is what is sent.
 //!
 //! A block that fails its check drops the entry, so the next read refetches it, and the
 //! read fails before the bad bytes are sent. For a client on this machine the file itself
-//! is handed over (`local_file`), its range checked through a mapping first. A client
-//! that copies out only pages it finds resident ([`LocalReader::CopiesResident`]) is
-//! handed it once the range is as the mapped path would send it: brought in, and
-//! checked where the record says it must be. Its copy then follows within microseconds,
-//! as the socket's copy does here.
-//!
-//! The window between check and send, on the mapped path: a block is checked in the page
-//! cache and then copied (or sent) from the same pages by the connection's next write,
-//! within microseconds to milliseconds (as long as the socket takes to accept it). Only a
-//! write to the entry file in that window could change what leaves, and the node never
-//! writes a committed entry. Damage on the disk reaches the page cache only when a page
-//! is read in again, and that read is checked before it is sent; a page the page cache
-//! holds is the one that was checked. So the window admits only another process writing
-//! into the cache's files while a read is in flight, which no deployment does. (The
-//! buffered path has no window: what is checked is what is sent.)
+//! is handed over (`local_file`). A client that maps it has its range checked first. A
+//! client that copies out only pages it finds resident ([`LocalReader::CopiesResident`])
+//! gets the range brought in (sealed where it can be) and the CRC32Cs of its blocks
+//! ([`BlockChecks`]), and checks its copy against them: the bytes it keeps are the
+//! bytes checked, whatever was reclaimed between the node's answer and its copy.
 
 use std::fs::File;
 use std::io;
@@ -47,18 +41,13 @@ use super::index::Entry;
 use super::maps::Window;
 use super::{store, Body, Cache, CacheError, LocalFile, LocalReader, Origin, Read, HOT_MAX_OBJECT};
 use crate::backend::{ByteRange, ByteStream, RangeFn};
-use crate::io::crc;
-use crate::io::mapped::Mapped;
+use crate::io::crc::{self, BlockChecks};
 use crate::stats::Metric;
 
-/// What a mapped hit maps at a time ([`WINDOW`]): 4 MiB costs a quarter less CPU per byte
-/// than 1 MiB here (fewer mappings set up and torn down), and larger windows no less.
-/// Windows stay mapped between hits, in a budget ([`maps`](super::maps)). It is also
-/// what a checked hit's record of checked pages covers per mark.
-use super::resident::WINDOW;
-/// Where blocks are checked, the bytes checked and handed on at a time: the kernel's
-/// copy into the socket then reads them from the CPU's cache.
-const CHECK_STEP: u64 = 1 << 20;
+/// What a mapped hit maps at a time: 4 MiB costs a quarter less CPU per byte than 1 MiB
+/// here (fewer mappings set up and torn down), and larger windows no less. Windows stay
+/// mapped between hits, in a budget ([`maps`](super::maps)), and are sealed whole.
+pub const WINDOW: u64 = 4 << 20;
 /// Reads up to this long (shard members, small ranges) are read into a buffer: a
 /// mapping's set-up and tear-down cost more than copying them.
 const SMALL_READ: u64 = 1 << 20;
@@ -98,19 +87,19 @@ impl Cache {
     }
 
     /// A committed entry's file, opened read-only, for a client on this machine: `None`
-    /// when the entry is gone. The bytes of the range are checked against their checksums
-    /// first where reads are checked (`--verify-reads`, or an entry not yet read whole
-    /// since it was loaded); a mismatch drops the entry and fails, as a streamed read
-    /// would. For a reader that copies out resident pages only, the range is made
-    /// resident and checked as a hit would send it (windows checked since their pages
-    /// came in are not checked again), and the entry stays trusted.
+    /// when the entry is gone. The range is brought in, its windows sealed where they
+    /// can be. For a reader that maps it, the windows not sealed are checked against
+    /// their checksums where reads are checked (`--verify-reads`, or an entry not yet
+    /// read whole since it was loaded); a mismatch drops the entry and fails, as a
+    /// streamed read would. For a reader that copies out resident pages only, the answer
+    /// carries the checksums of the range's blocks, against which it checks its copy.
     pub(super) async fn local_file(
         self: &Arc<Self>,
         ikey: &str,
         entry: Arc<Entry>,
         range: &RangeFn<'_>,
         reader: LocalReader,
-    ) -> Result<Option<LocalFile>, CacheError> {
+    ) -> Result<Option<Box<LocalFile>>, CacheError> {
         let resolved = range(&entry.meta).map_err(CacheError::Refused)?;
         let size = entry.meta.size;
         let (start, end) = resolved.map_or((0, size), |r| (r.start, r.end));
@@ -120,77 +109,106 @@ impl Cache {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(e.into()),
         };
-        if reader == LocalReader::CopiesResident {
-            // The hit's own path, its bytes not sent: each window resident and checked
-            // (or found so) before the client copies it.
-            let span = Span::of(&entry, resolved, self.verify_reads);
-            let opened = Some(file.try_clone()?);
-            let mut pieces =
-                self.clone()
-                    .mapped_stream(ikey.to_owned(), entry.clone(), span, opened);
-            while let Some(piece) = pieces.next().await {
-                piece?;
-            }
-        } else {
-            // The client reads the file itself, unseen: what it reads in is never trusted.
-            entry.resident.share(entry.meta.size);
+        // A reader that maps the range reads what it finds: its windows not sealed are
+        // checked first where reads are. One that copies it out checks its copy.
+        let span = Span::of(&entry, resolved, self.verify_reads);
+        let check = reader == LocalReader::Maps && span.verify;
+        self.bring_in(ikey, &entry, Arc::new(file.try_clone()?), span, check)
+            .await?;
+        if check && span.whole() {
+            entry.verified.store(true, Ordering::Relaxed);
         }
-        if reader == LocalReader::Maps
-            && (self.verify_reads || !entry.verified.load(Ordering::Relaxed))
-        {
-            let (cache, e2, ik) = (self.clone(), entry.clone(), ikey.to_owned());
-            let f2 = file.try_clone()?;
-            tokio::task::spawn_blocking(move || cache.check_blocks(&ik, &e2, &f2, start, end))
-                .await
-                .map_err(io::Error::other)??;
-        }
+        let checks = (reader == LocalReader::CopiesResident).then(|| span.checks(&entry));
         self.stats.add(Metric::Hits, 1);
         self.stats.add(Metric::LocalReads, 1);
-        Ok(Some(LocalFile {
+        Ok(Some(Box::new(LocalFile {
             file,
             meta: entry.meta.clone(),
             offset: start,
             len: end - start,
-        }))
+            checks,
+        })))
     }
 
-    /// Checks the blocks of an entry's file holding `start..end` against their
-    /// checksums, through a mapping (no copy); marks the entry verified when that is all
-    /// of it.
-    fn check_blocks(
-        &self,
+    /// The windows of `span` in the page cache, for a client on this machine: each
+    /// sealed where it can be ([`Cache::seal`]), else read in, and with `check` its
+    /// blocks of the span checked (on the blocking pool; a mismatch drops the entry).
+    async fn bring_in(
+        self: &Arc<Self>,
         ikey: &str,
         entry: &Arc<Entry>,
-        file: &File,
-        start: u64,
-        end: u64,
-    ) -> io::Result<()> {
-        let size = entry.meta.size;
-        let block = entry.block();
-        let first = start / block;
-        let stop = end.div_ceil(block).saturating_mul(block).min(size);
-        let from = first * block;
-        // A mapping past the end of the file faults when touched: check the length first
-        // (the node never shortens an entry file; only damage does).
-        let long_enough = file.metadata().map(|m| m.len() >= stop);
-        if !matches!(long_enough, Ok(true)) {
+        file: Arc<File>,
+        span: Span,
+        check: bool,
+    ) -> Result<(), CacheError> {
+        let meta = file.metadata()?;
+        let len = meta.len();
+        if len < span.stop {
             self.drop_entry(ikey, entry);
-            return Err(io::Error::other("cache entry is shorter than its size"));
+            return Err(io::Error::other("cache entry is shorter than its size").into());
         }
-        let _reading = entry.resident.reading_in(size, from);
-        // Blocks are 64 KiB or 1 MiB: multiples of the page size.
-        let bytes = match Mapped::new(file, from, (stop - from) as usize) {
-            Ok(m) => m,
-            Err(e) => {
-                self.drop_entry(ikey, entry);
-                return Err(io::Error::other(format!("cache entry is unreadable: {e}")));
+        entry.maps.observe(&meta);
+        let mut pos = span.first_block();
+        while pos < span.stop {
+            let w = pos / WINDOW;
+            let full_end = ((w + 1) * WINDOW).min(span.size);
+            let window_end = full_end.min(span.stop);
+            let kept = if len >= full_end {
+                entry
+                    .maps
+                    .window(&self.maps, &file, w, w * WINDOW, full_end)
+            } else {
+                None
+            };
+            let map = match kept {
+                Some(k) => k,
+                None => Window::once(&file, pos, (window_end - pos) as usize)?,
+            };
+            if self.seal(ikey, entry, &map).await? == Seal::Open {
+                let base = map.start();
+                let (from, to) = ((pos - base) as usize, (window_end - base) as usize);
+                let (cache, entry, ikey) = (self.clone(), entry.clone(), ikey.to_owned());
+                tokio::task::spawn_blocking(move || {
+                    map.mapped().fault_in_range(from, to);
+                    if check {
+                        return cache.check_crcs(&ikey, &entry, pos, &map.mapped()[from..to]);
+                    }
+                    Ok(())
+                })
+                .await
+                .map_err(io::Error::other)??;
             }
-        };
-        self.check_crcs(ikey, entry, from, &bytes)?;
-        if start == 0 && end == size {
-            entry.verified.store(true, Ordering::Relaxed);
+            pos = window_end;
         }
         Ok(())
+    }
+
+    /// Seals `window` where it is a kept one not sealed yet, and no other hit seals it
+    /// now: locks its pages and checks them whole, on the blocking pool
+    /// ([`Kept::seal`](super::maps::Kept::seal)). A check that fails drops the entry.
+    async fn seal(
+        self: &Arc<Self>,
+        ikey: &str,
+        entry: &Arc<Entry>,
+        window: &Window,
+    ) -> io::Result<Seal> {
+        let Some(kept) = window.kept() else {
+            return Ok(Seal::Open);
+        };
+        if kept.sealed() {
+            return Ok(Seal::Earlier);
+        }
+        if !kept.claim() {
+            return Ok(Seal::Open);
+        }
+        let (cache, entry, ikey) = (self.clone(), entry.clone(), ikey.to_owned());
+        let (kept, at) = (kept.clone(), window.start());
+        let sealed = tokio::task::spawn_blocking(move || {
+            kept.seal(|bytes| cache.check_crcs(&ikey, &entry, at, bytes))
+        })
+        .await
+        .map_err(io::Error::other)??;
+        Ok(if sealed { Seal::Now } else { Seal::Open })
     }
 
     /// Checks `bytes`, whole blocks of an entry from `pos` (a block boundary), against
@@ -215,10 +233,9 @@ impl Cache {
     ///
     /// Which way the bytes go is measured (BENCHMARKS.md, "Warm hits: how the bytes
     /// leave"): mapping a window costs the kernel about what copying it costs, so the
-    /// mapping pays only where nothing in user space reads the bytes. Checked reads of an
-    /// entry read it into a buffer (the check reads it anyway; the next read runs on the
-    /// engine's thread meanwhile); unchecked reads of more than [`SMALL_READ`], and every
-    /// read with `--sendfile`, go mapped.
+    /// mapping pays only where nothing in user space reads the bytes each time: small
+    /// reads go into buffers; larger ones go mapped, from windows sealed once where reads
+    /// are checked.
     pub(super) fn hit_stream(
         self: Arc<Self>,
         ikey: String,
@@ -229,98 +246,82 @@ impl Cache {
         if span.size <= HOT_MAX_OBJECT || span.end - span.start <= SMALL_READ {
             self.read_stream(ikey, entry, span)
         } else {
-            self.mapped_stream(ikey, entry, span, None)
+            self.mapped_stream(ikey, entry, span)
         }
     }
 
     /// A hit as slices of mappings of its file, a [`WINDOW`] at a time (windows aligned
-    /// to [`WINDOW`] in the file). Each window is in the page cache before its bytes are
-    /// touched or handed on (else read in on the blocking pool), so neither the check nor
-    /// the socket's copy waits on the disk in the runtime. A checked hit checks a window
-    /// only where its pages came from the disk since it was last checked whole
-    /// ([`Residency`](super::resident::Residency)); with `--sendfile` the kernel reads the
-    /// file itself, and every block is checked. `opened`: the entry's file, where the
-    /// caller has it open already.
-    fn mapped_stream(
-        self: Arc<Self>,
-        ikey: String,
-        entry: Arc<Entry>,
-        span: Span,
-        opened: Option<File>,
-    ) -> ByteStream {
+    /// to [`WINDOW`] in the file). A checked hit sends a window mapped only once it is
+    /// sealed (its pages locked, then checked whole), and reads any other window into
+    /// buffers, checked there ([`Cache::read_range`]). An unchecked hit sends every
+    /// window mapped, its pages read in first on the blocking pool where they are not,
+    /// so that the socket's copy never waits on the disk in the runtime.
+    fn mapped_stream(self: Arc<Self>, ikey: String, entry: Arc<Entry>, span: Span) -> ByteStream {
         let stream = async_stream::try_stream! {
             if span.start < span.end {
-                let file = Arc::new(match opened {
-                    Some(f) => f,
-                    None => File::open(&entry.path)?,
-                });
+                let file = Arc::new(File::open(&entry.path)?);
                 // A mapping read past the end of its file faults: the node never shortens
                 // an entry file, only damage does, so check once here.
                 let meta = file.metadata()?;
-                if meta.len() < span.stop {
+                let len = meta.len();
+                if len < span.stop {
                     self.drop_entry(&ikey, &entry);
                     Err(io::Error::other("cache entry is shorter than its size"))?;
                 }
-                let trust = span.verify && !crate::io::sendfile::enabled();
-                let (res, size) = (&entry.resident, span.size);
-                if trust {
-                    res.observe(size, &meta);
-                }
-                // Blocks are 64 KiB or 1 MiB: the step and the window are multiples.
+                entry.maps.observe(&meta);
+                let size = span.size;
+                // Blocks are 64 KiB or 1 MiB: the window is a multiple.
                 let mut pos = span.first_block();
                 while pos < span.end {
                     let w = pos / WINDOW;
                     let full_end = ((w + 1) * WINDOW).min(size);
                     let window_end = full_end.min(span.stop);
-                    // The whole window, kept for the next hits where the budget allows
-                    // (and the file is whole); else the bytes this hit sends, for it.
-                    let kept = if meta.len() >= full_end {
+                    // The whole window, kept for the next hits where the budget allows;
+                    // else the bytes this hit sends, for it.
+                    let kept = if len >= full_end {
                         entry.maps.window(&self.maps, &file, w, w * WINDOW, full_end)
                     } else {
                         None
                     };
+                    let (lo, hi) = (span.start.max(pos), span.end.min(window_end));
+                    if span.verify {
+                        let seal = match &kept {
+                            Some(k) => self.seal(&ikey, &entry, k).await?,
+                            None => Seal::Open,
+                        };
+                        if seal == Seal::Open {
+                            let mut parts = self.clone().read_range(
+                                ikey.clone(), entry.clone(), file.clone(), span, pos, window_end,
+                            );
+                            while let Some(part) = parts.next().await {
+                                yield part?;
+                            }
+                            pos = window_end;
+                            continue;
+                        }
+                        if seal == Seal::Earlier {
+                            self.stats.add(Metric::BytesCheckedEarlier, hi - lo);
+                        }
+                    }
                     let map = match kept {
                         Some(k) => k,
                         None => Window::once(&file, pos, (window_end - pos) as usize)?,
                     };
                     let base = map.start();
                     let (from, to) = ((pos - base) as usize, (window_end - base) as usize);
-                    let resident = map.mapped().resident_range(from, to);
-                    let map = if resident {
+                    // A sealed window's pages are locked: in memory.
+                    let map = if span.verify || map.mapped().resident_range(from, to) {
                         map
                     } else {
-                        let _reading = trust.then(|| res.reading_in(size, pos));
                         map.faulted_in(from, to).await?
                     };
-                    if trust {
-                        map.mapped().advise_random();
+                    // Recorded before the last yield: the body may be dropped as soon as
+                    // its last byte is taken.
+                    if hi >= span.end && span.verify && span.whole() {
+                        entry.verified.store(true, Ordering::Relaxed);
                     }
-                    let earlier = trust && resident && res.checked(size, w as usize);
-                    let check = span.verify && !earlier;
-                    let generation = if check && trust { res.begin_check() } else { 0 };
-                    let step = if check { CHECK_STEP } else { WINDOW };
                     let window = map.into_bytes();
-                    let mut at = pos;
-                    while at < window_end && at < span.end {
-                        let to = (at + step).min(window_end);
-                        let part = window.slice((at - base) as usize..(to - base) as usize);
-                        if check {
-                            self.check_crcs(&ikey, &entry, at, &part)?;
-                        } else if earlier {
-                            self.stats.add(Metric::BytesCheckedEarlier, part.len() as u64);
-                        }
-                        // Recorded before the last yield: the body may be dropped as soon
-                        // as its last byte is taken.
-                        if check && trust && pos == w * WINDOW && to == full_end {
-                            res.mark(size, w as usize, generation);
-                        }
-                        if to >= span.end && span.verify && span.whole() {
-                            entry.verified.store(true, Ordering::Relaxed);
-                        }
-                        let (lo, hi) = (span.start.max(at) - at, span.end.min(to) - at);
-                        yield part.slice(lo as usize..hi as usize);
-                        at = to;
-                    }
+                    yield window.slice((lo - base) as usize..(hi - base) as usize);
                     pos = window_end;
                 }
             }
@@ -334,51 +335,79 @@ impl Cache {
         let stream = async_stream::try_stream! {
             if span.start < span.end {
                 let file = Arc::new(File::open(&entry.path)?);
-                // What these reads (and their readahead) bring in is checked here only.
-                let _reading = entry.resident.reading_in(span.size, span.first_block());
-                // Reads of up to 1 MiB over the span's whole blocks, each checked on
-                // arrival.
-                let read = |pos: u64| {
-                    let len = (span.stop - pos).min(store::READ) as usize;
-                    self.engine.read_at(file.clone(), pos, len)
-                };
-                let mut pos = span.first_block();
-                // One read ahead: the next read runs while this one is checked and
-                // sent, so a single stream keeps the disk and the socket both busy.
-                let mut ahead = Some(read(pos));
-                while pos < span.end {
-                    let buf = match ahead.take() {
-                        Some(r) => r.await?,
-                        None => read(pos).await?,
-                    };
-                    if buf.is_empty() {
-                        self.drop_entry(&ikey, &entry);
-                        Err(io::Error::other("cache entry is shorter than its size"))?;
-                    }
-                    let next = pos + buf.len() as u64;
-                    if next < span.end {
-                        ahead = Some(read(next));
-                    }
-                    if span.verify {
-                        self.check_crcs(&ikey, &entry, pos, &buf)?;
-                    }
-                    let lo = (span.start.max(pos) - pos) as usize;
-                    let hi = (span.end.min(next) - pos) as usize;
-                    if span.size <= HOT_MAX_OBJECT && span.whole() {
-                        self.hot.insert(ikey.clone(), (entry.clone(), buf.clone()));
-                    }
-                    // Before the last yield: the body may be dropped once it is taken.
-                    if next >= span.end && span.whole() {
-                        entry.verified.store(true, Ordering::Relaxed);
-                    }
-                    let piece: Bytes = buf.slice(lo..hi);
-                    yield piece;
-                    pos = next;
+                let (from, to) = (span.first_block(), span.stop);
+                let mut parts = self.read_range(ikey, entry, file, span, from, to);
+                while let Some(part) = parts.next().await {
+                    yield part?;
                 }
             }
         };
         Box::pin(stream)
     }
+
+    /// Bytes `from..to` of an entry's file (`from` a block's start, `to` one or the
+    /// span's stop) read into buffers through the read engine, each checked on arrival
+    /// where the span is checked; the span's bytes of them streamed.
+    fn read_range(
+        self: Arc<Self>,
+        ikey: String,
+        entry: Arc<Entry>,
+        file: Arc<File>,
+        span: Span,
+        from: u64,
+        to: u64,
+    ) -> ByteStream {
+        let stream = async_stream::try_stream! {
+            // Reads of up to 1 MiB over whole blocks.
+            let read = |pos: u64| {
+                let len = (to - pos).min(store::READ) as usize;
+                self.engine.read_at(file.clone(), pos, len)
+            };
+            let mut pos = from;
+            // One read ahead: the next read runs while this one is checked and sent, so
+            // a single stream keeps the disk and the socket both busy.
+            let mut ahead = Some(read(pos));
+            while pos < to && pos < span.end {
+                let buf = match ahead.take() {
+                    Some(r) => r.await?,
+                    None => read(pos).await?,
+                };
+                if buf.is_empty() {
+                    self.drop_entry(&ikey, &entry);
+                    Err(io::Error::other("cache entry is shorter than its size"))?;
+                }
+                let next = pos + buf.len() as u64;
+                if next < to && next < span.end {
+                    ahead = Some(read(next));
+                }
+                if span.verify {
+                    self.check_crcs(&ikey, &entry, pos, &buf)?;
+                }
+                let lo = (span.start.max(pos) - pos) as usize;
+                let hi = (span.end.min(next) - pos) as usize;
+                if span.size <= HOT_MAX_OBJECT && span.whole() {
+                    self.hot.insert(ikey.clone(), (entry.clone(), buf.clone()));
+                }
+                // Before the last yield: the body may be dropped once it is taken.
+                if next >= span.end && span.whole() {
+                    entry.verified.store(true, Ordering::Relaxed);
+                }
+                let piece: Bytes = buf.slice(lo..hi);
+                yield piece;
+                pos = next;
+            }
+        };
+        Box::pin(stream)
+    }
+}
+
+/// Whether a window is sealed ([`Cache::seal`]): by an earlier hit, by this one just
+/// now, or not (it is to be read into buffers and checked there).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Seal {
+    Open,
+    Now,
+    Earlier,
 }
 
 /// What a hit reads of an entry: bytes `start..end` of an object of `size`, in whole
@@ -417,5 +446,23 @@ impl Span {
     /// Where the block holding `start` begins.
     fn first_block(&self) -> u64 {
         self.start / self.block * self.block
+    }
+
+    /// The checksums of the blocks holding the span, for a reader that checks its copy.
+    fn checks(&self, entry: &Entry) -> BlockChecks {
+        let first = self.start / self.block;
+        let blocks = (self.stop - self.first_block()).div_ceil(self.block) as usize;
+        BlockChecks {
+            block: self.block,
+            first,
+            end: self.stop,
+            crcs: entry
+                .crcs
+                .iter()
+                .skip(first as usize)
+                .take(blocks)
+                .copied()
+                .collect(),
+        }
     }
 }

@@ -29,8 +29,6 @@ pub struct Entry {
     /// When (`clock::now_ms`) it was last known to match the backend: its commit or
     /// its last check; 0 for an entry loaded from disk.
     pub checked_at: std::sync::atomic::AtomicU64,
-    /// Which windows a checked hit may send unchecked (see `resident`).
-    pub resident: super::resident::Residency,
     /// Windows of its file kept mapped between hits (see `maps`).
     pub maps: super::maps::Maps,
 }

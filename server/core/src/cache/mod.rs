@@ -22,7 +22,6 @@ mod index;
 mod local;
 mod maps;
 mod miss;
-mod resident;
 mod room;
 mod store;
 #[cfg(test)]
@@ -94,13 +93,11 @@ pub enum Mode {
 /// How a client on this machine reads the cache file it is handed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LocalReader {
-    /// It maps the file, and its touches may read pages in from the disk unseen: the
-    /// entry's record of checked windows is never trusted again.
+    /// It maps the file: the range is checked before it is handed over.
     Maps,
-    /// It copies out the range only where it finds every page of it resident (through
-    /// a mapping advised random, so that it reads nothing in), else asks for the bytes:
-    /// the range is checked where the record says it must be and brought in first, and
-    /// the record stays trusted.
+    /// It copies out the range only where it finds every page of it resident, else asks
+    /// for the bytes: the range is brought in first (sealed where it can be), and the
+    /// answer carries its blocks' checksums, against which the client checks its copy.
     CopiesResident,
 }
 
@@ -120,13 +117,16 @@ pub struct LocalFile {
     pub meta: ObjectMeta,
     pub offset: u64,
     pub len: u64,
+    /// For a reader that copies the range out ([`LocalReader::CopiesResident`]): the
+    /// checksums of the blocks holding it, to check its copy against.
+    pub checks: Option<crate::io::crc::BlockChecks>,
 }
 
 /// A read's bytes.
 pub enum Body {
     Stream(ByteStream),
     /// The entry's file ([`Mode::Local`]).
-    File(LocalFile),
+    File(Box<LocalFile>),
     /// None asked ([`Mode::Head`]).
     Empty,
 }
@@ -291,7 +291,6 @@ impl Cache {
                             meta: l.meta,
                             crcs: Arc::from(l.crcs),
                             verified: AtomicBool::new(false),
-                            resident: Default::default(),
                             maps: Default::default(),
                             // Loaded from disk: checked against the source before its
                             // first hit once the cache knows it is in a cluster (which
@@ -450,6 +449,11 @@ impl Cache {
     /// Bytes of entry files kept mapped between hits (`maps`).
     pub fn mapped_bytes(&self) -> u64 {
         self.maps.used()
+    }
+
+    /// Of those, the bytes locked in memory (sealed windows, `maps`).
+    pub fn locked_bytes(&self) -> u64 {
+        self.maps.locked()
     }
 
     /// Bytes the cache may still take: the capacity's room, or less when the filesystem

@@ -13,6 +13,7 @@ use crate::backend::mem::Mem;
 use crate::backend::{ByteRange, ByteStream, ObjectMeta, PutOptions};
 use crate::cache::CachePolicy;
 use crate::stats::{Metric, Stats};
+use crate::testing::skipped;
 
 fn cache(dir: &std::path::Path, capacity: u64) -> Arc<Cache> {
     let engine = crate::io::engine(crate::io::EngineChoice::Std).unwrap();
@@ -314,19 +315,6 @@ async fn a_corrupt_block_is_never_served_and_the_entry_is_dropped() {
     assert_eq!(bytes(again).await.unwrap(), obj);
 }
 
-/// Drops a file's pages from the page cache; whether the page holding byte `at` is gone.
-/// (Pages a hit keeps mapped stay; a direct write to a page takes it out, mapped or not.)
-fn evict(path: &std::path::Path, at: u64) -> bool {
-    use std::os::fd::AsRawFd;
-    let file = std::fs::File::open(path).unwrap();
-    // SAFETY: advice on an open descriptor.
-    unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-    let page = crate::io::mapped::page_size() as u64;
-    !crate::io::mapped::Mapped::new(&file, at / page * page, page as usize)
-        .unwrap()
-        .resident()
-}
-
 /// Flips byte `at` of a file on the disk around the page cache (`O_DIRECT`); false where
 /// the filesystem refuses direct I/O.
 fn damage_on_disk(path: &std::path::Path, at: u64) -> bool {
@@ -351,81 +339,126 @@ fn damage_on_disk(path: &std::path::Path, at: u64) -> bool {
     f.write_all_at(page, base).is_ok()
 }
 
-/// A checked hit checks a window only where its pages came from the disk since it was
-/// last checked: the same warm object twice is checked once; a block damaged on the disk
-/// after its pages left the page cache is read in again, checked, and never sent.
+/// Kibibytes locked in memory of the mapping holding `addr` (the kernel may have merged
+/// it with a neighbour), as `/proc/self/smaps` says.
+fn locked_kib(addr: usize) -> Option<u64> {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+    let holds = |l: &str| {
+        let range = l.split(' ').next()?;
+        let (a, b) = range.split_once('-')?;
+        let (a, b) = (
+            usize::from_str_radix(a, 16).ok()?,
+            usize::from_str_radix(b, 16).ok()?,
+        );
+        (a <= addr && addr < b).then_some(())
+    };
+    let mut lines = smaps.lines().skip_while(|l| holds(l).is_none()).skip(1);
+    lines
+        .find_map(|l| l.strip_prefix("Locked:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+/// A checked hit seals each window it keeps: its pages locked in memory, then checked
+/// whole. Later hits send a sealed window with no check (`bytes_checked_earlier`), and
+/// the kernel cannot reclaim its pages meanwhile (smaps counts them locked), so no page
+/// can come in again from the disk unchecked between a check and the socket's copy.
+/// A block damaged on the disk (written around the page cache, which moves the file's
+/// times) lets the windows go: the next hit seals anew, its check fails, and nothing
+/// damaged is sent. With no lock budget every hit reads the windows into buffers and
+/// checks them there.
 #[tokio::test]
-async fn checks_cover_what_comes_from_the_disk_not_what_memory_holds() {
+async fn a_sealed_window_is_locked_and_checked_once_else_every_hit_checks_its_copy() {
+    use super::hit::WINDOW;
     const SIZE: usize = (12 << 20) + 5;
     const DAMAGE: u64 = (9 << 20) + 77;
     let dir = tempfile::tempdir().unwrap();
-    let c = cache(dir.path(), 1 << 30);
-    let obj = data(SIZE, 3);
-    let src = Mem::with(&[("k", obj.clone())]);
-    assert_eq!(
-        bytes(read(&c, &src, "k").await.unwrap()).await.unwrap(),
-        obj
-    );
-    settled(&c, "k").await;
-    let checked = || c.stats.get(Metric::BytesChecked);
-    let earlier = || c.stats.get(Metric::BytesCheckedEarlier);
-    let hit = |c: &Arc<Cache>| {
-        let c = c.clone();
-        let src = src.clone();
-        async move {
-            let r = read(&c, &src, "k").await.unwrap();
-            assert_eq!(r.origin, Origin::Hit);
-            bytes(r).await
+    for locks in [true, false] {
+        let c = cache(&dir.path().join(format!("locks-{locks}")), 1 << 30);
+        if !locks {
+            c.maps.limit_locks_to(0);
         }
-    };
-    assert_eq!(hit(&c).await.unwrap(), obj);
-    let (checked1, earlier1) = (checked(), earlier());
-    assert!(
-        checked1 >= SIZE as u64,
-        "the first hit checks it all: {checked1}"
-    );
-    assert_eq!(hit(&c).await.unwrap(), obj);
-    assert_eq!(checked(), checked1, "the second hit checks nothing again");
-    assert_eq!(
-        earlier() - earlier1,
-        SIZE as u64,
-        "and sends it all as checked before"
-    );
+        let obj = data(SIZE, 3);
+        let src = Mem::with(&[("k", obj.clone())]);
+        assert_eq!(
+            bytes(read(&c, &src, "k").await.unwrap()).await.unwrap(),
+            obj
+        );
+        settled(&c, "k").await;
+        let checked = || c.stats.get(Metric::BytesChecked);
+        let earlier = || c.stats.get(Metric::BytesCheckedEarlier);
+        let hit = |c: &Arc<Cache>| {
+            let c = c.clone();
+            let src = src.clone();
+            async move {
+                let r = read(&c, &src, "k").await.unwrap();
+                assert_eq!(r.origin, Origin::Hit);
+                bytes(r).await
+            }
+        };
+        let (checked0, earlier0) = (checked(), earlier());
+        assert_eq!(hit(&c).await.unwrap(), obj);
+        assert_eq!(
+            (checked() - checked0, earlier() - earlier0),
+            (SIZE as u64, 0),
+            "locks {locks}: the first hit checks it all"
+        );
+        let locked = c.maps.locked();
+        if locks && locked == 0 {
+            skipped("this process may not lock memory (RLIMIT_MEMLOCK without CAP_IPC_LOCK): no window is sealed");
+        }
+        if !locks {
+            assert_eq!(locked, 0, "no budget, nothing locked");
+        }
+        let entry = c.lock_index().get(&super::index::key_of("b", "k")).unwrap();
+        for (addr, len) in entry.maps.bases() {
+            let sealed = locked_kib(addr).expect("the window's mapping in smaps");
+            if locked == SIZE as u64 {
+                let pages = (len as u64).div_ceil(4096) * 4;
+                assert!(
+                    sealed >= pages,
+                    "locks {locks}: {sealed} KiB locked at {addr:x}"
+                );
+            } else if locked == 0 {
+                assert_eq!(sealed, 0, "locks {locks}");
+            }
+        }
+        drop(entry);
+        let (checked1, earlier1) = (checked(), earlier());
+        assert_eq!(hit(&c).await.unwrap(), obj);
+        assert_eq!(
+            (checked() - checked1, earlier() - earlier1),
+            (SIZE as u64 - locked, locked),
+            "locks {locks}: sealed windows are sent as checked, the others checked again"
+        );
+        assert!(SIZE as u64 > 2 * WINDOW);
 
-    let path = super::store::entry_path(&c.objects, "b", "k");
-    if !damage_on_disk(&path, DAMAGE) {
-        eprintln!("this filesystem refuses O_DIRECT; the damage part is skipped");
-        return;
-    }
-    if !evict(&path, DAMAGE) {
-        eprintln!("the page cache kept the file's pages; the damage part is skipped");
-        return;
-    }
-    // Bit rot leaves the file's times alone: the entry sees them as they are now, so
-    // only the page cache's word (the pages are not resident) can bring the check.
-    let entry = c.lock_index().get(&super::index::key_of("b", "k")).unwrap();
-    entry
-        .resident
-        .overlook_times(&std::fs::metadata(&path).unwrap());
-    let r = read(&c, &src, "k").await.unwrap();
-    let Body::Stream(mut s) = r.body else {
-        panic!("a stream");
-    };
-    let (mut sent, mut failed) = (0u64, false);
-    while let Some(chunk) = s.next().await {
-        match chunk {
-            Ok(b) => sent += b.len() as u64,
-            Err(_) => failed = true,
+        let path = super::store::entry_path(&c.objects, "b", "k");
+        if !damage_on_disk(&path, DAMAGE) {
+            skipped("this filesystem refuses O_DIRECT: nothing to damage around the page cache");
+            continue;
         }
+        let r = read(&c, &src, "k").await.unwrap();
+        let Body::Stream(mut s) = r.body else {
+            panic!("a stream");
+        };
+        let (mut sent, mut failed) = (0u64, false);
+        while let Some(chunk) = s.next().await {
+            match chunk {
+                Ok(b) => sent += b.len() as u64,
+                Err(_) => failed = true,
+            }
+        }
+        assert!(
+            failed && sent <= DAMAGE,
+            "locks {locks}: sent {sent} bytes, then failed: {failed}"
+        );
+        drop(s);
+        assert_eq!(c.holds("b", "k"), None, "the entry is dropped");
+        assert_eq!(c.maps.locked(), 0, "and its windows unlocked");
+        let again = read(&c, &src, "k").await.unwrap();
+        assert_eq!(again.origin, Origin::Miss, "the next read refetches");
+        assert_eq!(bytes(again).await.unwrap(), obj);
     }
-    assert!(
-        failed && sent <= DAMAGE,
-        "sent {sent} bytes, then failed: {failed}"
-    );
-    assert_eq!(c.holds("b", "k"), None, "the entry is dropped");
-    let again = read(&c, &src, "k").await.unwrap();
-    assert_eq!(again.origin, Origin::Miss, "the next read refetches");
-    assert_eq!(bytes(again).await.unwrap(), obj);
 }
 
 /// A large fill writes its file around the page cache unless told not to; either way
@@ -582,7 +615,7 @@ async fn past_its_lease_every_hit_is_checked() {
 /// The bytes are the same either way.
 #[tokio::test]
 async fn windows_stay_mapped_between_hits_and_go_with_their_entry() {
-    use super::resident::WINDOW;
+    use super::hit::WINDOW;
     const SIZE: usize = 2 * WINDOW as usize + 12_345;
     let dir = tempfile::tempdir().unwrap();
     let c = cache(dir.path(), 1 << 30);

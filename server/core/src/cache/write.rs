@@ -163,7 +163,6 @@ impl Cache {
                         meta: meta.clone(),
                         crcs: Arc::from(crcs),
                         verified: AtomicBool::new(true),
-                        resident: Default::default(),
                         maps: Default::default(),
                         checked: AtomicU64::new(self.generation()),
                         checked_at: AtomicU64::new(crate::clock::now_ms()),

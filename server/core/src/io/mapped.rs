@@ -55,15 +55,6 @@ impl Mapped {
         self.base as usize
     }
 
-    /// Touching the mapping reads nothing ahead (`MADV_RANDOM`): for pages already in
-    /// the page cache, whose neighbours must not come in from the disk unseen.
-    pub fn advise_random(&self) {
-        if self.len > 0 {
-            // SAFETY: advice on this live mapping; failure is harmless.
-            unsafe { libc::madvise(self.base, self.len, libc::MADV_RANDOM) };
-        }
-    }
-
     /// Whether every page of the mapping is in the page cache now: then touching it
     /// never waits on the disk.
     pub fn resident(&self) -> bool {
@@ -94,6 +85,27 @@ impl Mapped {
         // SAFETY: `vec` has one byte per page of this range of a live mapping.
         let r = unsafe { libc::mincore(base, len, vec.as_mut_ptr()) };
         r == 0 && vec.iter().all(|b| b & 1 == 1)
+    }
+
+    /// Locks the mapping's pages in memory (`mlock`), reading in those that are not
+    /// resident, waiting for them (blocking: call it off the runtime's threads). A
+    /// locked page is never reclaimed while the mapping lives, so a touch of it (the
+    /// socket's copy, `sendfile`) reads what was in memory when it was checked, never
+    /// the disk; unmapping unlocks it. Refused where the process may not lock that much
+    /// (`RLIMIT_MEMLOCK` without `CAP_IPC_LOCK`).
+    pub fn lock(&self) -> io::Result<()> {
+        if self.len == 0 {
+            return Ok(());
+        }
+        // SAFETY: locking the pages of this live mapping.
+        if unsafe { libc::mlock(self.base, self.len) } == 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        // A lock that failed part way may hold some pages: none is kept.
+        // SAFETY: as above.
+        unsafe { libc::munlock(self.base, self.len) };
+        Err(e)
     }
 
     /// Reads the mapping's pages in from the disk, waiting for them (blocking: call it

@@ -3,7 +3,7 @@
 //! blocking pool) and `io-uring` (one ring on a dedicated thread). `auto` tries io_uring
 //! and falls back to `std`, with a log line, where the kernel refuses it.
 
-pub mod crc;
+pub use granary_proto::crc;
 pub mod direct;
 pub mod mapped;
 pub mod sendfile;

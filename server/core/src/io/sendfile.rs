@@ -96,27 +96,6 @@ impl FileBytes {
         Ok(FileBytes { map, registered })
     }
 
-    /// [`FileBytes::new`], with every page in the page cache: read in on the blocking
-    /// pool where they are not, so that touching them never waits on the disk in the
-    /// runtime.
-    pub async fn resident(file: Arc<File>, offset: u64, len: usize) -> io::Result<FileBytes> {
-        let map = FileBytes::new(file, offset, len)?;
-        if map.map.resident() {
-            return Ok(map);
-        }
-        map.faulted_in().await
-    }
-
-    /// The same mapping, its pages read in (on the blocking pool) where they are not.
-    async fn faulted_in(self) -> io::Result<FileBytes> {
-        tokio::task::spawn_blocking(move || {
-            self.map.fault_in();
-            self
-        })
-        .await
-        .map_err(io::Error::other)
-    }
-
     /// The mapped bytes (reading them faults pages in from the page cache).
     pub fn mapped(&self) -> &Mapped {
         &self.map

@@ -198,6 +198,7 @@ impl Node {
         s.set(Metric::CapacityBytes, u.capacity);
         s.set(Metric::Objects, u.objects);
         s.set(Metric::MappedBytes, self.cache.mapped_bytes());
+        s.set(Metric::LockedBytes, self.cache.locked_bytes());
         s.set(Metric::DiskFreeBytes, self.cache.disk_free());
         s.set(Metric::Plans, self.plans.len() as u64);
         s.set(Metric::PrefetchJobs, self.jobs.running("prefetch") as u64);

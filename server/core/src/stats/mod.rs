@@ -138,6 +138,9 @@ table! {
     /// Page-cache pages, counted in the node's RSS as file pages.
     MappedBytes: Gauge, "mapped_bytes", "cache_mapped_bytes",
         "bytes of cache files kept mapped between hits";
+    /// Of those, the pages of sealed windows: locked in memory, checked.
+    LockedBytes: Gauge, "locked_bytes", "cache_locked_bytes",
+        "bytes of cache files locked in memory, checked, sent with no further check";
     DiskFreeBytes: Gauge, "disk_free_bytes", "cache_disk_free_bytes",
         "bytes free on the cache's filesystem";
     Plans: Gauge, "plans", "plans", "jobs' plans this node holds";

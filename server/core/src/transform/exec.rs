@@ -510,7 +510,9 @@ mod tests {
         match run(&s, Bytes::new()).await {
             Ok(out) if out == b"1024\n" => {}
             other => {
-                eprintln!("skipping: python3 does not run under the limit here: {other:?}");
+                crate::testing::skipped(&format!(
+                    "python3 does not run under the limit here: {other:?}"
+                ));
                 return;
             }
         }

@@ -11,7 +11,7 @@ use axum::body::Body;
 use axum::extract::ConnectInfo;
 use axum::response::{IntoResponse, Response};
 use granary_proto::headers::{
-    CACHE, LOCAL, LOCAL_LENGTH, LOCAL_OFFSET, LOCAL_RESIDENT, NODE, PLAN, TRANSFORM,
+    CACHE, LOCAL, LOCAL_CHECKS, LOCAL_LENGTH, LOCAL_OFFSET, LOCAL_RESIDENT, NODE, PLAN, TRANSFORM,
 };
 use granary_proto::range::RangeSpec;
 use http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
@@ -383,7 +383,7 @@ fn answer(
         }
     }
     match (file, fds) {
-        (Some(lf), Some(fds)) => local_answer(resp, lf, fds),
+        (Some(lf), Some(fds)) => local_answer(resp, *lf, fds),
         _ => {
             set_length(&mut resp, range, size);
             resp
@@ -492,6 +492,13 @@ fn local_answer(mut resp: Response, lf: LocalFile, fds: &FdSender) -> Response {
     h.insert(LOCAL, HeaderValue::from_static("fd"));
     h.insert(LOCAL_OFFSET, HeaderValue::from(lf.offset));
     h.insert(LOCAL_LENGTH, HeaderValue::from(lf.len));
+    if let Some(v) = lf
+        .checks
+        .as_ref()
+        .and_then(|c| HeaderValue::from_str(&c.encode()).ok())
+    {
+        h.insert(LOCAL_CHECKS, v);
+    }
     *resp.status_mut() = StatusCode::OK;
     *resp.body_mut() = Body::empty();
     fds.send(OwnedFd::from(lf.file));
