@@ -28,24 +28,39 @@ pub fn cache_entries(cache: &Path) -> Vec<PathBuf> {
 /// and drops the file's pages from memory (those no process maps). `false`, and nothing
 /// done, where the filesystem refuses `O_DIRECT`.
 pub fn damage_on_disk(file: &Path, at: u64) -> Result<bool> {
-    let Ok(f) = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(file)
-    else {
+    let Some((f, mut buf, base)) = direct_page(file, at, true)? else {
         return Ok(false);
     };
-    let mut buf = vec![0u8; 8192];
-    let off = buf.as_ptr().align_offset(4096);
-    let page = &mut buf[off..off + 4096];
-    let base = at / 4096 * 4096;
-    f.read_exact_at(page, base)?;
+    let page = aligned(&mut buf);
     page[(at - base) as usize] ^= 0xff;
     f.write_all_at(page, base)?;
     // SAFETY: advice on an open descriptor.
     unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
     Ok(true)
+}
+
+/// `file` opened around the page cache (`O_DIRECT`, for writing too with `write`), and
+/// the page holding byte `at` as the disk has it, read into a buffer ([`aligned`] is the
+/// page in it), with the page's offset; `None` where the filesystem refuses `O_DIRECT`.
+fn direct_page(file: &Path, at: u64, write: bool) -> Result<Option<(std::fs::File, Vec<u8>, u64)>> {
+    let Ok(f) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(write)
+        .custom_flags(libc::O_DIRECT)
+        .open(file)
+    else {
+        return Ok(None);
+    };
+    let mut buf = vec![0u8; 8192];
+    let base = at / 4096 * 4096;
+    f.read_exact_at(aligned(&mut buf), base)?;
+    Ok(Some((f, buf, base)))
+}
+
+/// The 4 KiB-aligned page within an 8 KiB buffer, as `O_DIRECT` wants it.
+fn aligned(buf: &mut [u8]) -> &mut [u8] {
+    let off = buf.as_ptr().align_offset(4096);
+    &mut buf[off..off + 4096]
 }
 
 /// An ext4 filesystem on a loop device over an image file, mounted for a test (root
@@ -146,19 +161,10 @@ impl LoopFs {
     /// The byte at `at` of `file` as the disk holds it (read around the page cache);
     /// `None` where the filesystem refuses `O_DIRECT`.
     pub fn on_disk(&self, file: &Path, at: u64) -> Result<Option<u8>> {
-        let Ok(f) = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_DIRECT)
-            .open(file)
-        else {
+        let Some((_, mut buf, base)) = direct_page(file, at, false)? else {
             return Ok(None);
         };
-        let mut buf = vec![0u8; 8192];
-        let off = buf.as_ptr().align_offset(4096);
-        let page = &mut buf[off..off + 4096];
-        let base = at / 4096 * 4096;
-        f.read_exact_at(page, base)?;
-        Ok(Some(page[(at - base) as usize]))
+        Ok(Some(aligned(&mut buf)[(at - base) as usize]))
     }
 }
 

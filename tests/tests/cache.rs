@@ -890,31 +890,20 @@ fn slow_get(addr: std::net::SocketAddr, path: &str) -> Result<(u16, String, Opti
     };
     s.set_read_timeout(Some(Duration::from_secs(30)))?;
     s.write_all(&request_bytes("GET", path, addr, &[], b""))?;
-    let mut got = Vec::new();
-    let mut buf = vec![0u8; 64 << 10];
-    let head_end = loop {
-        let n = s.read(&mut buf)?;
-        if n == 0 {
-            bail!("closed before the head");
-        }
-        got.extend_from_slice(&buf[..n]);
-        if let Some(i) = got.windows(4).position(|w| w == b"\r\n\r\n") {
-            break i + 4;
-        }
-    };
-    let head = String::from_utf8_lossy(&got[..head_end]).to_ascii_lowercase();
-    let status = head[9..12].parse()?;
+    let mut r = std::io::BufReader::with_capacity(64 << 10, s);
+    let (status, headers) = granary_tests::read_response_head(&mut r)?;
     let field = |name: &str| {
-        head.lines().find_map(|l| {
-            l.strip_prefix(&format!("{name}: "))
-                .map(|v| v.trim().to_owned())
-        })
+        headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.clone())
     };
     let length: usize = field("content-length").unwrap_or_default().parse()?;
     let source = field("x-granary-cache").unwrap_or_default();
-    let mut body = got[head_end..].to_vec();
+    let mut body = Vec::with_capacity(length);
+    let mut buf = vec![0u8; 64 << 10];
     while body.len() < length {
-        match s.read(&mut buf) {
+        match r.read(&mut buf) {
             Ok(0) | Err(_) => return Ok((status, source, None)),
             Ok(n) => body.extend_from_slice(&buf[..n]),
         }
