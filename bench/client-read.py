@@ -7,6 +7,7 @@ The ways take turns every round, over the same object on the same node:
   the kernel's copy; with ``--pinned``, page-locked memory from torch, as P7's (b));
 - ``Client.get``: a new ``bytes`` per read;
 - ``Client.get_into``: the same preallocated buffer as the wire's;
+- both again on one connection (``GRANARY_CLIENT_STREAMS=1``), one against curl's one;
 - ``curl -o /dev/null`` where curl is installed (another client, writing nowhere);
 - with ``--pinned`` and a GPU, ``Client.get_to_device``.
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import socket
 import statistics
@@ -107,6 +109,10 @@ def main() -> int:
     wire = Wire(a.endpoint)
     getter = granary.Client(a.endpoint)
     into = granary.Client(a.endpoint)
+    # The same client kept to one connection (a large hit is otherwise read over several).
+    os.environ["GRANARY_CLIENT_STREAMS"] = "1"
+    one = granary.Client(a.endpoint)
+    del os.environ["GRANARY_CLIENT_STREAMS"]
 
     ways = [
         ("wire: socket recv_into a preallocated buffer", resource.RUSAGE_SELF,
@@ -117,6 +123,10 @@ def main() -> int:
          lambda keep: (lambda b: (len(b), b))(getter.get(a.bucket, a.key))),
         ("Client.get_into (a preallocated buffer)", resource.RUSAGE_SELF,
          lambda keep: (into.get_into(a.bucket, a.key, buf), view.tobytes() if keep else None)),
+        ("Client.get, one connection", resource.RUSAGE_SELF,
+         lambda keep: (lambda b: (len(b), b))(one.get(a.bucket, a.key))),
+        ("Client.get_into, one connection", resource.RUSAGE_SELF,
+         lambda keep: (one.get_into(a.bucket, a.key, buf), view.tobytes() if keep else None)),
     ]
     if shutil.which("curl"):
         def curl(keep):
@@ -178,6 +188,12 @@ def main() -> int:
     if "curl -o /dev/null" in rate:
         report["get_over_curl"] = rate[ways[1][0]] / rate["curl -o /dev/null"]
         line += f", Client.get / curl = {report['get_over_curl']:.2f}"
+        # One connection against curl's one.
+        report["get_one_over_curl"] = rate["Client.get, one connection"] / rate["curl -o /dev/null"]
+        report["get_into_one_over_curl"] = (rate["Client.get_into, one connection"]
+                                            / rate["curl -o /dev/null"])
+        line += (f"; one connection: Client.get / curl = {report['get_one_over_curl']:.2f}, "
+                 f"Client.get_into / curl = {report['get_into_one_over_curl']:.2f}")
     print(line)
     if a.json:
         with open(a.json, "w") as f:

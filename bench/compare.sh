@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Granary side by side with the physical ceiling here, every figure taken by granary-bench
 # in one run, pairs interleaved (A/B/A/B) so drift hits both sides alike:
-#   P1  warm GET of one 256 MiB object, 1 and 8 streams: Granary (--verify-reads true and
-#       false) / nginx (page cache), MB/s and server CPU s per GiB (every server: /proc)
-#   P2  warm GET of 100 KiB objects, 32 connections, req/s: Granary / nginx
+#   P1  warm GET of one 256 MiB object, 1 and 8 streams, read by granary-bench and by curl
+#       (a process per read): Granary (default, --sendfile true, --verify-reads false) /
+#       nginx at its best (page cache; sendfile on, off, and with aio threads, each figure
+#       taking nginx's best), MB/s, server CPU s per GiB (/proc) and the reader's
+#   P2  warm GET of 100 KiB objects, 32 connections, req/s: Granary / nginx's best
 #       + the bench's own ceiling: granary-bench / wrk, both against nginx, same URL
 #   P3  cold GET through Granary (S3 backend) / direct GET from the same S3 server (moto),
 #       and through nginx in front of the same moto (proxy_cache, and no cache): MB/s,
@@ -32,7 +34,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 
-rounds=2
+rounds=3
 dur=5s
 out="$root/target/compare"
 quick=0
@@ -97,7 +99,6 @@ chmod 755 "$work"  # nginx workers run as another user
 pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  [ -f "$work/nginx.pid" ] && kill "$(cat "$work/nginx.pid")" 2>/dev/null || true
   wait 2>/dev/null || true
   rm -rf "$work"
 }
@@ -122,6 +123,9 @@ start_granary() { # NAME FLAGS...
   wait_http "$g_url/_granary/health"
 }
 stop_granary() { kill "$g_pid"; wait "$g_pid" 2>/dev/null || true; }
+# Busy CPU seconds of the whole machine so far: every process and kernel thread (the
+# flusher's writeback, softirqs), not idle, iowait or steal.
+machine_busy() { awk '/^cpu / {printf "%.2f\n", ($2 + $3 + $4 + $7 + $8) / 100}' /proc/stat; }
 b() { # granary-bench ARGS, quiet unless it fails
   local o
   if ! o=$("$bench" "$@" --progress false 2>&1); then
@@ -192,18 +196,49 @@ $2
 EOF
 }
 
-# --- nginx: the page-cache ceiling --------------------------------------------------
-nginx_port=$(free_port)
-nginx_conf "$work" "
-  sendfile on;
-  tcp_nopush on;
+# --- nginx: the page-cache ceiling, at its best ----------------------------------------
+# Three configurations over the same files, each figure taking nginx's best of them:
+#   nginx      sendfile on (the kernel sends the page cache's pages), tcp_nopush
+#   nginx_off  sendfile off: read(2) into 1 MiB output buffers, then write(2)
+#   nginx_aio  sendfile on with `aio threads` (sendfile and reads on a thread pool)
+# every one with open_file_cache (no open/fstat/close per request) and no access log.
+# Starts an nginx serving $work/origin with DIRECTIVES; sets $st_url and $st_pids.
+start_nginx_static() { # NAME DIRECTIVES
+  local dir="$work/$1" port; mkdir -p "$dir"; port=$(free_port)
+  nginx_conf "$dir" "
+  $2
+  open_file_cache max=10000 inactive=60s;
+  open_file_cache_valid 60s;
   keepalive_requests 1000000;
-  server { listen 127.0.0.1:$nginx_port; root $work/origin; }" >"$work/nginx.conf"
-"$nginx_bin" -c "$work/nginx.conf"
-nginx_url="http://127.0.0.1:$nginx_port"
-wait_http "$nginx_url/bench/big.bin"
-# nginx's CPU is its master's and its workers'.
-nginx_pids="$(cat "$work/nginx.pid"),$(pgrep -P "$(cat "$work/nginx.pid")" | paste -sd,)"
+  server { listen 127.0.0.1:$port; root $work/origin; }" >"$dir/nginx.conf"
+  "$nginx_bin" -c "$dir/nginx.conf"
+  pids+=("$(cat "$dir/nginx.pid")")
+  st_url="http://127.0.0.1:$port"
+  wait_http "$st_url/bench/big.bin"
+  # nginx's CPU is its master's and its workers'.
+  st_pids="$(cat "$dir/nginx.pid"),$(pgrep -P "$(cat "$dir/nginx.pid")" | paste -sd,)"
+}
+start_nginx_static ng-on "sendfile on; tcp_nopush on;"
+nginx_url=$st_url; nginx_pids=$st_pids
+nginx_sides=(nginx)
+if want p1; then
+  start_nginx_static ng-off "sendfile off; output_buffers 2 1m;"
+  nginx_off_url=$st_url; nginx_off_pids=$st_pids
+  start_nginx_static ng-aio "sendfile on; tcp_nopush on; aio threads;"
+  nginx_aio_url=$st_url; nginx_aio_pids=$st_pids
+  nginx_sides=(nginx nginx_off nginx_aio)
+fi
+# Sets $url and $spid for SIDE (an nginx or a node started below).
+side_of() { # SIDE
+  case $1 in
+    nginx) url=$nginx_url; spid=$nginx_pids ;;
+    nginx_off) url=$nginx_off_url; spid=$nginx_off_pids ;;
+    nginx_aio) url=$nginx_aio_url; spid=$nginx_aio_pids ;;
+    granary) url=$fs_url; spid=$fs_pid ;;
+    granary_sf) url=$sf_url; spid=$sf_pid ;;
+    granary_nv) url=$nv_url; spid=$nv_pid ;;
+  esac
+}
 
 if want p1; then
 # --- Granary over the same directory, warmed ---------------------------------------
@@ -217,27 +252,49 @@ b run --endpoint "$fs_url" --bucket bench --prefix small/ --epochs 1 --workers 8
 b run --endpoint "$nginx_url" --bucket bench --prefix small/ --objects "$small_n" --object-size 100KiB --epochs 1 --workers 8
 b get --endpoint "$nginx_url" --path /bench/big.bin --duration 1s --workers 1
 b get --endpoint "$fs_url" --path /bench/big.bin --duration 1s --workers 1
-# A second node that checks no block after an entry's first whole read.
+# A second node that sends every hit with sendfile(2), readers on this machine too (the
+# default sends the copy to them), and a third that checks no block after an entry's
+# first whole read.
+start_granary g-fs-sf --backend "fs:$work/origin" --sendfile true
+sf_pid=$g_pid; sf_url=$g_url
+b run --endpoint "$sf_url" --bucket bench --prefix big.bin --epochs 1 --workers 1
+b get --endpoint "$sf_url" --path /bench/big.bin --duration 1s --workers 1
 start_granary g-fs-nv --backend "fs:$work/origin" --verify-reads false
 nv_pid=$g_pid; nv_url=$g_url
 b run --endpoint "$nv_url" --bucket bench --prefix big.bin --epochs 1 --workers 1
 b get --endpoint "$nv_url" --path /bench/big.bin --duration 1s --workers 1
+for side in nginx_off nginx_aio; do
+  side_of $side
+  b get --endpoint "$url" --path /bench/big.bin --duration 1s --workers 1
+done
+p1_sides=("${nginx_sides[@]}" granary granary_sf granary_nv)
+# curl's sides: the same servers, as JSON for bench/curl_cpu.py.
+curl_sides=$(for side in "${p1_sides[@]}"; do
+  side_of $side; printf '"%s": ["%s/bench/big.bin", [%s]],' "$side" "$url" "$spid"
+done)
+curl_sides="{${curl_sides%,}}"
 
 # --- P1, P2 and the bench's ceiling, interleaved -----------------------------------
 for r in $(seq "$rounds"); do
-  log "round $r/$rounds: P1 (256 MiB object), P2 (100 KiB objects), bench ceiling"
+  log "round $r/$rounds: P1 (256 MiB object, granary-bench and curl), P2 (100 KiB objects), bench ceiling"
   for streams in 1 8; do
-    for side in nginx granary granary_nv; do
-      url=$nginx_url; spid=$nginx_pids
-      [ $side = granary ] && { url=$fs_url; spid=$fs_pid; }
-      [ $side = granary_nv ] && { url=$nv_url; spid=$nv_pid; }
+    for side in "${p1_sides[@]}"; do
+      side_of $side
+      # The machine's busy CPU too: over loopback the kernel bills a socket's receive
+      # work to whichever side runs it, so the server's own figure moves with that.
+      t0=$(machine_busy)
       b get --endpoint "$url" --path /bench/big.bin --workers "$streams" --duration "$dur" \
         --server-pid "$spid" --json "$out/p1-$streams-$side-$r.json"
+      t1=$(machine_busy)
+      awk -v a="$t0" -v b="$t1" 'BEGIN {printf "{\"machine_cpu_s\": %.2f}\n", b - a}' \
+        >"$out/p1-$streams-$side-$r.machine.json"
     done
   done
-  for side in nginx granary; do
-    url=$nginx_url; spid=$nginx_pids
-    [ $side = granary ] && { url=$fs_url; spid=$fs_pid; }
+  # The same object read by curl, a process per read (what a shell user runs).
+  python3 bench/curl_cpu.py "$curl_sides" --streams 1,8 --rounds 1 --secs "${dur%s}" \
+    --json "$out/p1-curl-$r.json" >/dev/null
+  for side in "${nginx_sides[@]}" granary; do
+    side_of $side
     b run --endpoint "$url" --bucket bench --prefix small/ --objects "$small_n" \
       --object-size 100KiB --workers 32 --duration "$dur" --epoch-stats false --server-pid "$spid" \
       --json "$out/p2-$side-$r.json" --plot "$out/p2-$side-$r.svg"
@@ -248,6 +305,7 @@ for r in $(seq "$rounds"); do
   wrk -t2 -c32 -d"$dur" "$fs_url/bench/small/000000" >"$out/wrk-granary-$r.log"
 done
 stop_granary
+g_pid=$sf_pid; stop_granary
 g_pid=$fs_pid; stop_granary
 
 fi
@@ -264,12 +322,16 @@ if want p3; then
 # --- P3: cold reads through Granary against the S3 server itself --------------------
 # and through nginx in front of the same moto: as a caching proxy (proxy_cache, to disk)
 # and as a proxy that keeps nothing, what any proxy's hop costs on this machine.
-start_nginx_proxy() { # cache|pass NAME; sets $ng_url, $ng_pids, $ng_dir
-  local mode=$1 port cache=""
+start_nginx_proxy() { # cache|cache_nosf|pass NAME; sets $ng_url, $ng_pids, $ng_dir
+  local mode=$1 port cache="" sf="sendfile on; tcp_nopush on;"
   ng_dir="$work/$2"; mkdir -p "$ng_dir"
   port=$(free_port)
-  [ "$mode" = cache ] && cache='proxy_cache c; proxy_cache_valid 200 1d; proxy_cache_key $uri;'
+  [ "$mode" != pass ] && cache='proxy_cache c; proxy_cache_valid 200 1d; proxy_cache_key $uri;'
+  # sendfile: a cached answer leaves from its cache file; without, from nginx's buffers
+  # (the figures take the better of the two).
+  [ "$mode" = cache_nosf ] && sf="sendfile off;"
   nginx_conf "$ng_dir" "
+  $sf
   proxy_cache_path $ng_dir/cache keys_zone=c:10m max_size=100g;
   proxy_temp_path $ng_dir/tmp;
   server {
@@ -294,9 +356,6 @@ stop_nginx_proxy() {
   while kill -0 "$master" 2>/dev/null; do sleep 0.05; done
   rm -rf "$ng_dir"
 }
-# Busy CPU seconds of the whole machine so far: every process and kernel thread (the
-# flusher's writeback, softirqs), not idle, iowait or steal.
-machine_busy() { awk '/^cpu / {printf "%.2f\n", ($2 + $3 + $4 + $7 + $8) / 100}' /proc/stat; }
 # Runs granary-bench ARGS for one P3 side, then writes back what it left dirty (`sync`),
 # and records the machine's busy CPU over both in NAME.machine.json.
 p3_side() { # NAME ARGS...
@@ -321,7 +380,7 @@ for r in $(seq "$rounds"); do
     --server-pid "$g_pid" --json "$out/p3-granary-$r.json"
   stop_granary
   rm -rf "$work/g-s3-$r"
-  for mode in cache pass; do
+  for mode in cache cache_nosf pass; do
     start_nginx_proxy "$mode" "ng-$mode-$r"
     AWS_ACCESS_KEY_ID= AWS_SECRET_ACCESS_KEY= \
       p3_side "p3-nginx-$mode-$r" run --endpoint "$ng_url" --bucket cold --epochs 1 \
@@ -458,7 +517,7 @@ awk '/VmHWM|VmRSS/ {print $1, $2}' "/proc/$g_pid/status" >"$out/p6-rss.txt"
 cat "$out/p6-anon.txt" >>"$out/p6-rss.txt"
 echo "VmRSS_start: $rss_start" >>"$out/p6-rss.txt"
 stop_granary
-kill "$(cat "$work/nginx.pid")" 2>/dev/null || true
+for f in "$work"/ng-*/nginx.pid; do kill "$(cat "$f")" 2>/dev/null || true; done
 
 fi
 
@@ -490,18 +549,71 @@ def pair(key, label, a, b, field, unit, fmt="{:.0f}"):
 import os
 def have(name):
     return os.path.exists(f"{out}/{name}.json")
+NGINX = [n for n in ("nginx", "nginx_off", "nginx_aio") if have(f"p1-1-{n}-1")]
+NGINX_WHAT = {"nginx": "sendfile on", "nginx_off": "sendfile off", "nginx_aio": "sendfile, aio threads"}
+def machine_figures(name):
+    """A P1 run's report with the machine's busy CPU per GiB beside it."""
+    doc = j(name)
+    if have(f"{name}.machine"):
+        doc["machine_s_per_gib"] = j(f"{name}.machine")["machine_cpu_s"] / (doc["bytes_read"] / 2**30)
+    return doc
+
+def best(names, values, lower):
+    """The configuration whose median is best, with its values: each row takes nginx at
+    its best for that row."""
+    pick = (min if lower else max)(names, key=lambda n: med(values(n)))
+    return pick, values(pick)
+
+def against_best(key, label, side, fmt_name, field, unit, lower, fmt="{:.0f}"):
+    """SIDE's figure against nginx's best configuration for the same figure."""
+    va = [field_of(machine_figures(fmt_name.format(s=side, r=r)), field) for r in R]
+    name, vb = best(NGINX, lambda n: [field_of(machine_figures(fmt_name.format(s=n, r=r)), field) for r in R], lower)
+    ratios = [x / y if y else float("nan") for x, y in zip(va, vb)]
+    res[key] = {"granary": va, "reference": vb, "nginx": name, "ratios": ratios, "ratio": med(ratios),
+                "every_nginx": {n: [field_of(machine_figures(fmt_name.format(s=n, r=r)), field) for r in R] for n in NGINX}}
+    rows.append((f"{label} [nginx {NGINX_WHAT[name]}]", " / ".join(fmt.format(x) for x in va) + f" {unit}",
+                 " / ".join(fmt.format(x) for x in vb) + f" {unit}", f"**{med(ratios):.2f}**"))
+
 if have("p1-1-granary-1"):
-    pair("p1_1", "P1 warm GET 256 MiB, 1 stream (MB/s)", "p1-1-granary-{r}", "p1-1-nginx-{r}", "read_throughput_mb_s", "MB/s")
-    pair("p1_8", "P1 warm GET 256 MiB, 8 streams (MB/s)", "p1-8-granary-{r}", "p1-8-nginx-{r}", "read_throughput_mb_s", "MB/s")
-    pair("p2", "P2 warm GET 100 KiB, 32 conns (req/s)", "p2-granary-{r}", "p2-nginx-{r}", "requests_per_s", "req/s")
     cpu = "server_cpu.cpu_s_per_gib"
-    pair("p1_1_cpu", "P1 1 stream, server CPU s/GiB (lower is better)", "p1-1-granary-{r}", "p1-1-nginx-{r}", cpu, "s", "{:.3f}")
-    pair("p1_8_cpu", "P1 8 streams, server CPU s/GiB (lower is better)", "p1-8-granary-{r}", "p1-8-nginx-{r}", cpu, "s", "{:.3f}")
-    pair("p1_1_nv", "P1 1 stream, --verify-reads false (MB/s)", "p1-1-granary_nv-{r}", "p1-1-nginx-{r}", "read_throughput_mb_s", "MB/s")
-    pair("p1_8_nv", "P1 8 streams, --verify-reads false (MB/s)", "p1-8-granary_nv-{r}", "p1-8-nginx-{r}", "read_throughput_mb_s", "MB/s")
-    pair("p1_1_nv_cpu", "P1 1 stream, --verify-reads false, CPU s/GiB", "p1-1-granary_nv-{r}", "p1-1-nginx-{r}", cpu, "s", "{:.3f}")
-    pair("p1_8_nv_cpu", "P1 8 streams, --verify-reads false, CPU s/GiB", "p1-8-granary_nv-{r}", "p1-8-nginx-{r}", cpu, "s", "{:.3f}")
-    pair("p2_cpu", "P2 100 KiB, server CPU s/GiB (lower is better)", "p2-granary-{r}", "p2-nginx-{r}", cpu, "s", "{:.3f}")
+    sides = [("granary", ""), ("granary_sf", ", --sendfile true"), ("granary_nv", ", --verify-reads false")]
+    for side, what in sides:
+        if not have(f"p1-1-{side}-1"):
+            continue
+        suffix = side.removeprefix("granary")
+        for streams in (1, 8):
+            n = f"{streams} stream{'s' if streams > 1 else ''}"
+            against_best(f"p1_{streams}{suffix}", f"P1 warm GET 256 MiB, {n}{what} (MB/s)", side,
+                         f"p1-{streams}-{{s}}-{{r}}", "read_throughput_mb_s", "MB/s", False)
+            against_best(f"p1_{streams}{suffix}_cpu", f"P1 {n}{what}, server CPU s/GiB (lower is better)",
+                         side, f"p1-{streams}-{{s}}-{{r}}", cpu, "s", True, "{:.3f}")
+            against_best(f"p1_{streams}{suffix}_client_cpu", f"P1 {n}{what}, the bench's CPU s/GiB (reader)",
+                         side, f"p1-{streams}-{{s}}-{{r}}", "client_cpu.cpu_s_per_gib", "s", True, "{:.3f}")
+            if have(f"p1-{streams}-{side}-1.machine"):
+                against_best(f"p1_{streams}{suffix}_machine_cpu",
+                             f"P1 {n}{what}, the machine's CPU s/GiB (server, reader, kernel)",
+                             side, f"p1-{streams}-{{s}}-{{r}}", "machine_s_per_gib", "s", True, "{:.3f}")
+    against_best("p2", "P2 warm GET 100 KiB, 32 conns (req/s)", "granary", "p2-{s}-{r}", "requests_per_s", "req/s", False)
+    against_best("p2_cpu", "P2 100 KiB, server CPU s/GiB (lower is better)", "granary", "p2-{s}-{r}", cpu, "s", True, "{:.3f}")
+if have("p1-curl-1"):
+    # curl, a process per read: the same servers, its own files ({side: {streams: figures}}).
+    curl = {r: j(f"p1-curl-{r}") for r in R}
+    for side, what in (("granary", ""), ("granary_sf", ", --sendfile true")):
+        suffix = side.removeprefix("granary")
+        for streams in ("1", "8"):
+            n = f"{streams} stream{'s' if streams != '1' else ''}"
+            for field, lab, lower, fmt, unit in (("mb_s", "MB/s", False, "{:.0f}", "MB/s"),
+                                                 ("cpu_s_per_gib", "server CPU s/GiB", True, "{:.3f}", "s"),
+                                                 ("client_cpu_s_per_gib", "curl's CPU s/GiB", True, "{:.3f}", "s"),
+                                                 ("machine_cpu_s_per_gib", "the machine's CPU s/GiB", True, "{:.3f}", "s")):
+                va = [curl[r][side][streams][field] for r in R]
+                name, vb = best(NGINX, lambda x: [curl[r][x][streams][field] for r in R], lower)
+                ratios = [x / y if y else float("nan") for x, y in zip(va, vb)]
+                res[f"p1_curl_{streams}{suffix}_{field}"] = {"granary": va, "reference": vb, "nginx": name,
+                                                             "ratios": ratios, "ratio": med(ratios)}
+                rows.append((f"P1 curl (a process per read), {n}{what}, {lab} [nginx {NGINX_WHAT[name]}]",
+                             " / ".join(fmt.format(x) for x in va) + f" {unit}",
+                             " / ".join(fmt.format(x) for x in vb) + f" {unit}", f"**{med(ratios):.2f}**"))
 if have("fill-fs"):
     f = j("fill-fs")
     res["fill_fs_cpu_s_per_gib"] = field_of(f, "server_cpu.cpu_s_per_gib")
@@ -527,11 +639,22 @@ if have("p3-granary-1"):
         res[f"p3_nginx_{mode}_ttfb_ms"] = {"nginx": t, "reference": ttfb_d, "ratio": med(t) / med(ttfb_d)}
         rows.append((f"P3 {what}, first byte p50 (ms)", " / ".join(f"{x:.1f}" for x in t) + " ms",
                      " / ".join(f"{x:.1f}" for x in ttfb_d) + " ms", f"{med(t) / med(ttfb_d):.2f} (lower is better)"))
-    if have("p3-nginx-cache-1"):
-        pair("p3_vs_nginx_cache_mb", "P3 Granary / nginx proxy_cache (MB/s)", "p3-granary-{r}",
-             "p3-nginx-cache-{r}", "read_throughput_mb_s", "MB/s")
-        pair("p3_vs_nginx_cache_cpu", "P3 Granary / nginx proxy_cache, CPU s/GiB", "p3-granary-{r}",
-             "p3-nginx-cache-{r}", "server_cpu.cpu_s_per_gib", "s", "{:.3f}")
+    # proxy_cache at its best: with sendfile or without, whichever does better per figure.
+    caches = [m for m in ("cache", "cache_nosf") if have(f"p3-nginx-{m}-1")]
+    def best_cache(field, lower):
+        v = {m: [field_of(j(f"p3-nginx-{m}-{r}"), field) for r in R] for m in caches}
+        return (min if lower else max)(caches, key=lambda m: med(v[m]))
+    for m in caches:
+        sf = "with sendfile" if m == "cache" else "sendfile off"
+        pair(f"p3_nginx_{m}_summary_mb", f"P3 nginx proxy_cache, {sf} (MB/s, / moto)", f"p3-nginx-{m}-{{r}}",
+             "p3-direct-{r}", "read_throughput_mb_s", "MB/s")
+    if caches:
+        m = best_cache("read_throughput_mb_s", False)
+        pair("p3_vs_nginx_cache_mb", f"P3 Granary / nginx proxy_cache at its best ({m}) (MB/s)", "p3-granary-{r}",
+             f"p3-nginx-{m}-{{r}}", "read_throughput_mb_s", "MB/s")
+        m = best_cache("server_cpu.cpu_s_per_gib", True)
+        pair("p3_vs_nginx_cache_cpu", f"P3 Granary / nginx proxy_cache at its best ({m}), CPU s/GiB", "p3-granary-{r}",
+             f"p3-nginx-{m}-{{r}}", "server_cpu.cpu_s_per_gib", "s", "{:.3f}")
     if have("p3-nginx-cache-1.machine"):
         # The whole machine's busy CPU over each side's pass and the `sync` after it, per
         # GiB: what a server leaves to kernel threads (nginx's writeback) counts too. Less

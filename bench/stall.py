@@ -14,6 +14,9 @@ image) in WebDataset tar shards, the same shards for every loader:
   granary-tcp the same kept on TCP (GRANARY_LOCAL_SOCKET=off)
   granary-zc  the same over the node's Unix socket, members mapped (zero_copy)
   tarfile     the shard files read from local disk with tarfile (page cache warm)
+  indexed     the shard files read through an index of member offsets made once from
+              their tar headers, each member one pread (what a careful local user writes)
+  indexed-mmap  the same, each member a slice of the shard's mapping (no copy)
 
 Each loader runs ``--rounds`` epochs, loaders taking turns; the figure is samples/s
 (median) and its fraction of the synthetic loader's: 1.0 means the loader never made
@@ -46,7 +49,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 import granary
-from datalib import free_port, Ceiling, LocalTarShards, make_shards
+from datalib import free_port, Ceiling, LocalIndexedShards, LocalTarShards, make_shards
 
 ROOT = Path(__file__).resolve().parent.parent
 # Samples are read-only bytes or mappings; the images made of them are never written.
@@ -107,6 +110,8 @@ def loader(name: str, a, endpoint: str, sock: str, paths: list, total: int, epoc
         ds = Decoded(Ceiling(total, SAMPLE))
     elif name == "tarfile":
         ds = Decoded(LocalTarShards(paths))
+    elif name.startswith("indexed"):
+        ds = Decoded(LocalIndexedShards(paths, "mmap" if name == "indexed-mmap" else "pread"))
     else:
         zc = name == "granary-zc"
         ds = granary.ShardDataset(f"unix:{sock}" if zc else endpoint, BUCKET, PREFIX,
@@ -147,7 +152,8 @@ def main() -> int:
     ap.add_argument("--shards", type=int, default=32)
     ap.add_argument("--per-shard", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--only", default="synthetic,granary,granary-tcp,granary-zc,tarfile")
+    ap.add_argument("--only", default="synthetic,granary,granary-tcp,granary-zc,tarfile,"
+                    "indexed,indexed-mmap")
     ap.add_argument("--json", help="write the figures here")
     a = ap.parse_args()
     binary = os.environ.get("GRANARY_BIN", str(ROOT / "target" / "release" / "granary"))
@@ -200,9 +206,11 @@ def main() -> int:
         each = " / ".join(f"{x:.0f}" for x in rates)
         print(f"| {name} | {each} | {med:.0f} | {frac:.3f} |" if frac else
               f"| {name} | {each} | {med:.0f} | — |")
-    if "granary" in table and "tarfile" in table:
-        ratio = table["granary"]["median"] / table["tarfile"]["median"]
-        print(f"ShardDataset / local tarfile = {ratio:.3f}")
+    for local in ("tarfile", "indexed", "indexed-mmap"):
+        for mine in ("granary", "granary-zc"):
+            if mine in table and local in table:
+                ratio = table[mine]["median"] / table[local]["median"]
+                print(f"{mine} / local {local} = {ratio:.3f}")
     if a.json:
         Path(a.json).write_text(json.dumps({"workers": a.workers, "batch": a.batch,
                                             "step": what, "samples": total,

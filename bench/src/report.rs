@@ -164,6 +164,8 @@ pub struct Report {
     pub stall: Option<Stall>,
     /// The server's CPU over the run (with `--server-pid`).
     pub server_cpu: Option<ServerCpu>,
+    /// The bench's own CPU over the run (the reading side), with `--server-pid`.
+    pub client_cpu: Option<ServerCpu>,
 }
 
 /// CPU time of the server's processes over a run, and per GiB read.
@@ -302,6 +304,7 @@ impl Report {
             }),
             stall: gpu.map(|(n, r)| Stall::new(bytes_read as f64 / secs, n, r)),
             server_cpu: None,
+            client_cpu: None,
             config,
         }
     }
@@ -340,6 +343,9 @@ impl Report {
                 "  server CPU: {:.2}s, {:.3} s/GiB read (pids {:?})",
                 cpu.cpu_s, cpu.cpu_s_per_gib, cpu.pids
             );
+        }
+        if let Some(cpu) = &self.client_cpu {
+            let _ = writeln!(s, "  bench CPU: {:.2}s, {:.3} s/GiB read", cpu.cpu_s, cpu.cpu_s_per_gib);
         }
         let _ = writeln!(
             s,

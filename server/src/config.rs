@@ -54,9 +54,11 @@ pub struct Config {
     pub anonymous_read: bool,
     /// Verify cache checksums while serving hits.
     pub verify_reads: bool,
-    /// Send large cache hits with `sendfile(2)` from the page cache, instead of the
-    /// kernel's copy from a mapping into the socket (cheaper over loopback here).
-    pub sendfile: bool,
+    /// Which connections large cache hits leave by with `sendfile(2)` from the page cache
+    /// (their windows locked and checked), instead of the kernel's copy from a mapping
+    /// into the socket: `auto` (readers on other machines), `true` (all), `false`.
+    #[serde(deserialize_with = "de_sendfile")]
+    pub sendfile: granary_core::SendfileChoice,
     /// Write cold fills around the page cache (`O_DIRECT`), where the filesystem allows.
     pub direct_fills: bool,
     /// Also serve the same API on this Unix domain socket.
@@ -120,7 +122,7 @@ impl Default for Config {
             secret_key: None,
             anonymous_read: false,
             verify_reads: true,
-            sendfile: false,
+            sendfile: granary_core::SendfileChoice::Auto,
             direct_fills: true,
             listen_unix: None,
             tls_cert: None,
@@ -381,6 +383,21 @@ enum Dur {
     Text(String),
 }
 
+/// `sendfile = true`, `false` or `"auto"` (also `"true"`, `"false"`).
+fn de_sendfile<'de, D: Deserializer<'de>>(d: D) -> Result<granary_core::SendfileChoice, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Choice {
+        Flag(bool),
+        Text(String),
+    }
+    match Choice::deserialize(d)? {
+        Choice::Flag(true) => Ok(granary_core::SendfileChoice::On),
+        Choice::Flag(false) => Ok(granary_core::SendfileChoice::Off),
+        Choice::Text(s) => s.parse().map_err(serde::de::Error::custom),
+    }
+}
+
 fn de_duration<'de, D: Deserializer<'de>>(d: D) -> Result<std::time::Duration, D::Error> {
     match Dur::deserialize(d)? {
         Dur::Secs(n) => Ok(std::time::Duration::from_secs(n)),
@@ -437,6 +454,19 @@ mod tests {
         assert_eq!(c.cache_policy, CachePolicy::Lru);
         assert_eq!(c.peer.len(), 1);
         assert!(toml::from_str::<Config>("bogus = 1").is_err());
+    }
+
+    #[test]
+    fn sendfile_takes_a_flag_or_auto() {
+        use granary_core::SendfileChoice;
+        assert_eq!(Config::default().sendfile, SendfileChoice::Auto);
+        let of = |t: &str| toml::from_str::<Config>(t).map(|c| c.sendfile);
+        assert_eq!(of("sendfile = true").unwrap(), SendfileChoice::On);
+        assert_eq!(of("sendfile = false").unwrap(), SendfileChoice::Off);
+        assert_eq!(of("sendfile = \"auto\"").unwrap(), SendfileChoice::Auto);
+        assert_eq!(of("sendfile = \"true\"").unwrap(), SendfileChoice::On);
+        assert!(of("sendfile = \"sometimes\"").is_err());
+        assert!(of("sendfile = 1").is_err());
     }
 
     #[test]

@@ -101,21 +101,27 @@ where
 /// work per read or write); the timer is moved to the last progress when it fires.
 pub struct IdleIo<T> {
     inner: T,
+    /// Whether this connection sends cache hits with `sendfile` (decided as it is
+    /// accepted: `--sendfile` and where the reader is).
+    files: bool,
     idle: Duration,
     last: Instant,
     deadline: Pin<Box<Sleep>>,
 }
 
-impl<T> IdleIo<T> {
+impl<T: sendfile::FileSink> IdleIo<T> {
     fn new(inner: T, idle: Duration) -> IdleIo<T> {
         IdleIo {
+            files: sendfile::wanted(&inner),
             inner,
             idle,
             last: Instant::now(),
             deadline: Box::pin(tokio::time::sleep(idle)),
         }
     }
+}
 
+impl<T> IdleIo<T> {
     /// The connection under the timer.
     pub fn inner(&self) -> &T {
         &self.inner
@@ -181,7 +187,11 @@ impl<T: sendfile::FileSink> AsyncWrite for IdleIo<T> {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        let r = sendfile::poll_write(&mut this.inner, cx, buf);
+        let r = if this.files {
+            sendfile::poll_write(&mut this.inner, cx, buf)
+        } else {
+            Pin::new(&mut this.inner).poll_write(cx, buf)
+        };
         this.judge(cx, r, |n| *n > 0)
     }
 
@@ -191,7 +201,11 @@ impl<T: sendfile::FileSink> AsyncWrite for IdleIo<T> {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        let r = sendfile::poll_write_vectored(&mut this.inner, cx, bufs);
+        let r = if this.files {
+            sendfile::poll_write_vectored(&mut this.inner, cx, bufs)
+        } else {
+            Pin::new(&mut this.inner).poll_write_vectored(cx, bufs)
+        };
         this.judge(cx, r, |n| *n > 0)
     }
 

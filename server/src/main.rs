@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Args, Parser, Subcommand};
-use granary_core::{CachePolicy, EngineChoice, RouteMode};
+use granary_core::{CachePolicy, EngineChoice, RouteMode, SendfileChoice};
 use granary_proto::units::{parse_duration, parse_size};
 use granary_server::config::Config;
 
@@ -93,11 +93,12 @@ struct ServeArgs {
     /// Verify cache checksums while serving hits [default: true].
     #[arg(long, env = "GRANARY_VERIFY_READS")]
     verify_reads: Option<bool>,
-    /// Send large cache hits with sendfile(2) from the page cache instead of copying them
-    /// from a mapping into the socket; over loopback the copy is cheaper, on a NIC
-    /// sendfile may be [default: false].
-    #[arg(long, env = "GRANARY_SENDFILE")]
-    sendfile: Option<bool>,
+    /// Send large cache hits with sendfile(2) from the page cache (windows locked and
+    /// checked) instead of copying them from a mapping into the socket: auto (to readers
+    /// on other machines; readers on this one read the copy faster), true (to all), false
+    /// [default: auto].
+    #[arg(long, env = "GRANARY_SENDFILE", value_parser = named::<SendfileChoice>(&SendfileChoice::NAMES))]
+    sendfile: Option<SendfileChoice>,
     /// Write cold fills around the page cache (O_DIRECT, 512 KiB at a time), where
     /// the filesystem allows: about a third of the CPU of writing through it and fsyncing,
     /// and no dirty pages to push out what hits read; hits after a fill read the disk

@@ -45,6 +45,7 @@ pub use cluster::peer::{target_of, PeerBody};
 pub use cluster::{
     parse_peer, ClusterConfig, ClusterError, ConfigError as ClusterConfigError, RouteMode,
 };
+pub use io::sendfile::SendfileChoice;
 pub use io::{crc, sendfile, EngineChoice};
 pub use node::{
     etag_matches, BackendSpec, Conditions, Data, Item, LocalReader, Outcome, Prep, ReadMode,

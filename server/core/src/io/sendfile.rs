@@ -10,9 +10,14 @@
 //! test's buffer), and every writer with sendfile off, copies from the mapping: the same
 //! bytes, with the kernel's one copy.
 //!
-//! Off by default: over loopback here, `sendfile` costs the node more CPU per byte than
-//! the kernel's copy from a mapping, and the receiver more too (BENCHMARKS.md, "Warm
-//! hits: how the bytes leave"). On a NIC it saves the copy; measure it there.
+//! `--sendfile auto` (the default) sends files to readers on other machines only. With
+//! every window of a warm hit sealed (locked, then checked), the pages sent are the
+//! pages checked, and the node spends less CPU per byte than the kernel's copy from the
+//! mapping, about nginx's with `sendfile on` (BENCHMARKS.md, "The peer at its best").
+//! A reader on this machine (loopback, the Unix socket) then copies out of page-cache
+//! pages in 4 KiB fragments instead of freshly written socket buffers: one stream into
+//! its own memory ran at half the speed, at 2.7 times its CPU, so those connections get
+//! the copy. Across a NIC the receiver's cost does not depend on how the bytes left.
 //!
 //! Soundness: a mapping stays registered until its last `Bytes` is dropped, and a write
 //! borrows the slice it sends, so the descriptor looked up stays open during the call.
@@ -41,16 +46,54 @@ struct Region {
 
 /// Whether mappings are registered, so that connections send them with `sendfile`.
 static ENABLED: AtomicBool = AtomicBool::new(false);
+/// Whether connections from this machine send files too (`--sendfile true`).
+static LOCAL_TOO: AtomicBool = AtomicBool::new(false);
 static REGIONS: RwLock<BTreeMap<usize, Region>> = RwLock::new(BTreeMap::new());
 /// How many mappings are registered: writers skip the lookup while there are none.
 static LIVE: AtomicUsize = AtomicUsize::new(0);
 /// Bytes sent with `sendfile` since the process started.
 static SENT: AtomicU64 = AtomicU64::new(0);
 
-/// Sends the slices of every [`FileBytes`] made from now on with `sendfile`, where the
-/// connection can.
-pub fn enable() {
-    ENABLED.store(true, Ordering::Relaxed);
+/// Which connections send cache hits with `sendfile` (`--sendfile`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SendfileChoice {
+    /// None: every hit is copied from its mapping by the kernel.
+    Off,
+    /// Connections from other machines; readers on this one get the copy.
+    Auto,
+    /// Every connection that can.
+    On,
+}
+
+impl SendfileChoice {
+    /// Every choice, as flags and the TOML file name them.
+    pub const NAMES: [&'static str; 3] = ["auto", "true", "false"];
+}
+
+impl std::str::FromStr for SendfileChoice {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<SendfileChoice, String> {
+        match s {
+            "auto" => Ok(SendfileChoice::Auto),
+            "true" => Ok(SendfileChoice::On),
+            "false" => Ok(SendfileChoice::Off),
+            _ => Err(format!("`{s}`: expected auto, true or false")),
+        }
+    }
+}
+
+/// Sends the slices of every [`FileBytes`] made from now on with `sendfile`, on the
+/// connections `choice` names.
+pub fn enable(choice: SendfileChoice) {
+    LOCAL_TOO.store(choice == SendfileChoice::On, Ordering::Relaxed);
+    ENABLED.store(choice != SendfileChoice::Off, Ordering::Relaxed);
+}
+
+/// Whether this connection sends registered slices with `sendfile`: decided once, as it
+/// is accepted.
+pub fn wanted<T: FileSink>(io: &T) -> bool {
+    ENABLED.load(Ordering::Relaxed) && (LOCAL_TOO.load(Ordering::Relaxed) || !io.on_this_machine())
 }
 
 /// Whether mappings are sent with `sendfile`.
@@ -138,6 +181,12 @@ fn lookup(buf: &[u8]) -> Option<(RawFd, u64)> {
 
 /// A connection that may send file ranges itself.
 pub trait FileSink: AsyncWrite + Unpin {
+    /// Whether the reader is on this machine (its copy out of page-cache pages costs it
+    /// more than out of the socket's own buffers); yes unless the connection knows.
+    fn on_this_machine(&self) -> bool {
+        true
+    }
+
     /// Sends up to `len` bytes of `fd` from `offset`; `None` where this connection cannot
     /// (its bytes are then written from the mapping), as by default.
     fn poll_send_file(
@@ -230,7 +279,23 @@ pub fn poll_sendfile_on<S: AsRawFd>(
     }
 }
 
+/// A peer on a loopback address, or on this end's own address, is on this machine.
+fn same_machine(local: std::net::SocketAddr, peer: std::net::SocketAddr) -> bool {
+    let ip = |a: std::net::SocketAddr| match a.ip() {
+        std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(std::net::IpAddr::V6(v6), Into::into),
+        v4 => v4,
+    };
+    ip(peer).is_loopback() || ip(peer) == ip(local)
+}
+
 impl FileSink for tokio::net::TcpStream {
+    fn on_this_machine(&self) -> bool {
+        match (self.local_addr(), self.peer_addr()) {
+            (Ok(local), Ok(peer)) => same_machine(local, peer),
+            _ => true,
+        }
+    }
+
     fn poll_send_file(
         &mut self,
         cx: &mut Context<'_>,
@@ -268,7 +333,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_mapped_slice_leaves_by_sendfile_with_the_files_bytes() {
-        enable();
+        enable(SendfileChoice::On);
         let (file, data) = file_of(3 << 20);
         let bytes = FileBytes::new(file, 4096, (3 << 20) - 4096)
             .unwrap()
@@ -310,9 +375,35 @@ mod tests {
         assert!(lookup(&data[..SEND_FILE_MIN]).is_none());
     }
 
+    #[test]
+    fn readers_on_this_machine_are_told_apart_from_others() {
+        let at = |s: &str| s.parse::<std::net::SocketAddr>().unwrap();
+        assert!(same_machine(at("127.0.0.1:7070"), at("127.0.0.1:40000")));
+        assert!(same_machine(at("127.0.0.1:7070"), at("127.0.0.9:40000")));
+        assert!(same_machine(at("[::1]:7070"), at("[::1]:40000")));
+        assert!(same_machine(at("[::ffff:10.0.0.5]:7070"), at("[::ffff:127.0.0.1]:1")));
+        // The node's own address, reached from this machine.
+        assert!(same_machine(at("10.0.0.5:7070"), at("10.0.0.5:51000")));
+        assert!(same_machine(at("[::ffff:10.0.0.5]:7070"), at("10.0.0.5:51000")));
+        assert!(!same_machine(at("10.0.0.5:7070"), at("10.0.0.6:51000")));
+        assert!(!same_machine(at("[2001:db8::1]:7070"), at("[2001:db8::2]:51000")));
+    }
+
+    #[tokio::test]
+    async fn a_loopback_connection_is_on_this_machine() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let out = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (inbound, _) = listener.accept().await.unwrap();
+        assert!(out.on_this_machine());
+        assert!(inbound.on_this_machine());
+        let (duplex, _) = tokio::io::duplex(64);
+        assert!(duplex.on_this_machine());
+    }
+
     #[tokio::test]
     async fn a_writer_that_cannot_sendfile_reads_the_mapping() {
-        enable();
+        enable(SendfileChoice::On);
         let (file, data) = file_of(1 << 20);
         let bytes = FileBytes::new(file, 0, 1 << 20).unwrap().into_bytes();
         let (mut a, mut b) = tokio::io::duplex(4 << 20);

@@ -48,8 +48,8 @@ pub struct NodeConfig {
     /// Check cache checksums while serving hits.
     pub verify_reads: bool,
     pub read_engine: EngineChoice,
-    /// Large hits leave with `sendfile(2)`.
-    pub sendfile: bool,
+    /// Which connections large hits leave by with `sendfile(2)`.
+    pub sendfile: crate::io::sendfile::SendfileChoice,
     /// Cold fills are written around the page cache.
     pub direct_fills: bool,
     /// Bytes per second a rebalance hands over (0: no rebalance).
@@ -144,10 +144,8 @@ impl Node {
         };
         let engine = crate::io::engine(config.read_engine).map_err(OpenError::Engine)?;
         tracing::info!(engine = engine.name(), "cache read engine");
-        if config.sendfile {
-            crate::io::sendfile::enable();
-            tracing::info!("large cache hits leave with sendfile");
-        }
+        crate::io::sendfile::enable(config.sendfile);
+        tracing::info!(sendfile = ?config.sendfile, "large cache hits leave with sendfile where chosen");
         let cache = Cache::open(
             &cache_dir,
             capacity,
