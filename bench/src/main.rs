@@ -980,7 +980,11 @@ async fn measure(wl: Workload, config: RunConfig, common: &Common) -> anyhow::Re
     let cpu = granary_bench::report::CpuProbe::start(&common.server_pid)?;
     // The reader's side is measured beside the server's, over the same run.
     let me = [std::process::id()];
-    let own = granary_bench::report::CpuProbe::start(if common.server_pid.is_empty() { &[] } else { &me })?;
+    let own = granary_bench::report::CpuProbe::start(if common.server_pid.is_empty() {
+        &[]
+    } else {
+        &me
+    })?;
     let m = workload::run(wl, before.clone()).await?;
     let cpu_s = cpu.finish()?;
     let own_s = own.finish()?;
@@ -992,7 +996,8 @@ async fn measure(wl: Workload, config: RunConfig, common: &Common) -> anyhow::Re
     let mut report = Report::build(config, &m, delta, gpu);
     report.server_cpu = cpu_s
         .map(|s| granary_bench::report::ServerCpu::new(&common.server_pid, s, report.bytes_read));
-    report.client_cpu = own_s.map(|s| granary_bench::report::ServerCpu::new(&me, s, report.bytes_read));
+    report.client_cpu =
+        own_s.map(|s| granary_bench::report::ServerCpu::new(&me, s, report.bytes_read));
     print!("{}", report.summary());
     if let Some(path) = &common.json {
         let json = serde_json::to_string_pretty(&report)?;

@@ -345,7 +345,11 @@ impl Report {
             );
         }
         if let Some(cpu) = &self.client_cpu {
-            let _ = writeln!(s, "  bench CPU: {:.2}s, {:.3} s/GiB read", cpu.cpu_s, cpu.cpu_s_per_gib);
+            let _ = writeln!(
+                s,
+                "  bench CPU: {:.2}s, {:.3} s/GiB read",
+                cpu.cpu_s, cpu.cpu_s_per_gib
+            );
         }
         let _ = writeln!(
             s,

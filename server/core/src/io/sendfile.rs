@@ -282,7 +282,9 @@ pub fn poll_sendfile_on<S: AsRawFd>(
 /// A peer on a loopback address, or on this end's own address, is on this machine.
 fn same_machine(local: std::net::SocketAddr, peer: std::net::SocketAddr) -> bool {
     let ip = |a: std::net::SocketAddr| match a.ip() {
-        std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(std::net::IpAddr::V6(v6), Into::into),
+        std::net::IpAddr::V6(v6) => v6
+            .to_ipv4_mapped()
+            .map_or(std::net::IpAddr::V6(v6), Into::into),
         v4 => v4,
     };
     ip(peer).is_loopback() || ip(peer) == ip(local)
@@ -381,12 +383,21 @@ mod tests {
         assert!(same_machine(at("127.0.0.1:7070"), at("127.0.0.1:40000")));
         assert!(same_machine(at("127.0.0.1:7070"), at("127.0.0.9:40000")));
         assert!(same_machine(at("[::1]:7070"), at("[::1]:40000")));
-        assert!(same_machine(at("[::ffff:10.0.0.5]:7070"), at("[::ffff:127.0.0.1]:1")));
+        assert!(same_machine(
+            at("[::ffff:10.0.0.5]:7070"),
+            at("[::ffff:127.0.0.1]:1")
+        ));
         // The node's own address, reached from this machine.
         assert!(same_machine(at("10.0.0.5:7070"), at("10.0.0.5:51000")));
-        assert!(same_machine(at("[::ffff:10.0.0.5]:7070"), at("10.0.0.5:51000")));
+        assert!(same_machine(
+            at("[::ffff:10.0.0.5]:7070"),
+            at("10.0.0.5:51000")
+        ));
         assert!(!same_machine(at("10.0.0.5:7070"), at("10.0.0.6:51000")));
-        assert!(!same_machine(at("[2001:db8::1]:7070"), at("[2001:db8::2]:51000")));
+        assert!(!same_machine(
+            at("[2001:db8::1]:7070"),
+            at("[2001:db8::2]:51000")
+        ));
     }
 
     #[tokio::test]
