@@ -551,26 +551,29 @@ def have(name):
     return os.path.exists(f"{out}/{name}.json")
 NGINX = [n for n in ("nginx", "nginx_off", "nginx_aio") if have(f"p1-1-{n}-1")]
 NGINX_WHAT = {"nginx": "sendfile on", "nginx_off": "sendfile off", "nginx_aio": "sendfile, aio threads"}
-def machine_figures(name):
-    """A P1 run's report with the machine's busy CPU per GiB beside it."""
+import functools
+@functools.lru_cache(maxsize=None)
+def figures(name):
+    """A run's report (read once), with the machine's busy CPU per GiB beside it where
+    the run recorded it."""
     doc = j(name)
     if have(f"{name}.machine"):
         doc["machine_s_per_gib"] = j(f"{name}.machine")["machine_cpu_s"] / (doc["bytes_read"] / 2**30)
     return doc
 
-def best(names, values, lower):
-    """The configuration whose median is best, with its values: each row takes nginx at
-    its best for that row."""
-    pick = (min if lower else max)(names, key=lambda n: med(values(n)))
-    return pick, values(pick)
+def runs(pattern, field):
+    """A side's FIELD in each round, from the reports named PATTERN (with {s} and {r})."""
+    return lambda side: [field_of(figures(pattern.format(s=side, r=r)), field) for r in R]
 
-def against_best(key, label, side, fmt_name, field, unit, lower, fmt="{:.0f}"):
-    """SIDE's figure against nginx's best configuration for the same figure."""
-    va = [field_of(machine_figures(fmt_name.format(s=side, r=r)), field) for r in R]
-    name, vb = best(NGINX, lambda n: [field_of(machine_figures(fmt_name.format(s=n, r=r)), field) for r in R], lower)
+def against_best(key, label, side, values, unit, lower, fmt="{:.0f}"):
+    """SIDE's figure (VALUES(side): one per round) against nginx's best configuration
+    for the same figure: each row takes nginx at its best for that row."""
+    va, every = values(side), {n: values(n) for n in NGINX}
+    name = (min if lower else max)(NGINX, key=lambda n: med(every[n]))
+    vb = every[name]
     ratios = [x / y if y else float("nan") for x, y in zip(va, vb)]
     res[key] = {"granary": va, "reference": vb, "nginx": name, "ratios": ratios, "ratio": med(ratios),
-                "every_nginx": {n: [field_of(machine_figures(fmt_name.format(s=n, r=r)), field) for r in R] for n in NGINX}}
+                "every_nginx": every}
     rows.append((f"{label} [nginx {NGINX_WHAT[name]}]", " / ".join(fmt.format(x) for x in va) + f" {unit}",
                  " / ".join(fmt.format(x) for x in vb) + f" {unit}", f"**{med(ratios):.2f}**"))
 
@@ -583,18 +586,21 @@ if have("p1-1-granary-1"):
         suffix = side.removeprefix("granary")
         for streams in (1, 8):
             n = f"{streams} stream{'s' if streams > 1 else ''}"
+            pattern = f"p1-{streams}-{{s}}-{{r}}"
             against_best(f"p1_{streams}{suffix}", f"P1 warm GET 256 MiB, {n}{what} (MB/s)", side,
-                         f"p1-{streams}-{{s}}-{{r}}", "read_throughput_mb_s", "MB/s", False)
+                         runs(pattern, "read_throughput_mb_s"), "MB/s", False)
             against_best(f"p1_{streams}{suffix}_cpu", f"P1 {n}{what}, server CPU s/GiB (lower is better)",
-                         side, f"p1-{streams}-{{s}}-{{r}}", cpu, "s", True, "{:.3f}")
+                         side, runs(pattern, cpu), "s", True, "{:.3f}")
             against_best(f"p1_{streams}{suffix}_client_cpu", f"P1 {n}{what}, the bench's CPU s/GiB (reader)",
-                         side, f"p1-{streams}-{{s}}-{{r}}", "client_cpu.cpu_s_per_gib", "s", True, "{:.3f}")
+                         side, runs(pattern, "client_cpu.cpu_s_per_gib"), "s", True, "{:.3f}")
             if have(f"p1-{streams}-{side}-1.machine"):
                 against_best(f"p1_{streams}{suffix}_machine_cpu",
                              f"P1 {n}{what}, the machine's CPU s/GiB (server, reader, kernel)",
-                             side, f"p1-{streams}-{{s}}-{{r}}", "machine_s_per_gib", "s", True, "{:.3f}")
-    against_best("p2", "P2 warm GET 100 KiB, 32 conns (req/s)", "granary", "p2-{s}-{r}", "requests_per_s", "req/s", False)
-    against_best("p2_cpu", "P2 100 KiB, server CPU s/GiB (lower is better)", "granary", "p2-{s}-{r}", cpu, "s", True, "{:.3f}")
+                             side, runs(pattern, "machine_s_per_gib"), "s", True, "{:.3f}")
+    against_best("p2", "P2 warm GET 100 KiB, 32 conns (req/s)", "granary", runs("p2-{s}-{r}", "requests_per_s"),
+                 "req/s", False)
+    against_best("p2_cpu", "P2 100 KiB, server CPU s/GiB (lower is better)", "granary", runs("p2-{s}-{r}", cpu),
+                 "s", True, "{:.3f}")
 if have("p1-curl-1"):
     # curl, a process per read: the same servers, its own files ({side: {streams: figures}}).
     curl = {r: j(f"p1-curl-{r}") for r in R}
@@ -606,14 +612,8 @@ if have("p1-curl-1"):
                                                  ("cpu_s_per_gib", "server CPU s/GiB", True, "{:.3f}", "s"),
                                                  ("client_cpu_s_per_gib", "curl's CPU s/GiB", True, "{:.3f}", "s"),
                                                  ("machine_cpu_s_per_gib", "the machine's CPU s/GiB", True, "{:.3f}", "s")):
-                va = [curl[r][side][streams][field] for r in R]
-                name, vb = best(NGINX, lambda x: [curl[r][x][streams][field] for r in R], lower)
-                ratios = [x / y if y else float("nan") for x, y in zip(va, vb)]
-                res[f"p1_curl_{streams}{suffix}_{field}"] = {"granary": va, "reference": vb, "nginx": name,
-                                                             "ratios": ratios, "ratio": med(ratios)}
-                rows.append((f"P1 curl (a process per read), {n}{what}, {lab} [nginx {NGINX_WHAT[name]}]",
-                             " / ".join(fmt.format(x) for x in va) + f" {unit}",
-                             " / ".join(fmt.format(x) for x in vb) + f" {unit}", f"**{med(ratios):.2f}**"))
+                against_best(f"p1_curl_{streams}{suffix}_{field}", f"P1 curl (a process per read), {n}{what}, {lab}",
+                             side, lambda x: [curl[r][x][streams][field] for r in R], unit, lower, fmt)
 if have("fill-fs"):
     f = j("fill-fs")
     res["fill_fs_cpu_s_per_gib"] = field_of(f, "server_cpu.cpu_s_per_gib")

@@ -28,7 +28,7 @@ use std::fs::File;
 use std::io::{self, IoSlice};
 use std::os::fd::{AsRawFd, RawFd};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::task::{ready, Context, Poll};
 
@@ -44,10 +44,8 @@ struct Region {
     offset: u64,
 }
 
-/// Whether mappings are registered, so that connections send them with `sendfile`.
-static ENABLED: AtomicBool = AtomicBool::new(false);
-/// Whether connections from this machine send files too (`--sendfile true`).
-static LOCAL_TOO: AtomicBool = AtomicBool::new(false);
+/// The [`SendfileChoice`] in force, as its `u8`: mappings are registered unless `Off`.
+static CHOICE: AtomicU8 = AtomicU8::new(SendfileChoice::Off as u8);
 static REGIONS: RwLock<BTreeMap<usize, Region>> = RwLock::new(BTreeMap::new());
 /// How many mappings are registered: writers skip the lookup while there are none.
 static LIVE: AtomicUsize = AtomicUsize::new(0);
@@ -56,6 +54,7 @@ static SENT: AtomicU64 = AtomicU64::new(0);
 
 /// Which connections send cache hits with `sendfile` (`--sendfile`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
 pub enum SendfileChoice {
     /// None: every hit is copied from its mapping by the kernel.
     Off,
@@ -86,19 +85,22 @@ impl std::str::FromStr for SendfileChoice {
 /// Sends the slices of every [`FileBytes`] made from now on with `sendfile`, on the
 /// connections `choice` names.
 pub fn enable(choice: SendfileChoice) {
-    LOCAL_TOO.store(choice == SendfileChoice::On, Ordering::Relaxed);
-    ENABLED.store(choice != SendfileChoice::Off, Ordering::Relaxed);
+    CHOICE.store(choice as u8, Ordering::Relaxed);
 }
 
 /// Whether this connection sends registered slices with `sendfile`: decided once, as it
 /// is accepted.
 pub fn wanted<T: FileSink>(io: &T) -> bool {
-    ENABLED.load(Ordering::Relaxed) && (LOCAL_TOO.load(Ordering::Relaxed) || !io.on_this_machine())
+    match CHOICE.load(Ordering::Relaxed) {
+        c if c == SendfileChoice::On as u8 => true,
+        c if c == SendfileChoice::Auto as u8 => !io.on_this_machine(),
+        _ => false,
+    }
 }
 
 /// Whether mappings are sent with `sendfile`.
 pub fn enabled() -> bool {
-    ENABLED.load(Ordering::Relaxed)
+    CHOICE.load(Ordering::Relaxed) != SendfileChoice::Off as u8
 }
 
 /// Bytes that left with `sendfile` since the process started.
@@ -122,7 +124,7 @@ impl FileBytes {
     /// registers the mapping when sendfile is on.
     pub fn new(file: Arc<File>, offset: u64, len: usize) -> io::Result<FileBytes> {
         let map = Mapped::new(&file, offset, len)?;
-        let registered = len > 0 && ENABLED.load(Ordering::Relaxed);
+        let registered = len > 0 && enabled();
         if registered {
             let base = map.base();
             let region = Region {
