@@ -332,6 +332,12 @@ for dc in [float(v) for v in a.dc.split(",")]:
                 d = {k: now[k] - prev[k] for k in now}
                 # The planner's own fetches count among the misses; they are no reads of the job.
                 reads = d["hits"] + d["misses"] + d["bypasses"] + d["peer_fills"] - d["planned_fetches"]
+                # Ready: planned reads answered from a committed entry, by the nodes' own
+                # counters at the epoch's end (every read of the job is a planned one; one
+                # that joins a fill in flight counts as a miss). The plan's reads_ready is
+                # the cluster's as its home last learned it, up to an exchange behind: at an
+                # epoch's end it still lacks the last second's reads, which it would give
+                # to the next epoch. It is checked against these once the cell is over.
                 planned = d["reads_ready"] + d["reads_waited"]
                 row = {**shape, "dc": dc, "bx": bx, "policy": policy, "epoch": r["epoch"],
                        "wall_over_ideal": round(r["wall"] / ideal_wall, 3),
@@ -339,7 +345,8 @@ for dc in [float(v) for v in a.dc.split(",")]:
                        "bound_s": round(bound, 2),
                        "waited_s": round(r["waited"], 2),
                        "cache_fraction": round(d["hits"] / reads, 3) if reads else None,
-                       "ready": round(d["reads_ready"] / planned, 3) if planned else None,
+                       "ready": round(d["hits"] / reads, 3) if reads and policy == "planner" else None,
+                       "ready_as_home_knew": round(d["reads_ready"] / planned, 3) if planned else None,
                        "backend_over_D_minus_C": round(d["bytes_from_backend"] / (D - C), 3),
                        "wall_s": round(r["wall"], 2),
                        **{k: d[k] for k in ("hits", "misses", "bypasses", "peer_fills", "planned_fetches")}}
@@ -347,6 +354,17 @@ for dc in [float(v) for v in a.dc.split(",")]:
                 emit(row)
 
             run_job(urls[0], a.epochs, 0, policy == "planner", on_epoch)
+            if policy == "planner":
+                # The plan's counts once the last reports are in, against the nodes'.
+                time.sleep(2.5)
+                now = totals(urls)
+                reads = sum(now[k] for k in ("hits", "misses", "bypasses", "peer_fills")) - now["planned_fetches"]
+                check = {"plan_reads": now["reads_ready"] + now["reads_waited"], "reads": reads,
+                         "plan_ready": now["reads_ready"], "hits": now["hits"]}
+                check["agree"] = check["plan_reads"] == reads and check["plan_ready"] == now["hits"]
+                emit({**shape, "dc": dc, "bx": bx, "policy": policy, "ready_check": check})
+                if not check["agree"]:
+                    print(f"the plan's counts and the nodes' differ: {check}", file=sys.stderr)
             stop(procs)
 
 stop_pace()
