@@ -89,7 +89,7 @@ impl Write for Folder {
 
 /// User + system CPU seconds of this process.
 fn self_cpu() -> f64 {
-    granary_core::stats::rusage_us(libc::RUSAGE_SELF) as f64 / 1e6
+    granary_core::rusage_us(libc::RUSAGE_SELF) as f64 / 1e6
 }
 
 fn node_cpu(stats: &mut Client) -> anyhow::Result<f64> {

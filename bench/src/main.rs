@@ -506,7 +506,7 @@ fn main() -> anyhow::Result<()> {
             }
             Command::Transform(a) => {
                 let t = target(&a.common)?;
-                let spec: granary_core::transform::image::ImageSpec =
+                let spec: granary_core::ImageSpec =
                     serde_json::from_str(&a.spec).context("--spec")?;
                 let r = granary_bench::transforms::run(
                     &t,

@@ -7,7 +7,7 @@
 
 use std::time::Instant;
 
-use granary_core::cluster::ring::{key_hash, Ring, RingNode};
+use granary_core::{key_hash, Ring, RingNode};
 use serde::Serialize;
 
 /// How node weights are drawn.

@@ -21,7 +21,7 @@ use serde::Serialize;
 
 use crate::http::Target;
 use crate::listing::Object;
-use granary_core::transform::image::{apply, ImageSpec};
+use granary_core::{apply_image as apply, ImageSpec};
 use granary_proto::encode;
 
 /// One timed pass.

@@ -41,7 +41,7 @@ pub struct WireReport {
 
 /// User + system CPU seconds of this process, or of its waited-for children.
 fn cpu(who: libc::c_int) -> f64 {
-    granary_core::stats::rusage_us(who) as f64 / 1e6
+    granary_core::rusage_us(who) as f64 / 1e6
 }
 
 fn node_cpu(stats: &mut Client) -> anyhow::Result<f64> {

@@ -36,6 +36,21 @@ impl Response {
     }
 }
 
+/// The most connections one read uses.
+pub(crate) const MAX_STREAMS: usize = 8;
+
+/// How many connections a large hit is read over by default: two per core, four to
+/// eight (`GRANARY_CLIENT_STREAMS` sets it; 1 reads every object on one connection).
+pub(crate) fn default_streams() -> usize {
+    if let Some(n) = std::env::var("GRANARY_CLIENT_STREAMS")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+    {
+        return n.clamp(1, MAX_STREAMS);
+    }
+    std::thread::available_parallelism().map_or(4, |n| (n.get() * 2).clamp(4, MAX_STREAMS))
+}
+
 /// A client of one Granary node: a keep-alive HTTP/1.1 connection, reopened when needed.
 ///
 /// Calls take `&mut self` and run one at a time; use one client per thread (they are cheap:
@@ -160,7 +175,7 @@ impl Client {
             conn: Conn::new(addr, Duration::from_secs(60)),
             creds: None,
             local: None,
-            streams: crate::split::default_streams(),
+            streams: default_streams(),
             helpers: Vec::new(),
         })
     }
@@ -170,7 +185,7 @@ impl Client {
     /// four to eight; env `GRANARY_CLIENT_STREAMS`); 1 reads every object on one
     /// connection.
     pub fn with_streams(mut self, streams: usize) -> Client {
-        self.streams = streams.clamp(1, crate::split::MAX_STREAMS);
+        self.streams = streams.clamp(1, MAX_STREAMS);
         self.helpers.clear();
         self
     }

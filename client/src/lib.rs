@@ -26,6 +26,7 @@ mod http;
 mod local;
 mod native;
 mod objects;
+mod pages;
 mod sign;
 mod sock;
 mod split;

@@ -19,28 +19,15 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use crate::http::{huge_pages, BodyReader, Head};
+use crate::http::{BodyReader, Head};
 use crate::objects::{get_request, GetOptions};
+use crate::pages::huge_pages;
 use crate::{Client, Error, Result};
 
 /// What the first request asks for: an object this size or smaller comes in one answer.
 pub(crate) const FIRST: u64 = 32 << 20;
 /// What each later request of a split read asks for.
 pub(crate) const PART: u64 = 32 << 20;
-/// The most connections one read uses.
-pub(crate) const MAX_STREAMS: usize = 8;
-
-/// How many connections a large hit is read over by default: two per core, four to
-/// eight (`GRANARY_CLIENT_STREAMS` sets it; 1 reads every object on one connection).
-pub(crate) fn default_streams() -> usize {
-    if let Some(n) = std::env::var("GRANARY_CLIENT_STREAMS")
-        .ok()
-        .and_then(|v| v.trim().parse::<usize>().ok())
-    {
-        return n.clamp(1, MAX_STREAMS);
-    }
-    std::thread::available_parallelism().map_or(4, |n| (n.get() * 2).clamp(4, MAX_STREAMS))
-}
 
 /// `Content-Range: bytes A-B/TOTAL` as `(A..B+1, TOTAL)`.
 fn content_range(h: &Head) -> Option<(Range<u64>, u64)> {

@@ -181,30 +181,15 @@ def granary_server(tmp_path_factory) -> GranaryServer:
         stderr=subprocess.STDOUT,
     )
     endpoint = f"http://{host}:{port}"
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    healthy = False
-    last_err = None
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            break
-        try:
-            r = requests.get(f"{endpoint}/_granary/health", timeout=2)
-            if r.status_code == 200:
-                healthy = True
-                break
-            last_err = f"status {r.status_code}"
-        except requests.RequestException as e:  # not up yet
-            last_err = repr(e)
-        time.sleep(0.2)
-
-    if not healthy:
+    why = wait_healthy(endpoint, proc)
+    if why is not None:
         rc = proc.poll()
         _stop_process(proc)
         log_file.close()
         log_tail = log_path.read_text("utf-8", "replace")[-5000:]
         pytest.fail(
-            f"granary did not become healthy within {STARTUP_TIMEOUT_S}s "
-            f"(exit code {rc}, last error {last_err}); cmd: {' '.join(cmd)}\n"
+            f"granary did not become healthy: {why} "
+            f"(exit code {rc}); cmd: {' '.join(cmd)}\n"
             f"--- server log ---\n{log_tail}",
             pytrace=False,
         )
@@ -248,6 +233,26 @@ def pytest_runtest_makereport(item, call):
 # others compare Granary with
 # --------------------------------------------------------------------------
 MOTO_KEY = "testing"
+
+
+def wait_healthy(endpoint: str, proc: subprocess.Popen,
+                 timeout: float = STARTUP_TIMEOUT_S) -> str | None:
+    """Polls the node's `/_granary/health` until it answers 200; returns why it did not
+    (the process exited, or the last status or error when the time ran out)."""
+    deadline = time.monotonic() + timeout
+    last = "no attempt"
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return f"exited with {proc.returncode} ({last})"
+        try:
+            r = requests.get(f"{endpoint}/_granary/health", timeout=2)
+            if r.status_code == 200:
+                return None
+            last = f"status {r.status_code}"
+        except requests.RequestException as e:  # not up yet
+            last = repr(e)
+        time.sleep(0.1)
+    return f"not healthy within {timeout}s ({last})"
 
 
 def _wait_http(url: str, proc: subprocess.Popen, timeout: float) -> str | None:

@@ -13,7 +13,7 @@ from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
-from conftest import _free_port, _server_binary, _stop_process
+from conftest import _free_port, _server_binary, _stop_process, wait_healthy
 from granary_testutil import ACCESS_KEY, REGION, SECRET_KEY
 
 
@@ -41,15 +41,8 @@ def test_a_low_inherited_open_file_limit_is_raised(tmp_path):
     idle = []
     try:
         url = f"http://127.0.0.1:{port}/_granary/health"
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                if requests.get(url, timeout=2).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            assert time.monotonic() < deadline, "no health"
-            time.sleep(0.1)
+        why = wait_healthy(f"http://127.0.0.1:{port}", proc, timeout=20)
+        assert why is None, why
         assert _soft_nofile(proc.pid) == hard
         for _ in range(400):
             idle.append(socket.create_connection(("127.0.0.1", port), timeout=5))

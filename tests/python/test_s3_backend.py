@@ -9,7 +9,6 @@ import hashlib
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,8 +17,8 @@ import requests
 from boto3.s3.transfer import TransferConfig
 from botocore.exceptions import ClientError
 
-from conftest import (MOTO_KEY, STARTUP_TIMEOUT_S, GranaryServer, _free_port,
-                      _server_binary, _stop_process, _wait_http, make_s3_client)
+from conftest import (MOTO_KEY, GranaryServer, _free_port, wait_healthy,
+                      _server_binary, _stop_process, make_s3_client)
 from granary_testutil import MiB, md5_hex, multipart_etag, unique_bucket_name
 
 HTTP_TIMEOUT = 30
@@ -62,19 +61,13 @@ def _start_granary(root: Path, s3_endpoint: str) -> GranaryServer:
                             stdout=log, stderr=subprocess.STDOUT)
     log.close()
     endpoint = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            if requests.get(f"{endpoint}/_granary/health", timeout=2).status_code == 200:
-                return GranaryServer(endpoint=endpoint, host="127.0.0.1", port=port,
-                                     data_dir=data_dir, log_path=log_path, pid=proc.pid,
-                                     process=proc)
-        except requests.RequestException:
-            pass
-        time.sleep(0.2)
+    why = wait_healthy(endpoint, proc)
+    if why is None:
+        return GranaryServer(endpoint=endpoint, host="127.0.0.1", port=port,
+                             data_dir=data_dir, log_path=log_path, pid=proc.pid, process=proc)
     rc = proc.poll()
     _stop_process(proc)
-    pytest.fail(f"granary (s3 backend) did not become healthy (exit code {rc}); "
+    pytest.fail(f"granary (s3 backend) did not become healthy: {why} (exit code {rc}); "
                 f"cmd: {' '.join(cmd)}\n{log_path.read_text('utf-8', 'replace')[-5000:]}",
                 pytrace=False)
 

@@ -15,7 +15,7 @@ import pytest
 import requests
 import webdataset as wds
 
-from conftest import STARTUP_TIMEOUT_S, _free_port, _server_binary, _stop_process
+from conftest import _free_port, _server_binary, _stop_process, wait_healthy
 
 SHARDS = 10
 PER_SHARD = 20
@@ -58,16 +58,8 @@ def node(tmp_path_factory):
         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     endpoint = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while True:
-            try:
-                if requests.get(f"{endpoint}/_granary/health", timeout=2).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            assert proc.poll() is None, (root / "granary.log").read_text()[-4000:]
-            assert time.monotonic() < deadline, "the node never answered"
-            time.sleep(0.05)
+        why = wait_healthy(endpoint, proc)
+        assert why is None, f"{why}\n" + (root / "granary.log").read_text()[-4000:]
         yield endpoint, samples
     finally:
         _stop_process(proc)

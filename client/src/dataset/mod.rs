@@ -28,9 +28,14 @@
 
 pub mod catalog;
 pub use granary_proto::plan;
+mod ahead;
+mod delivered;
+mod fetch;
 pub mod planned;
 pub mod route;
+mod runs;
 mod samples;
+mod settings;
 
 use std::sync::Arc;
 use std::time::Duration;

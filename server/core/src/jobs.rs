@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::sync::Locked;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
@@ -139,12 +140,12 @@ impl Job {
             Ordering::AcqRel,
             Ordering::Acquire,
         );
-        *self.finished.lock().expect("job lock") = Some(Instant::now());
+        *self.finished.locked() = Some(Instant::now());
     }
 
     pub fn fail(&self, why: String) {
         tracing::warn!(job = %self.id, reason = %why, "job failed");
-        *self.message.lock().expect("job lock") = Some(why);
+        *self.message.locked() = Some(why);
         self.finish(JobState::Failed);
     }
 
@@ -181,14 +182,14 @@ impl Job {
 
     /// A part handed to member `member` as its job `id`; its slot for progress.
     pub fn add_part(&self, member: String, id: String) -> usize {
-        let mut parts = self.parts.lock().expect("job lock");
+        let mut parts = self.parts.locked();
         parts.push((member, id, Counts::default()));
         parts.len() - 1
     }
 
     /// A part's progress as last heard.
     pub fn set_part(&self, slot: usize, counts: Counts) {
-        self.parts.lock().expect("job lock")[slot].2 = counts;
+        self.parts.locked()[slot].2 = counts;
     }
 
     /// The job's progress, this node's share and its parts' together.
@@ -202,7 +203,7 @@ impl Job {
             errors: self.errors.load(Ordering::Relaxed),
             skipped: self.skipped.load(Ordering::Relaxed),
         };
-        let parts = self.parts.lock().expect("job lock");
+        let parts = self.parts.locked();
         for (_, _, p) in parts.iter() {
             c.objects_done += p.objects_done;
             c.bytes_done += p.bytes_done;
@@ -211,8 +212,7 @@ impl Job {
         }
         let elapsed = self
             .finished
-            .lock()
-            .expect("job lock")
+            .locked()
             .unwrap_or_else(Instant::now)
             .duration_since(self.started);
         json!({
@@ -229,7 +229,7 @@ impl Job {
             "skipped": c.skipped,
             "nodes": parts.len() + 1,
             "part_of": self.part_of,
-            "message": *self.message.lock().expect("job lock"),
+            "message": *self.message.locked(),
             "elapsed_seconds": elapsed.as_secs_f64(),
         })
     }
@@ -246,42 +246,34 @@ impl Jobs {
     /// that have not ended.
     pub fn running(&self, kind: &str) -> usize {
         self.map
-            .lock()
-            .expect("jobs lock")
+            .locked()
             .values()
             .filter(|j| j.kind == kind && j.part_of.is_none() && j.state() == JobState::Running)
             .count()
     }
 
     pub fn get(&self, id: &str) -> Option<Arc<Job>> {
-        self.map.lock().expect("jobs lock").get(id).cloned()
+        self.map.locked().get(id).cloned()
     }
 
     pub fn all(&self) -> Vec<Arc<Job>> {
-        let mut v: Vec<_> = self
-            .map
-            .lock()
-            .expect("jobs lock")
-            .values()
-            .cloned()
-            .collect();
+        let mut v: Vec<_> = self.map.locked().values().cloned().collect();
         v.sort_by_key(|j| j.started);
         v
     }
 
     pub fn insert(&self, job: Arc<Job>) {
-        let mut map = self.map.lock().expect("jobs lock");
+        let mut map = self.map.locked();
         let now = Instant::now();
         map.retain(|_, j| {
             j.finished
-                .lock()
-                .expect("job lock")
+                .locked()
                 .is_none_or(|t| now.duration_since(t) < KEEP_FINISHED)
         });
         if map.len() >= MAX_JOBS {
             let mut done: Vec<(Instant, String)> = map
                 .values()
-                .filter_map(|j| (*j.finished.lock().expect("job lock")).map(|t| (t, j.id.clone())))
+                .filter_map(|j| (*j.finished.locked()).map(|t| (t, j.id.clone())))
                 .collect();
             done.sort();
             for (_, id) in done.iter().take(map.len() + 1 - MAX_JOBS) {
@@ -298,6 +290,6 @@ pub fn cancel(job: &Job) {
     if job.state() == JobState::Running {
         job.state
             .store(JobState::Cancelled as u8, Ordering::Release);
-        *job.finished.lock().expect("job lock") = Some(Instant::now());
+        *job.finished.locked() = Some(Instant::now());
     }
 }

@@ -2,6 +2,7 @@
 //! conditional writes of one object (the node), two builds of one shard's member index
 //! (the cache) go one after the other. A key's lock is dropped once nobody holds it.
 
+use crate::sync::Locked;
 use std::collections::HashMap;
 use std::hash::Hash;
 use std::sync::{Arc, Mutex, Weak};
@@ -19,7 +20,7 @@ impl<K> Default for KeyLocks<K> {
 impl<K: Eq + Hash> KeyLocks<K> {
     /// The lock of `key`: the one its holders hold, or a new one.
     pub fn of(&self, key: K) -> Arc<KeyLock> {
-        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut map = self.0.locked();
         map.retain(|_, w| w.strong_count() > 0);
         if let Some(lock) = map.get(&key).and_then(Weak::upgrade) {
             return lock;
@@ -31,7 +32,7 @@ impl<K: Eq + Hash> KeyLocks<K> {
 
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).len()
+        self.0.locked().len()
     }
 }
 

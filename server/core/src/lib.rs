@@ -10,20 +10,21 @@
 //! No HTTP server lives here: the `granary` server crate serves the node (S3 and native
 //! routes, the table of members' calls, the one mapping of errors to S3 codes).
 
-pub mod archive;
-pub mod backend;
-pub mod cache;
+mod archive;
+mod backend;
+mod cache;
 mod clock;
-pub mod cluster;
-pub mod io;
-pub mod jobs;
+mod cluster;
+mod io;
+mod jobs;
 mod keylock;
-pub mod node;
-pub mod plans;
-pub mod stats;
+mod node;
+mod plans;
+mod stats;
+mod sync;
 #[cfg(test)]
 mod testing;
-pub mod transform;
+mod transform;
 
 /// The planner driven at scale with no I/O (`granary-bench plan-sim`).
 pub use node::{simulate_planner, SimConfig as PlannerSimConfig, SimReport as PlannerSimReport};
@@ -40,16 +41,20 @@ pub use cache::{Body, CacheError, CachePolicy, LocalFile, Origin, Revalidation};
 /// Every member-to-member call, typed: the server's table of their handlers.
 pub use cluster::calls;
 pub use cluster::calls::JsonCall;
-pub use cluster::membership::Announced;
-pub use cluster::peer::{target_of, PeerBody};
+pub use cluster::peer::target_of;
+pub use cluster::transport::PeerBody;
 pub use cluster::{
     parse_peer, ClusterConfig, ClusterError, ConfigError as ClusterConfigError, RouteMode,
 };
 pub use io::sendfile::SendfileChoice;
 pub use io::{crc, sendfile, EngineChoice};
 pub use node::{
-    etag_matches, BackendSpec, Conditions, Data, Item, LocalReader, Outcome, Prep, ReadMode,
-    ReadRequest, Reply, Served, WriteConditions,
+    etag_matches, is_member_call, BackendSpec, Conditions, Data, Forwarded, Item, LocalReader,
+    Outcome, Prep, ReadMode, ReadRequest, Reply, Spilled, ToOwner, WriteConditions,
 };
-pub use stats::{Exposition, Metric};
+pub use stats::{rusage_us, Exposition, Metric};
+
+// What the bench drives with no node: the ring, the image transform.
+pub use cluster::ring::{key_hash, Ring, RingNode};
+pub use transform::image::{apply as apply_image, ImageSpec};
 pub use transform::{Named, TransformError, TransformSpec};

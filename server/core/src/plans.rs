@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::sync::Locked;
 use granary_proto::plan::{PlanError, PlanMark, PlanSpec, PlanView, Schedule};
 use serde::{Deserialize, Serialize};
 
@@ -298,7 +299,7 @@ impl Plan {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.locked()
     }
 
     pub fn spec(&self) -> Arc<PlanSpec> {
@@ -562,7 +563,7 @@ impl Plans {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Plan>>> {
-        self.map.lock().unwrap_or_else(|p| p.into_inner())
+        self.map.locked()
     }
 
     pub fn ttl(&self) -> Duration {

@@ -140,10 +140,10 @@ impl From<Refusal> for S3Error {
                 etag,
                 last_modified,
             } => S3Error::new(S3Code::NotModified, message)
-                .with_header(http::header::ETAG, crate::api::s3::quoted(&etag))
+                .with_header(http::header::ETAG, super::headers::quoted(&etag))
                 .with_header(
                     http::header::LAST_MODIFIED,
-                    crate::api::s3::http_date(last_modified),
+                    super::headers::http_date(last_modified),
                 ),
             // The AWS CRT learns an empty object's size from this field.
             Refusal::Unsatisfiable { size } => S3Error::new(S3Code::InvalidRange, message)

@@ -5,8 +5,8 @@
 
 pub mod batch;
 pub mod error;
+pub mod headers;
 pub mod native;
-pub mod peer;
 pub mod route;
 pub mod s3;
 

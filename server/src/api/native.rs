@@ -1,7 +1,12 @@
-//! The native API under `/_granary/`: health, the cluster view, prefetch and jobs,
-//! GetBatch (`batch`), the counters as JSON (`stats`) and for Prometheus (`metrics`).
-//! Members' own calls are answered through `peer`'s table, which hands the routes users
-//! share with members (health, prefetch, jobs) to the handlers here.
+//! The native API under `/_granary/`, in one table ([`handle`]): health, the cluster
+//! view, prefetch and jobs, GetBatch (`batch`), the counters as JSON (`stats`) and for
+//! Prometheus (`metrics`), and the members' calls. A member's JSON call is read and
+//! answered by the node's own table of them (`Node::serve_call`, with each call's
+//! definition in `granary_core::calls`); a refusal is an S3 error document, whose code
+//! the caller keeps. Three routes are users' as well as members' (health, prefetch,
+//! jobs), and a member's revalidation shares its route with a user's. The calls that
+//! move object bytes (`calls::Copy`, `calls::Read`) are object reads marked as a
+//! member's, served by the S3 read path (`s3::get`).
 
 use std::sync::Arc;
 
@@ -13,21 +18,42 @@ use serde_json::json;
 
 use super::error::{S3Code, S3Error};
 use super::{s3, AppState};
-use granary_core::{calls, Announced, Exposition};
+use granary_core::{calls, is_member_call, Exposition, Forwarded, JsonCall, ToOwner};
 
 /// A prefetch part names its objects: room for a few hundred thousand keys.
 const MAX_PART_BODY: usize = 64 << 20;
+/// The most body a member's call carries here (a plan of 100,000 shards, or 1,000 keys
+/// of 1 KiB and their buckets, with room to spare). Read only once the call is known
+/// to be a member's.
+const MAX_CALL_BODY: usize = 32 << 20;
 
 pub async fn handle(state: &Arc<AppState>, req: Request) -> Response {
     let node = &state.node;
     let path = req.uri().path().trim_end_matches('/').to_owned();
     tracing::Span::current().record("op", path.as_str());
-    let req = match super::peer::serve(state, req).await {
-        Ok(resp) => return resp,
-        Err(req) => req,
-    };
-    let get = req.method() == Method::GET || req.method() == Method::HEAD;
+    let method = req.method().clone();
+    let from_member = super::FromMember::of(&req).is_some();
+    // A user's forced revalidation of a prefix shares the members' call's route.
+    let users = path == calls::Revalidate::PATH && !from_member;
+    if is_member_call(&method, &path) && !users {
+        return member_call(state, req)
+            .await
+            .unwrap_or_else(IntoResponse::into_response);
+    }
+    let get = method == Method::GET || method == Method::HEAD;
+    let answer = |r: Result<Response, S3Error>| r.unwrap_or_else(IntoResponse::into_response);
     match (path.as_str(), get) {
+        // [`calls::Probe`]: the public health check, with the announcement's answer.
+        ("/_granary/health", true) => health(state, req).await,
+        (calls::Revalidate::PATH, _) if method == calls::Revalidate::METHOD => {
+            answer(revalidate(state, req).await)
+        }
+        // [`calls::PrefetchPart`], and a user's prefetch of a prefix.
+        (calls::PrefetchPart::PATH, _) if method == calls::PrefetchPart::METHOD => {
+            answer(prefetch(state, req).await)
+        }
+        // [`calls::JobStatus`], [`calls::JobCancel`], and a user's look at a job.
+        (p, _) if p.starts_with("/_granary/jobs/") => answer(job(state, req).await),
         ("/_granary/cluster", true) => {
             let q = granary_proto::encode::query_pairs(req.uri().query().unwrap_or(""));
             let arg = |n: &str| q.iter().find(|(k, _)| k == n).map(|(_, v)| v.as_str());
@@ -113,6 +139,27 @@ pub async fn handle(state: &Arc<AppState>, req: Request) -> Response {
     }
 }
 
+/// A call only a member may make: its JSON request read and answered by the node's
+/// table, with the call's status.
+async fn member_call(state: &AppState, req: Request) -> Result<Response, S3Error> {
+    let (parts, body) = req.into_parts();
+    s3::auth::peer_only(&state.node, &parts)?;
+    let body = axum::body::to_bytes(body, MAX_CALL_BODY)
+        .await
+        .map_err(|_| S3Error::new(S3Code::EntityTooLarge, "the call's body is too large"))?;
+    let path = parts.uri.path().trim_end_matches('/');
+    let (status, json) = match state.node.serve_call(&parts.method, path, &body).await {
+        Some(answer) => answer?,
+        None => return Err(S3Error::new(S3Code::NotFound, format!("no call {path}"))),
+    };
+    let mut resp = (status, json).into_response();
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    Ok(resp)
+}
+
 /// `GET /_granary/health`: `200` once the node's view is settled (`503` until then,
 /// with the same fields). A member's probe from its regular round announces it: it is
 /// seen up first, and told whether it is in this node's list.
@@ -133,14 +180,9 @@ pub async fn health(state: &AppState, req: Request) -> Response {
         resp.extensions_mut().insert(super::NotAnError);
     }
     if let Some(known) = known {
-        resp.headers_mut().insert(
-            calls::ANNOUNCE,
-            HeaderValue::from_static(match known {
-                Announced::Known => calls::KNOWN,
-                Announced::Down => calls::KNOWN_DOWN,
-                Announced::Unknown => "unknown",
-            }),
-        );
+        let (name, value) = calls::Probe::reply_header(known);
+        resp.headers_mut()
+            .insert(name, HeaderValue::from_static(value));
     }
     resp
 }
@@ -336,16 +378,17 @@ async fn catalog(state: &Arc<AppState>, req: Request) -> Result<Response, S3Erro
     };
     let node = &state.node;
     if super::FromMember::of_parts(&parts).is_none() {
-        if let Some(m) = node.owner_elsewhere(bucket, &format!("{prefix}\0catalog")) {
-            let target = granary_core::target_of(&parts.uri);
-            let body = super::route::peer_body(Body::empty());
-            match node
-                .forward(&m, &parts.method, &target, &parts.headers, body)
-                .await
-            {
-                Ok(resp) => return Ok(resp.map(Body::new)),
-                Err(why) => node.mark_down(&m, why),
-            }
+        let target = granary_core::target_of(&parts.uri);
+        let to = ToOwner {
+            bucket,
+            key: &format!("{prefix}\0catalog"),
+            method: &parts.method,
+            target: &target,
+            headers: &parts.headers,
+            may_redirect: false,
+        };
+        if let Forwarded::Answered(resp) = node.forward_to_owner(&to, &mut None, |b| b).await {
+            return Ok(resp.map(Body::new));
         }
     }
     let catalog = node

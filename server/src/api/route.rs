@@ -11,12 +11,12 @@
 use axum::body::Body;
 use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
-use http::{header, HeaderValue, Method, StatusCode};
+use http::{header, HeaderValue, StatusCode};
 use http_body_util::BodyExt;
 
 use super::error::{S3Code, S3Error};
 use super::AppState;
-use granary_core::{target_of, Metric, PeerBody, RouteMode};
+use granary_core::{target_of, Forwarded, PeerBody, ToOwner};
 
 /// What routing made of a request.
 pub enum Routed {
@@ -42,54 +42,41 @@ pub async fn route(state: &AppState, req: Request) -> Routed {
         return Routed::Local(req);
     };
     let (parts, body) = req.into_parts();
-    let read = parts.method == Method::GET || parts.method == Method::HEAD;
     let target = target_of(&parts.uri);
+    let to = ToOwner {
+        bucket: &bucket,
+        key: &key,
+        method: &parts.method,
+        target: &target,
+        headers: &parts.headers,
+        // A signed request names the host it was signed for: it is proxied.
+        may_redirect: !granary_proto::auth::client_signed(&parts),
+    };
     let mut body = Some(body);
-    for _ in 0..node.member_count() {
-        let Some(m) = node.owner_elsewhere(&bucket, &key) else {
-            break;
-        };
-        if read
-            && node.route_mode() == RouteMode::Redirect
-            && !granary_proto::auth::client_signed(&parts)
-        {
-            node.stats().add(Metric::Redirects, 1);
+    match node.forward_to_owner(&to, &mut body, peer_body).await {
+        Forwarded::Answered(resp) => Routed::Answered(resp.map(Body::new)),
+        Forwarded::Here => {
+            Routed::Local(Request::from_parts(parts, body.take().unwrap_or_default()))
+        }
+        Forwarded::Redirect { location, owner } => {
             let mut resp = Response::new(Body::empty());
             *resp.status_mut() = StatusCode::TEMPORARY_REDIRECT;
             let h = resp.headers_mut();
-            if let Ok(v) = HeaderValue::from_str(&format!("{}{}", m.url(), target)) {
+            if let Ok(v) = HeaderValue::from_str(&location) {
                 h.insert(header::LOCATION, v);
             }
-            if let Ok(v) = HeaderValue::from_str(m.id()) {
+            if let Ok(v) = HeaderValue::from_str(&owner) {
                 h.insert("x-granary-node", v);
             }
-            return Routed::Answered(resp);
+            Routed::Answered(resp)
         }
-        let send = if read {
-            Body::empty()
-        } else {
-            body.take().unwrap_or_default()
-        };
-        match node
-            .forward(&m, &parts.method, &target, &parts.headers, peer_body(send))
-            .await
-        {
-            Ok(resp) => return Routed::Answered(resp.map(Body::new)),
-            Err(why) => {
-                node.mark_down(&m, why);
-                if !read {
-                    let id = m.id().to_owned();
-                    return Routed::Answered(
-                        S3Error::new(
-                            S3Code::ServiceUnavailable,
-                            format!("node {id}, the owner of this key, did not answer; retry"),
-                        )
-                        .with_resource(format!("/{bucket}/{key}"))
-                        .into_response(),
-                    );
-                }
-            }
-        }
+        Forwarded::Unavailable { owner } => Routed::Answered(
+            S3Error::new(
+                S3Code::ServiceUnavailable,
+                format!("node {owner}, the owner of this key, did not answer; retry"),
+            )
+            .with_resource(format!("/{bucket}/{key}"))
+            .into_response(),
+        ),
     }
-    Routed::Local(Request::from_parts(parts, body.take().unwrap_or_default()))
 }

@@ -18,6 +18,7 @@ use super::{
     Backend, BackendError, BucketInfo, ByteRange, ByteStream, GetObject, ListPage, ListQuery,
     ObjectMeta, ObjectParts, PartInfo, PartOf, PutOptions, RangeFn, Result, Source, UploadInfo,
 };
+use crate::sync::Locked;
 
 /// How long a read waits for a place before it is refused.
 pub const WAIT: Duration = Duration::from_secs(2);
@@ -52,7 +53,7 @@ impl Pace {
     }
 
     fn turn_at(&self, n: usize, now: Instant) -> Instant {
-        let mut next = self.next.lock().unwrap_or_else(|p| p.into_inner());
+        let mut next = self.next.locked();
         let at = (*next).max(now.checked_sub(CATCH_UP).unwrap_or(now));
         *next = at + Duration::from_secs_f64(n as f64 / self.bytes_per_sec);
         *next

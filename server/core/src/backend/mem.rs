@@ -17,6 +17,7 @@ use super::{
     Backend, BackendError, BucketInfo, ByteRange, ByteStream, GetObject, ListPage, ListQuery,
     ObjectEntry, ObjectMeta, PartInfo, PutOptions, RangeFn, Result, Source, UploadInfo,
 };
+use crate::sync::Locked;
 
 /// Objects in memory; bodies come in 64 KiB pieces, the first at once and the rest once
 /// `gate` gives a permit (when set), and fail after the first piece while `fail` is set.
@@ -36,7 +37,7 @@ impl Mem {
     pub fn with(objects: &[(&str, Bytes)]) -> Arc<Mem> {
         let m = Mem::default();
         for (k, v) in objects {
-            m.objects.lock().unwrap().insert((*k).to_owned(), v.clone());
+            m.objects.locked().insert((*k).to_owned(), v.clone());
         }
         Arc::new(m)
     }
@@ -44,7 +45,7 @@ impl Mem {
     /// Holds every body after its first piece until the semaphore gives a permit.
     pub fn hold_bodies(&self) -> Arc<Semaphore> {
         let s = Arc::new(Semaphore::new(0));
-        *self.gate.lock().unwrap() = Some(s.clone());
+        *self.gate.locked() = Some(s.clone());
         s
     }
 
@@ -58,7 +59,7 @@ impl Mem {
     }
 
     fn body(&self, data: Bytes) -> ByteStream {
-        let gate = self.gate.lock().unwrap().clone();
+        let gate = self.gate.locked().clone();
         let fail = self.fail.load(Ordering::SeqCst);
         Box::pin(async_stream::try_stream! {
             let mut at = 0;
@@ -86,7 +87,7 @@ impl Source for Mem {
     }
 
     async fn head_object(&self, _: &str, key: &str) -> Result<ObjectMeta> {
-        let data = self.objects.lock().unwrap().get(key).cloned();
+        let data = self.objects.locked().get(key).cloned();
         data.map(|d| Mem::meta(&d))
             .ok_or_else(|| BackendError::NoSuchKey(key.into()))
     }
@@ -98,7 +99,7 @@ impl Source for Mem {
         range: &RangeFn<'_>,
     ) -> Result<(GetObject, Option<ByteRange>)> {
         self.gets.fetch_add(1, Ordering::SeqCst);
-        let data = self.objects.lock().unwrap().get(key).cloned();
+        let data = self.objects.locked().get(key).cloned();
         let data = data.ok_or_else(|| BackendError::NoSuchKey(key.into()))?;
         let meta = Mem::meta(&data);
         let r = range(&meta).map_err(BackendError::Refused)?;
@@ -142,15 +143,15 @@ impl Backend for Mem {
         }
         let data = Bytes::from(data);
         let meta = Mem::meta(&data);
-        self.objects.lock().unwrap().insert(key.to_owned(), data);
+        self.objects.locked().insert(key.to_owned(), data);
         Ok(meta)
     }
     async fn delete_object(&self, _: &str, key: &str) -> Result<()> {
-        self.objects.lock().unwrap().remove(key);
+        self.objects.locked().remove(key);
         Ok(())
     }
     async fn list_objects(&self, _: &str, q: &ListQuery) -> Result<ListPage> {
-        let objects = self.objects.lock().unwrap();
+        let objects = self.objects.locked();
         let mut page = ListPage::default();
         let after = q.after.as_deref().unwrap_or("");
         for (key, data) in objects.range::<str, _>((Bound::Excluded(after), Bound::Unbounded)) {

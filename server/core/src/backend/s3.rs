@@ -42,6 +42,7 @@ use super::{
     ByteStream, GetObject, ListPage, ListQuery, ObjectEntry, ObjectMeta, PartInfo, PartOf,
     PartRange, PutOptions, RangeFn, Result, Source, UploadInfo,
 };
+use crate::sync::Locked;
 
 /// The region when the configuration chain names none.
 const DEFAULT_REGION: &str = "us-east-1";
@@ -300,7 +301,7 @@ impl S3Backend {
         let failure = Arc::new(Mutex::new(None));
         let body = UploadBody::new(body, size, expected_md5, failure.clone());
         let result = send(SdkByteStream::new(SdkBody::from_body_1_x(body))).await;
-        let body_failure = failure.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let body_failure = failure.locked().take();
         match (result, body_failure) {
             (Ok(v), None) => Ok(v),
             (_, Some(e)) => Err(e),

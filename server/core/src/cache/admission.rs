@@ -65,6 +65,7 @@ pub enum Refused {
     TooLarge,
 }
 
+#[cfg(test)]
 impl Admission {
     pub fn is_admitted(&self) -> bool {
         matches!(self, Admission::Admitted { .. })

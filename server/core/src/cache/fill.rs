@@ -33,6 +33,7 @@ use super::room::{Room, Taken};
 use super::store::{self, BlockSums};
 use crate::backend::{ByteStream, ObjectMeta, Source};
 use crate::io::direct::DirectWriter;
+use crate::sync::Locked;
 
 /// After the first piece (sent as soon as anything arrived), the source's chunks are
 /// gathered into pieces of at least this much: fewer hand-overs to the writer and
@@ -313,10 +314,7 @@ pub async fn write_body<R: Send + 'static>(
         let failure = verdict_rx
             .blocking_recv()
             .unwrap_or_else(|_| Some(io::Error::other("the fill was given up")));
-        let finish = writer_finish
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()?;
+        let finish = writer_finish.locked().take()?;
         Some(finish(outcome(failure, written)))
     });
     let mut failure = None;
@@ -387,7 +385,7 @@ pub async fn write_body<R: Send + 'static>(
         // The writer died before it could finish: the fill is finished here, as failed.
         Err(e) => {
             let e = io::Error::other(e.to_string());
-            match finish.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            match finish.locked().take() {
                 Some(finish) => Ok(finish(Err(FillError::Disk(e)))),
                 None => Err(FillError::Disk(e)),
             }

@@ -15,6 +15,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::fill::{Fill, Phase};
+use crate::sync::Locked;
 
 /// Fills in progress by key.
 pub type Table = HashMap<String, Arc<Fill>>;
@@ -37,7 +38,7 @@ pub enum Joined {
 impl Flights {
     /// The table, locked: the commit lock.
     pub fn lock(&self) -> MutexGuard<'_, Table> {
-        self.table.lock().unwrap_or_else(|p| p.into_inner())
+        self.table.locked()
     }
 
     /// Joins the fill of `key` in progress, or leads a new one. Asked under the lock
@@ -116,7 +117,7 @@ impl Lead {
 impl Drop for Lead {
     fn drop(&mut self) {
         if let Some(fill) = self.fill.take() {
-            let mut table = self.table.lock().unwrap_or_else(|p| p.into_inner());
+            let mut table = self.table.locked();
             Flights::finished(&mut table, &self.key, &fill);
             drop(table);
             fill.set_phase(Phase::Abandoned);

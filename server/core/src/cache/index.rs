@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
 
 use super::admission::{Admission, Refused};
@@ -34,6 +34,35 @@ pub struct Entry {
 }
 
 impl Entry {
+    /// An entry this process has just committed: every block checked as it was
+    /// written, and the object current in the cache's `generation` as of now.
+    pub fn fresh(path: PathBuf, meta: ObjectMeta, crcs: Vec<u32>, generation: u64) -> Entry {
+        Entry {
+            path,
+            meta,
+            crcs: Arc::from(crcs),
+            verified: AtomicBool::new(true),
+            maps: Default::default(),
+            checked: AtomicU64::new(generation),
+            checked_at: AtomicU64::new(crate::clock::now_ms()),
+        }
+    }
+
+    /// An entry found on disk at start: checked block by block before it is trusted,
+    /// and against the source before its first hit once the cache knows it is in a
+    /// cluster (which starts a new generation after `generation`).
+    pub fn loaded(path: PathBuf, meta: ObjectMeta, crcs: Vec<u32>, generation: u64) -> Entry {
+        Entry {
+            path,
+            meta,
+            crcs: Arc::from(crcs),
+            verified: AtomicBool::new(false),
+            maps: Default::default(),
+            checked: AtomicU64::new(generation),
+            checked_at: AtomicU64::new(0),
+        }
+    }
+
     /// Bytes per checksum of this entry.
     pub fn block(&self) -> u64 {
         super::store::block_of(self.meta.size, self.crcs.len())

@@ -31,6 +31,7 @@ use bytes::Bytes;
 
 use crate::io::mapped::Mapped;
 use crate::io::sendfile::FileBytes;
+use crate::sync::Locked;
 
 /// Bytes of windows all entries may keep mapped at once, and of those, the bytes they
 /// may keep locked in memory (sealed windows).
@@ -242,10 +243,7 @@ impl Maps {
     pub(super) fn observe(&self, meta: &std::fs::Metadata) {
         let stamp = stamp(meta);
         if self.stamp.swap(stamp, Ordering::Relaxed) != stamp {
-            self.windows
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clear();
+            self.windows.locked().clear();
         }
     }
 
@@ -260,7 +258,7 @@ impl Maps {
         start: u64,
         end: u64,
     ) -> Option<Window> {
-        let mut windows = self.windows.lock().unwrap_or_else(|p| p.into_inner());
+        let mut windows = self.windows.locked();
         if let Some(k) = windows.get(&number) {
             return Some(Window::Kept(k.clone(), start));
         }
@@ -285,7 +283,7 @@ impl Maps {
     /// Where each kept window is mapped, and its length.
     #[cfg(test)]
     pub fn bases(&self) -> Vec<(usize, usize)> {
-        let windows = self.windows.lock().unwrap_or_else(|p| p.into_inner());
+        let windows = self.windows.locked();
         windows
             .values()
             .map(|k| (k.map.mapped().base(), k.map.mapped().len()))
@@ -295,7 +293,7 @@ impl Maps {
     /// How many windows are kept.
     #[cfg(test)]
     pub fn kept(&self) -> usize {
-        self.windows.lock().unwrap_or_else(|p| p.into_inner()).len()
+        self.windows.locked().len()
     }
 }
 

@@ -7,7 +7,7 @@
 use std::fs::{self, File};
 use std::io;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
@@ -21,6 +21,7 @@ use crate::backend::{
     BackendError, ByteRange, ByteStream, GetObject, ObjectMeta, RangeFn, Refusal, Source,
 };
 use crate::stats::Metric;
+use crate::sync::Locked;
 
 impl Cache {
     /// Joins the fill of `ikey` in progress, or leads a new one; a new fill while a
@@ -173,8 +174,7 @@ impl Cache {
         let decide = |meta: &ObjectMeta, decline: bool| -> Result<Option<ByteRange>, Refusal> {
             let client = range(meta)?;
             let admitted = self.admit(meta.size);
-            *decision.lock().unwrap_or_else(|p| p.into_inner()) =
-                Some((meta.size, client, admitted));
+            *decision.locked() = Some((meta.size, client, admitted));
             if !admitted && decline {
                 return Err(Refusal::Declined);
             }
@@ -200,7 +200,7 @@ impl Cache {
                 (got.map(|(obj, _)| obj), Origin::Miss)
             }
         };
-        let decided = decision.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let decided = decision.locked().take();
         let obj = match got {
             Ok(obj) => obj,
             Err(e) => {
@@ -382,15 +382,7 @@ impl Cache {
             Ok(Some(crcs)) => {
                 self.lock_index().commit(
                     ikey.clone(),
-                    Entry {
-                        path: dest.clone(),
-                        meta,
-                        crcs: Arc::from(crcs),
-                        verified: AtomicBool::new(true),
-                        maps: Default::default(),
-                        checked: AtomicU64::new(self.generation()),
-                        checked_at: AtomicU64::new(crate::clock::now_ms()),
-                    },
+                    Entry::fresh(dest.clone(), meta, crcs, self.generation()),
                     size,
                 );
                 fill.set_phase(Phase::Done);

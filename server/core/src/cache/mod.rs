@@ -10,6 +10,8 @@
 //! committed entries), `admission` (the policy's verdict), `index` (entries and their
 //! accounting), `store` (the files on disk), `write` (writes through the cache).
 
+use crate::sync::Locked;
+
 mod admission;
 mod adopt;
 mod derived;
@@ -44,7 +46,7 @@ use crate::stats::Stats;
 use flight::Flights;
 use index::{Entry, Index};
 
-pub use admission::{Admission, CachePolicy, Refused};
+pub use admission::CachePolicy;
 pub use adopt::Adopted;
 pub use error::{CacheError, DeriveError};
 pub use follow::slice;
@@ -286,18 +288,7 @@ impl Cache {
                 Ok(Some(l)) if store::entry_path(&objects, &l.bucket, &l.key) == path => {
                     index.insert(
                         index::key_of(&l.bucket, &l.key),
-                        Entry {
-                            path,
-                            meta: l.meta,
-                            crcs: Arc::from(l.crcs),
-                            verified: AtomicBool::new(false),
-                            maps: Default::default(),
-                            // Loaded from disk: checked against the source before its
-                            // first hit once the cache knows it is in a cluster (which
-                            // starts a new generation).
-                            checked: AtomicU64::new(FIRST_GENERATION),
-                            checked_at: AtomicU64::new(0),
-                        },
+                        Entry::loaded(path, l.meta, l.crcs, FIRST_GENERATION),
                     );
                 }
                 _ => {
@@ -519,11 +510,11 @@ impl Cache {
     }
 
     fn lock_index(&self) -> std::sync::MutexGuard<'_, Index> {
-        self.index.lock().unwrap_or_else(|p| p.into_inner())
+        self.index.locked()
     }
 
     fn lock_writes(&self) -> std::sync::MutexGuard<'_, write::Writes> {
-        self.writes.lock().unwrap_or_else(|p| p.into_inner())
+        self.writes.locked()
     }
 
     /// Reads an object of `src` through the cache. `range` sees the object's metadata

@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::fs::{self, File};
 use std::io::{self, Write};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -158,15 +158,7 @@ impl Cache {
             (Ok(meta), Ok(crcs)) => {
                 self.lock_index().commit(
                     ikey,
-                    Entry {
-                        path: dest,
-                        meta: meta.clone(),
-                        crcs: Arc::from(crcs),
-                        verified: AtomicBool::new(true),
-                        maps: Default::default(),
-                        checked: AtomicU64::new(self.generation()),
-                        checked_at: AtomicU64::new(crate::clock::now_ms()),
-                    },
+                    Entry::fresh(dest, meta.clone(), crcs, self.generation()),
                     size,
                 );
             }

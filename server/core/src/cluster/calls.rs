@@ -35,6 +35,14 @@ use serde::{Deserialize, Serialize};
 
 use super::transport::ReplyBody;
 use super::ClusterError;
+
+/// A probe not answered within this is a failure.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long a write waits for a member seen up to drop its copies.
+pub const INVALIDATE_WAIT: Duration = Duration::from_secs(2);
+/// How long a forwarded read waits for the owner's response headers before the owner
+/// counts as gone (a hung process still accepts connections).
+pub const FORWARD_READ_TIMEOUT: Duration = Duration::from_secs(5);
 use crate::backend::{ByteStream, ObjectMeta};
 use crate::jobs::{Counts, Obj};
 
@@ -211,6 +219,18 @@ impl<C: JsonCall> Call for C {
 
 // --- health -----------------------------------------------------------------------
 
+/// What an announcing member is told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Announced {
+    /// This node does not list it.
+    Unknown,
+    /// Listed, but not up here (it did not answer being probed back): this node may
+    /// write without it, so it gets no lease from this answer.
+    Down,
+    /// Listed and up: its lease is renewed.
+    Known,
+}
+
 /// A probe of a member's health; `announce`: from the sender's regular round (the
 /// member probes back before answering if it does not see the sender up).
 pub struct Probe {
@@ -337,7 +357,7 @@ impl Call for Probe {
     }
 
     fn wait(&self) -> Duration {
-        super::membership::PROBE_TIMEOUT
+        PROBE_TIMEOUT
     }
 
     async fn reply(answer: Answer<'_>) -> Result<Health, ClusterError> {
@@ -355,6 +375,18 @@ impl Call for Probe {
         health.knows_me = Some(knows_me);
         health.sees_me_up = sees_me_up;
         Ok(health)
+    }
+}
+
+impl Probe {
+    /// The header an answer to an announcing probe carries: what the member was told.
+    pub fn reply_header(told: Announced) -> (&'static str, &'static str) {
+        let value = match told {
+            Announced::Known => KNOWN,
+            Announced::Down => KNOWN_DOWN,
+            Announced::Unknown => "unknown",
+        };
+        (ANNOUNCE, value)
     }
 }
 
@@ -409,7 +441,7 @@ pub struct Invalidated {
 impl JsonCall for Invalidate {
     type Reply = Invalidated;
     const WHAT: &'static str = "an invalidation";
-    const WAIT: Duration = super::peer::INVALIDATE_WAIT;
+    const WAIT: Duration = INVALIDATE_WAIT;
     const METHOD: Method = Method::POST;
     const PATH: &'static str = "/_granary/invalidate";
 }
@@ -733,7 +765,7 @@ impl Call for Read<'_> {
     }
 
     fn wait(&self) -> Duration {
-        super::peer::FORWARD_READ_TIMEOUT
+        FORWARD_READ_TIMEOUT
     }
 
     async fn reply(answer: Answer<'_>) -> Result<Found, ClusterError> {

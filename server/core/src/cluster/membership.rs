@@ -17,14 +17,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::calls::{Health, Probe};
+use super::calls::{Announced, Health, Probe};
 use super::source::Watch;
 use super::{Cluster, Member};
 
 /// Time between probes of one member.
 pub const PROBE_EVERY: Duration = Duration::from_secs(1);
-/// A probe not answered within this is a failure.
-pub const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 /// Failed probes in a row that mark a member down.
 pub const FAILS_TO_DOWN: u32 = 2;
 /// How long an announcing probe's answer, seeing this node up, lets it serve its copies
@@ -146,18 +144,6 @@ pub async fn probe_member(c: &Cluster, m: &Arc<Member>, announce: bool) -> bool 
             false
         }
     }
-}
-
-/// What an announcing member is told.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Announced {
-    /// This node does not list it.
-    Unknown,
-    /// Listed, but not up here (it did not answer being probed back): this node may
-    /// write without it, so it gets no lease from this answer.
-    Down,
-    /// Listed and up: its lease is renewed.
-    Known,
 }
 
 /// An announcement from member `id` (its probe): when this node does not see it up, or

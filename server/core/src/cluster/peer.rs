@@ -17,17 +17,13 @@ use std::time::Duration;
 use bytes::Bytes;
 use granary_proto::headers::{HOP, PEER_AUTH, PEER_SHA256};
 use http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, Response};
-use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
 
-use super::calls::{self, Call, Proof};
-use super::transport::ReplyBody;
+use super::calls::{self, Call, Proof, FORWARD_READ_TIMEOUT};
+use super::transport::{PeerBody, ReplyBody};
 use super::{Cluster, ClusterError, Member};
 use crate::backend::{ByteStream, ObjectMeta};
 use crate::stats::Metric;
-
-/// A request body sent to a member: a call's bytes, or a client's body streamed on.
-pub type PeerBody = UnsyncBoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
 
 /// A body of these bytes.
 pub fn full(bytes: Bytes) -> PeerBody {
@@ -35,10 +31,6 @@ pub fn full(bytes: Bytes) -> PeerBody {
         .map_err(|never| match never {})
         .boxed_unsync()
 }
-
-/// How long a forwarded read waits for the owner's response headers before the owner
-/// counts as gone (a hung process still accepts connections).
-pub const FORWARD_READ_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Peers asked for a copy on a miss: the next in the key's ranking, who held the key
 /// before a membership change or while this node was down.
@@ -422,9 +414,6 @@ impl Cluster {
         }
     }
 }
-
-/// How long a write waits for a member seen up to drop its copies.
-pub const INVALIDATE_WAIT: Duration = Duration::from_secs(2);
 
 /// An error and its sources, on one line.
 fn chain(e: &dyn std::error::Error) -> String {

@@ -7,6 +7,7 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
+use crate::sync::Locked;
 use granary_proto::peer::WINDOW;
 
 #[derive(Default)]
@@ -26,7 +27,7 @@ impl Nonces {
     /// Records `node`'s nonce signed at `secs`, now `now` (seconds); false when it was
     /// seen already.
     pub fn first_use(&self, node: &str, nonce: &str, secs: u64, now: u64) -> bool {
-        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let mut seen = self.seen.locked();
         if seen.by_nonce.len() >= 2 * seen.kept.max(1024) {
             let horizon = now.saturating_sub(WINDOW.as_secs());
             seen.by_nonce.retain(|_, at| *at >= horizon);

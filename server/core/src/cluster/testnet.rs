@@ -11,7 +11,7 @@ use futures::future::BoxFuture;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 
-use super::peer::PeerBody;
+use super::transport::PeerBody;
 use super::transport::{ReplyBody, Sending, Transport};
 
 /// A member: its answer to a request.

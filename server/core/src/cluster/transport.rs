@@ -15,10 +15,11 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
-use super::peer::PeerBody;
-
 /// An error a transport gives back: the request got no answer.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A request body sent to a member: a call's bytes, or a client's body streamed on.
+pub type PeerBody = UnsyncBoxBody<Bytes, BoxError>;
 
 /// An answer's body as a transport hands it over.
 pub type ReplyBody = UnsyncBoxBody<Bytes, BoxError>;

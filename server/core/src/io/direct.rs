@@ -58,6 +58,7 @@ impl DirectWriter {
     }
 
     /// Whether bytes go around the page cache.
+    #[cfg(test)]
     pub fn is_direct(&self) -> bool {
         self.direct
     }
@@ -462,6 +463,8 @@ impl Drop for Aligned {
 mod slots {
     use std::sync::Mutex;
 
+    use crate::sync::Locked;
+
     /// A region: one huge page.
     pub(super) const REGION: usize = 2 << 20;
     /// The most regions kept: 32 MiB, 64 buffers of 512 KiB. Beyond them buffers come
@@ -498,7 +501,7 @@ mod slots {
         if len > REGION || !REGION.is_multiple_of(len) || !len.is_multiple_of(super::ALIGN) {
             return None;
         }
-        let mut slots = SLOTS.lock().unwrap_or_else(|p| p.into_inner());
+        let mut slots = SLOTS.locked();
         if let Some(at) = slots.of(len).pop() {
             return Some(at as *mut u8);
         }
@@ -514,7 +517,7 @@ mod slots {
     }
 
     pub(super) fn give_back(ptr: *mut u8, len: usize) {
-        let mut slots = SLOTS.lock().unwrap_or_else(|p| p.into_inner());
+        let mut slots = SLOTS.locked();
         slots.of(len).push(ptr as usize);
     }
 

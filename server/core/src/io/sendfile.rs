@@ -36,6 +36,7 @@ use bytes::Bytes;
 use tokio::io::{AsyncWrite, Interest};
 
 use super::mapped::Mapped;
+use crate::sync::RwLocked;
 
 /// Where a registered mapping's bytes lie: its file and the offset of its first byte.
 struct Region {
@@ -132,10 +133,7 @@ impl FileBytes {
                 file,
                 offset,
             };
-            REGIONS
-                .write()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(base, region);
+            REGIONS.write_locked().insert(base, region);
             LIVE.fetch_add(1, Ordering::Relaxed);
         }
         Ok(FileBytes { map, registered })
@@ -161,10 +159,7 @@ impl AsRef<[u8]> for FileBytes {
 impl Drop for FileBytes {
     fn drop(&mut self) {
         if self.registered {
-            REGIONS
-                .write()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&self.map.base());
+            REGIONS.write_locked().remove(&self.map.base());
             LIVE.fetch_sub(1, Ordering::Relaxed);
         }
         // `map` unmaps after the region is gone.
@@ -175,7 +170,7 @@ impl Drop for FileBytes {
 /// mapping. The descriptor is open while `buf`'s mapping lives.
 fn lookup(buf: &[u8]) -> Option<(RawFd, u64)> {
     let at = buf.as_ptr() as usize;
-    let regions = REGIONS.read().unwrap_or_else(|p| p.into_inner());
+    let regions = REGIONS.read_locked();
     let (base, region) = regions.range(..=at).next_back()?;
     (at + buf.len() <= region.end)
         .then(|| (region.file.as_raw_fd(), region.offset + (at - base) as u64))

@@ -30,6 +30,7 @@ use crate::backend::ListQuery;
 use crate::cluster::calls::{IndexShards, ShardRef};
 use crate::cluster::{ClusterError, Member};
 use crate::stats::Metric;
+use crate::sync::Locked;
 
 /// How long a catalog checked against a listing is served without listing again.
 pub const FRESH_FOR: Duration = Duration::from_secs(2);
@@ -67,7 +68,7 @@ impl Catalogs {
 
     /// The kept catalog of this version, if any (from memory, else from disk).
     fn of_version(&self, id: &CatalogId, version: &str) -> Option<Arc<Catalog>> {
-        let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+        let mut kept = self.kept.locked();
         if let Some((c, at)) = kept.get_mut(id) {
             if c.version == version {
                 *at = Instant::now();
@@ -86,7 +87,7 @@ impl Catalogs {
 
     /// The last catalog kept of this dataset, whatever its version.
     fn last(&self, id: &CatalogId) -> Option<Arc<Catalog>> {
-        let kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+        let kept = self.kept.locked();
         if let Some((c, _)) = kept.get(id) {
             return Some(c.clone());
         }
@@ -97,7 +98,7 @@ impl Catalogs {
     /// An object was written or deleted: catalogs of datasets it may belong to are
     /// listed again at their next request.
     pub(super) fn touched(&self, bucket: &str, key: &str) {
-        let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+        let mut kept = self.kept.locked();
         for ((b, prefix, _), (_, at)) in kept.iter_mut() {
             if b == bucket && key.starts_with(prefix.as_str()) {
                 *at = Instant::now()
@@ -108,7 +109,7 @@ impl Catalogs {
     }
 
     fn fresh(&self, id: &CatalogId) -> Option<Arc<Catalog>> {
-        let kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+        let kept = self.kept.locked();
         kept.get(id)
             .filter(|(_, at)| at.elapsed() < FRESH_FOR)
             .map(|(c, _)| c.clone())
@@ -126,7 +127,7 @@ impl Catalogs {
                 tracing::warn!(path = %path.display(), error = %e, "a catalog was not kept on disk");
             }
         }
-        let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+        let mut kept = self.kept.locked();
         kept.insert(id.clone(), (c.clone(), Instant::now()));
     }
 }

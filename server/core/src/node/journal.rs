@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
+use crate::sync::Locked;
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
@@ -118,10 +119,7 @@ impl Journal {
 
     /// The unsettled keys, as they come (once: the node's watcher takes them).
     pub fn take_unsettled(&self) -> Option<mpsc::UnboundedReceiver<Unsettled>> {
-        self.unsettled_rx
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
+        self.unsettled_rx.locked().take()
     }
 
     /// Records `objects` as being written, durably, before the write is sent: what
@@ -154,7 +152,7 @@ impl Journal {
         log: &Mutex<Log>,
         objects: &[(&str, &str)],
     ) -> io::Result<(Vec<Unsettled>, std::sync::Arc<File>)> {
-        let mut log = log.lock().unwrap_or_else(|p| p.into_inner());
+        let mut log = log.locked();
         let mut lines = String::new();
         let mut open = Vec::with_capacity(objects.len());
         for (bucket, key) in objects {
@@ -182,7 +180,7 @@ impl Journal {
         let Some(log) = self.log.get() else {
             return;
         };
-        let mut log = log.lock().unwrap_or_else(|p| p.into_inner());
+        let mut log = log.locked();
         let mut lines = String::new();
         for &id in ids {
             if log.open.remove(&id).is_some() {
@@ -215,9 +213,7 @@ impl Journal {
     /// Keys of writes in flight or unsettled.
     #[cfg(test)]
     pub fn open_count(&self) -> usize {
-        self.log.get().map_or(0, |l| {
-            l.lock().unwrap_or_else(|p| p.into_inner()).open.len()
-        })
+        self.log.get().map_or(0, |l| l.locked().open.len())
     }
 }
 

@@ -7,7 +7,10 @@
 //! over HTTP, and nothing here knows HTTP statuses or S3 codes (the API maps
 //! [`NodeError`]).
 
+use crate::sync::Locked;
+
 mod batch;
+mod calls;
 mod catalog;
 mod drain;
 mod error;
@@ -37,14 +40,14 @@ use crate::transform::{Named, TransformError, Transforms};
 
 pub use crate::cache::LocalReader;
 pub use batch::{Data, Item, Outcome, Prep};
-pub use catalog::FRESH_FOR as CATALOG_FRESH_FOR;
+pub use calls::is_member_call;
 pub use drain::DRAIN_FILE;
 pub use error::NodeError;
 pub use open::{BackendSpec, NodeConfig, OpenError};
-pub use planner::sim::{simulate as simulate_planner, SimConfig, SimEpoch, SimReport};
-pub use planner::Demand;
-pub use prefetch::PREFETCH_PARALLEL;
-pub use read::{etag_matches, Conditions, ReadMode, ReadRequest, Reply, Served};
+pub use peer::{Forwarded, ToOwner};
+pub use planner::sim::{simulate as simulate_planner, SimConfig, SimReport};
+pub(crate) use read::Served;
+pub use read::{etag_matches, Conditions, ReadMode, ReadRequest, Reply, Spilled};
 pub use write::WriteConditions;
 
 /// The node service. Its parts are its own: every layer above reaches them through its
@@ -128,7 +131,7 @@ impl Node {
     /// the member list's source), the cache's watch on its disk, and a rebalance pass
     /// after each membership change (and one now). Within the runtime.
     pub fn start(self: &Arc<Self>) {
-        let watch = self.watch.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let watch = self.watch.locked().take();
         if let Some(watch) = watch {
             crate::cluster::membership::spawn(self.cluster.clone(), watch);
         }

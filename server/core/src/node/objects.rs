@@ -4,8 +4,8 @@
 
 use super::{Node, NodeError};
 use crate::backend::{
-    BucketInfo, ListPage, ListQuery, ObjectMeta, ObjectParts, PartInfo, PartOf, PutOptions,
-    UploadInfo,
+    check_key, BucketInfo, ListPage, ListQuery, ObjectMeta, ObjectParts, PartInfo, PartOf,
+    PutOptions, UploadInfo,
 };
 
 impl Node {
@@ -56,6 +56,7 @@ impl Node {
         key: &str,
         opts: PutOptions,
     ) -> Result<String, NodeError> {
+        check_key(key)?;
         Ok(self.backend.create_multipart(bucket, key, opts).await?)
     }
 

@@ -13,6 +13,7 @@ use crate::cache::{Cache, CachePolicy};
 use crate::cluster::{self, ClusterConfig};
 use crate::io::EngineChoice;
 use crate::stats::Stats;
+use crate::sync::Locked;
 use crate::transform::pipelines::Pipelines;
 use crate::transform::{TransformSpec, Transforms};
 
@@ -185,7 +186,7 @@ impl Node {
             ),
             config.rebalance_rate,
         );
-        *node.watch.lock().unwrap_or_else(|p| p.into_inner()) = Some(watch);
+        *node.watch.locked() = Some(watch);
         node.plans.set_ttl(config.plan_ttl);
         let journal = config.data_dir.join("journal");
         let unsettled = node

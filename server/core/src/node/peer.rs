@@ -11,10 +11,11 @@ use http::{HeaderMap, Method, Response};
 
 use super::Node;
 use crate::cluster::calls::{self, Health, Invalidate, Invalidated, JobCancel, JobStatus};
-use crate::cluster::peer::PeerBody;
 use crate::cluster::ring::key_hash;
+use crate::cluster::transport::PeerBody;
 use crate::cluster::transport::ReplyBody;
 use crate::cluster::{ClusterError, Member, RouteMode};
+use crate::stats::Metric;
 
 impl Node {
     /// What `/_granary/health` says: `ok` once the node's view is settled (members
@@ -41,7 +42,7 @@ impl Node {
 
     /// A member's probe announced it: probed back first when this node does not see it
     /// up. Whether this node lists it, and sees it up (which renews its lease).
-    pub async fn announced(&self, member: &str) -> crate::cluster::membership::Announced {
+    pub async fn announced(&self, member: &str) -> crate::cluster::calls::Announced {
         crate::cluster::membership::announced(&self.cluster, member).await
     }
 
@@ -126,35 +127,66 @@ impl Node {
         self.cluster.route
     }
 
-    /// How many members the cluster lists, this node included: the most owners a
-    /// request may be routed to in turn.
-    pub fn member_count(&self) -> usize {
-        self.cluster.members().len()
+    /// A client's request for a key this node may not own, passed on to the key's
+    /// owner; while an owner does not answer, it is marked down and the next owner
+    /// asked (this node, perhaps), so no read fails for a member that died. A write,
+    /// whose body is spent once sent, is not sent twice: the client retries it.
+    /// `body`: the request's, taken (through `peer`) only for a write that goes on.
+    pub async fn forward_to_owner<B>(
+        &self,
+        to: &ToOwner<'_>,
+        body: &mut Option<B>,
+        peer: impl Fn(B) -> PeerBody,
+    ) -> Forwarded {
+        let read = *to.method == Method::GET || *to.method == Method::HEAD;
+        let empty = || crate::cluster::peer::full(bytes::Bytes::new());
+        for _ in 0..self.cluster.members().len() {
+            let Some(m) = self.owner_elsewhere(to.bucket, to.key) else {
+                return Forwarded::Here;
+            };
+            if read && to.may_redirect && self.cluster.route == RouteMode::Redirect {
+                self.stats.add(Metric::Redirects, 1);
+                return Forwarded::Redirect {
+                    location: format!("{}{}", m.url(), to.target),
+                    owner: m.id().to_owned(),
+                };
+            }
+            let send = match body.take() {
+                Some(b) if !read => peer(b),
+                kept => {
+                    *body = kept;
+                    empty()
+                }
+            };
+            match self
+                .cluster
+                .forward(&m, to.method, to.target, to.headers, send)
+                .await
+            {
+                Ok(resp) => return Forwarded::Answered(resp),
+                Err(why) => {
+                    self.cluster.mark_down(&m, why);
+                    if !read {
+                        return Forwarded::Unavailable {
+                            owner: m.id().to_owned(),
+                        };
+                    }
+                }
+            }
+        }
+        Forwarded::Here
     }
 
     /// The member that owns the key now when it is not this node.
-    pub fn owner_elsewhere(&self, bucket: &str, key: &str) -> Option<Arc<Member>> {
+    fn owner_elsewhere(&self, bucket: &str, key: &str) -> Option<Arc<Member>> {
         let owner = self.cluster.owner_of_hash(key_hash(bucket, key));
         (!self.cluster.is_me(&owner)).then_some(owner)
     }
 
-    /// Streams a client's request on to member `m` (its owner, or a member with room),
-    /// and its answer back. An error means no answer came; the caller marks it down.
-    pub async fn forward(
-        &self,
-        m: &Member,
-        method: &Method,
-        target: &str,
-        headers: &HeaderMap,
-        body: PeerBody,
-    ) -> Result<Response<ReplyBody>, ClusterError> {
-        self.cluster.forward(m, method, target, headers, body).await
-    }
-
-    /// [`Node::forward`] of a read this node could not admit to member `m`, which has
-    /// room: the request names the members that refused it (`tried`, this node added),
-    /// so it never comes back.
-    pub async fn forward_spilled(
+    /// A read this node could not admit, passed on to member `m`, which has room: the
+    /// request names the members that refused it (`tried`, this node added), so it
+    /// never comes back.
+    pub(super) async fn forward_spilled(
         &self,
         m: &Member,
         parts: &Parts,
@@ -169,12 +201,35 @@ impl Node {
         }
         let target = crate::cluster::peer::target_of(&parts.uri);
         let body = crate::cluster::peer::full(bytes::Bytes::new());
-        self.forward(m, &parts.method, &target, &headers, body)
+        self.cluster
+            .forward(m, &parts.method, &target, &headers, body)
             .await
     }
+}
 
-    /// Marks a member down now (a request found it gone).
-    pub fn mark_down(&self, m: &Member, why: impl std::fmt::Display) {
-        self.cluster.mark_down(m, why);
-    }
+/// A client's request for a key, on its way to the key's owner ([`Node::forward_to_owner`]).
+pub struct ToOwner<'a> {
+    pub bucket: &'a str,
+    /// The key the owner is found by (an object's, or a name standing for one).
+    pub key: &'a str,
+    pub method: &'a Method,
+    /// The request's path and query, as sent on.
+    pub target: &'a str,
+    pub headers: &'a HeaderMap,
+    /// The client can follow a redirect (an unsigned read names no host): with
+    /// `--route redirect` it is sent one.
+    pub may_redirect: bool,
+}
+
+/// What came of passing a request on to its key's owner.
+pub enum Forwarded {
+    /// The owner answered: its answer, streamed back.
+    Answered(Response<ReplyBody>),
+    /// Serve it here: this node owns the key (once the owners that did not answer
+    /// were marked down), or no owner answered a read.
+    Here,
+    /// Send the client to the owner (`--route redirect`): where, and the owner's id.
+    Redirect { location: String, owner: String },
+    /// The owner did not answer a write, whose body is spent: the client retries.
+    Unavailable { owner: String },
 }

@@ -14,10 +14,13 @@ use super::{Node, NodeError};
 use crate::archive::{self, Format};
 use crate::backend::{BackendError, ByteRange, ObjectMeta, Refusal};
 use crate::cache::{self, Body, CacheError, DeriveError, LocalReader, Mode, Origin};
+use crate::cluster::transport::ReplyBody;
 use crate::cluster::Member;
 use crate::stats::Metric;
 use crate::transform::pipelines::{NamedPipeline, PrepKey};
 use crate::transform::{self, Derived, Named, TransformError, MAX_INPUT, RESULTS};
+use http::request::Parts;
+use http::Response;
 
 /// The conditional headers of a read, parsed.
 #[derive(Debug, Clone, Default)]
@@ -136,8 +139,15 @@ impl Reply {
     }
 }
 
+/// A client's read that may have been left to another member ([`Node::read_spilling`]).
+pub enum Spilled {
+    Here(Reply),
+    /// The member with room answered: its answer, streamed back.
+    Answered(Response<ReplyBody>),
+}
+
 /// A read that may be left to another member ([`Node::read_or_leave`]).
-pub enum Served {
+pub(crate) enum Served {
     Here(Reply),
     /// This node cannot admit the object and this member has room: ask it.
     Elsewhere(Arc<Member>),
@@ -195,7 +205,7 @@ impl Node {
 
     /// [`Node::read`], but an object this node cannot admit is left to a member with
     /// room, as last heard (`tried`: the ids of members that refused it already).
-    pub async fn read_or_leave(
+    pub(crate) async fn read_or_leave(
         self: &Arc<Self>,
         req: &ReadRequest<'_>,
         tried: &[&str],
@@ -216,6 +226,27 @@ impl Node {
             other => other,
         }?;
         Ok(Served::Here(self.counted_as_demand(req, reply)))
+    }
+
+    /// [`Node::read_or_leave`] as a client's read: an object left to a member with
+    /// room is read through it (`parts`: the client's request), and when that member
+    /// does not answer it is marked down and the object read here.
+    pub async fn read_spilling(
+        self: &Arc<Self>,
+        req: &ReadRequest<'_>,
+        parts: &Parts,
+        tried: &[&str],
+    ) -> Result<Spilled, NodeError> {
+        match self.read_or_leave(req, tried).await? {
+            Served::Here(reply) => Ok(Spilled::Here(reply)),
+            Served::Elsewhere(m) => match self.forward_spilled(&m, parts, tried).await {
+                Ok(resp) => Ok(Spilled::Answered(resp)),
+                Err(why) => {
+                    self.cluster.mark_down(&m, why);
+                    Ok(Spilled::Here(self.read(req).await?))
+                }
+            },
+        }
     }
 
     pub(super) async fn read_object(

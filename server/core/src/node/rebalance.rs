@@ -32,6 +32,7 @@ use crate::cluster::calls::{Take, Taken};
 use crate::cluster::Member;
 use crate::jobs::Job;
 use crate::stats::Metric;
+use crate::sync::Locked;
 use crate::transform::{Derived, RESULTS};
 
 /// How long membership must stay still before a pass starts.
@@ -50,7 +51,7 @@ pub struct Rebalancer {
 
 impl Rebalancer {
     pub(super) fn last(&self) -> Option<Arc<Job>> {
-        self.last.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.last.locked().clone()
     }
 }
 
@@ -129,11 +130,7 @@ impl Node {
         let job = Arc::new(Job::new("rebalance", "", "", None));
         job.add_total(moves.len() as u64, moves.iter().map(|m| m.2.size).sum());
         self.jobs.insert(job.clone());
-        *self
-            .rebalancer
-            .last
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = Some(job.clone());
+        *self.rebalancer.last.locked() = Some(job.clone());
         tracing::info!(job = %job.id, objects = moves.len(), "rebalance: handing objects to their owners");
         let mut pace = Pace::new(self.rebalance_rate);
         let mut again = false;

@@ -15,7 +15,7 @@ use http_body_util::{BodyExt, StreamBody};
 use super::{Node, ReadMode, ReadRequest};
 use crate::backend::mem::Mem;
 use crate::cache::{Cache, CacheError, CachePolicy};
-use crate::cluster::calls::{self, Invalidate, PrefetchPart, Take, ANNOUNCE, KNOWN};
+use crate::cluster::calls::{self, Announced, PrefetchPart, ANNOUNCE};
 use crate::cluster::membership::Rounds;
 use crate::cluster::source::Watch;
 use crate::cluster::testnet::{answer, Net};
@@ -80,27 +80,21 @@ async fn dispatch(node: Weak<Node>, req: Request<Bytes>) -> Response<ReplyBody> 
     let path = req.uri().path().to_owned();
     match (req.method().clone(), path.as_str()) {
         (Method::GET, "/_granary/health") => {
+            let (name, value) = calls::Probe::reply_header(Announced::Known);
             let h: &[(&str, &str)] = if req.headers().contains_key(ANNOUNCE) {
-                &[(ANNOUNCE, KNOWN)]
+                &[(name, value)]
             } else {
                 &[]
             };
             let health = serde_json::to_string(&node.health()).unwrap();
             answer(StatusCode::OK, h, health)
         }
-        (Method::POST, "/_granary/revalidate") => {
-            node.revalidate();
-            json(StatusCode::OK, r#"{"revalidate":true}"#.into())
-        }
-        (Method::POST, "/_granary/invalidate") => {
-            let call: Invalidate = serde_json::from_slice(&body).unwrap();
-            let reply = node.take_invalidation(&call);
-            json(StatusCode::OK, serde_json::to_string(&reply).unwrap())
-        }
-        (Method::POST, "/_granary/take") => {
-            let call: Take = serde_json::from_slice(&body).unwrap();
-            let taken = node.take(&call).await.unwrap();
-            json(StatusCode::OK, serde_json::to_string(&taken).unwrap())
+        // The members' JSON calls: the node's own table, as the API serves it.
+        (m, p) if super::is_member_call(&m, p) => {
+            match node.serve_call(&m, p, &body).await.expect("a call") {
+                Ok((status, reply)) => json(status, reply),
+                Err(e) => answer(StatusCode::INTERNAL_SERVER_ERROR, &[], e.to_string()),
+            }
         }
         (Method::POST, "/_granary/prefetch") => {
             let part: PrefetchPart = serde_json::from_slice(&body).unwrap();

@@ -118,22 +118,44 @@ impl Node {
         body: ByteStream,
         opts: PutOptions,
     ) -> Result<ObjectMeta, NodeError> {
+        // The cache takes the new body in place of any copy as it goes through.
+        self.journaled((bucket, key), false, || async {
+            Ok(self
+                .cache
+                .put_through(&*self.backend, bucket, key, body, opts)
+                .await?)
+        })
+        .await
+    }
+
+    /// A write of one key, journaled: the key's journal line synced before `op` sends
+    /// it, and once `op` has succeeded the copy here dropped (`invalidate`), the other
+    /// members told, and the line settled. A failed write's line is settled where its
+    /// outcome is known, else left for the watch of unsettled keys.
+    async fn journaled<T, Fut>(
+        &self,
+        (bucket, key): (&str, &str),
+        invalidate: bool,
+        op: impl FnOnce() -> Fut,
+    ) -> Result<T, NodeError>
+    where
+        Fut: std::future::Future<Output = Result<T, NodeError>>,
+    {
         let pending = self
             .journal
             .begin(&[(bucket, key)])
             .await
             .map_err(unjournaled)?;
-        let meta = match self
-            .cache
-            .put_through(&*self.backend, bucket, key, body, opts)
-            .await
-        {
-            Ok(meta) => meta,
+        let done = match op().await {
+            Ok(done) => done,
             Err(e) => return Err(failed(pending, e)),
         };
+        if invalidate {
+            self.cache.invalidate(bucket, key);
+        }
         self.changed(&[(bucket.to_owned(), key.to_owned())]).await;
         pending.settle();
-        Ok(meta)
+        Ok(done)
     }
 
     /// CopyObject: the source (if `cond` takes it) streamed into a new write of the
@@ -157,21 +179,14 @@ impl Node {
 
     /// DeleteObject (a missing key is not an error).
     pub async fn delete(&self, bucket: &str, key: &str) -> Result<(), NodeError> {
-        let pending = self
-            .journal
-            .begin(&[(bucket, key)])
-            .await
-            .map_err(unjournaled)?;
-        if let Err(e) = self.backend.delete_object(bucket, key).await {
-            return Err(failed(pending, e));
-        }
-        self.cache.invalidate(bucket, key);
-        self.changed(&[(bucket.to_owned(), key.to_owned())]).await;
-        pending.settle();
-        Ok(())
+        self.journaled((bucket, key), true, || async {
+            Ok(self.backend.delete_object(bucket, key).await?)
+        })
+        .await
     }
 
-    /// DeleteObjects: each key's outcome, in order.
+    /// DeleteObjects: each key's outcome, in order. One journal entry for them all,
+    /// settled for each key whose outcome is known.
     pub async fn delete_many(&self, bucket: &str, keys: &[String]) -> Vec<Result<(), NodeError>> {
         let objects: Vec<(&str, &str)> = keys.iter().map(|k| (bucket, k.as_str())).collect();
         let pending = match self.journal.begin(&objects).await {
@@ -259,30 +274,26 @@ impl Node {
     ) -> Result<ObjectMeta, NodeError> {
         let _held = self.hold_if_conditional(bucket, key, cond).await;
         self.check_write(bucket, key, cond).await?;
-        let pending = self
-            .journal
-            .begin(&[(bucket, key)])
-            .await
-            .map_err(unjournaled)?;
-        let meta = match self
-            .backend
-            .complete_multipart(bucket, key, upload_id, parts, headers)
-            .await
-        {
+        let done = self
+            .journaled((bucket, key), true, || async {
+                Ok(self
+                    .backend
+                    .complete_multipart(bucket, key, upload_id, parts, headers)
+                    .await?)
+            })
+            .await;
+        let meta = match done {
             Ok(meta) => meta,
-            Err(BackendError::NoSuchUpload(id)) => {
-                pending.settle();
+            // No such upload (its outcome known: settled): completed already, perhaps.
+            Err(NodeError::Backend(BackendError::NoSuchUpload(id))) => {
                 let current = self.backend.head_object(bucket, key).await.ok();
                 return match (current, multipart_etag(parts)) {
                     (Some(m), Some(etag)) if m.etag == etag => Ok(m),
                     _ => Err(BackendError::NoSuchUpload(id).into()),
                 };
             }
-            Err(e) => return Err(failed(pending, e)),
+            Err(e) => return Err(e),
         };
-        self.cache.invalidate(bucket, key);
-        self.changed(&[(bucket.to_owned(), key.to_owned())]).await;
-        pending.settle();
         let node = self.clone();
         let (b, k) = (bucket.to_owned(), key.to_owned());
         tokio::spawn(async move {

@@ -15,6 +15,7 @@ use tokio::sync::Semaphore;
 
 use super::{thread_cpu_us, TransformError};
 use crate::stats::{Metric, Stats};
+use crate::sync::Locked;
 
 /// A configured pipeline.
 #[derive(Debug)]
@@ -131,7 +132,7 @@ impl Kept {
     }
 
     fn flights(&self) -> std::sync::MutexGuard<'_, HashMap<PrepKey, Flight>> {
-        self.flights.lock().unwrap_or_else(|p| p.into_inner())
+        self.flights.locked()
     }
 
     /// A kept sample, counted as read; dropped once `readers` reads have taken it.

@@ -23,7 +23,7 @@ use crate::local::FdSender;
 use granary_core::{
     calls, etag_matches, members_in_order, ArchiveFormat as Format, Body as Bytes, ByteRange,
     CacheError, Conditions, Item, LocalFile, LocalReader, NodeError, ObjectMeta, ObjectParts,
-    Origin, PartRange, ReadMode, ReadRequest, Reply, Served,
+    Origin, PartRange, ReadMode, ReadRequest, Reply, Spilled,
 };
 
 /// What was read: an object (and its headers), a shard member, or a transform's result.
@@ -99,15 +99,9 @@ pub async fn get(state: &AppState, r: Req, head: bool) -> Result<Response, S3Err
         } else {
             Vec::new()
         };
-        match node.read_or_leave(&req, &tried).await? {
-            Served::Here(reply) => reply,
-            Served::Elsewhere(m) => match node.forward_spilled(&m, &r.parts, &tried).await {
-                Ok(resp) => return Ok(resp.map(Body::new)),
-                Err(why) => {
-                    node.mark_down(&m, why);
-                    node.read(&req).await?
-                }
-            },
+        match node.read_spilling(&req, &r.parts, &tried).await? {
+            Spilled::Here(reply) => reply,
+            Spilled::Answered(resp) => return Ok(resp.map(Body::new)),
         }
     } else {
         match node.read(&req).await {

@@ -20,6 +20,7 @@ use http::request::Parts;
 use http::{header, HeaderValue, Method, StatusCode};
 
 use super::error::{S3Code, S3Error};
+pub use super::headers::{http_date, quoted};
 use super::AppState;
 use auth::Verdict;
 use granary_core::ByteStream;
@@ -350,17 +351,6 @@ pub fn empty(status: StatusCode) -> Response {
     let mut resp = Response::new(Body::empty());
     *resp.status_mut() = status;
     resp
-}
-
-/// A time as HTTP headers write it.
-pub fn http_date(t: std::time::SystemTime) -> HeaderValue {
-    HeaderValue::from_str(&httpdate::fmt_http_date(t)).expect("HTTP dates are ASCII")
-}
-
-/// `"etag"`, quoted as S3 sends it.
-pub fn quoted(etag: &str) -> HeaderValue {
-    HeaderValue::from_str(&format!("\"{etag}\""))
-        .unwrap_or_else(|_| HeaderValue::from_static("\"\""))
 }
 
 #[cfg(test)]

@@ -14,14 +14,13 @@ use super::{empty, quoted, xml_response, Req};
 use crate::api::error::{S3Code, S3Error};
 use crate::api::AppState;
 use granary_core::NodeError;
-use granary_core::{check_key, BackendError, ByteRange, ObjectMeta, PutOptions, Refusal};
+use granary_core::{BackendError, ByteRange, ObjectMeta, PutOptions, Refusal};
 
 fn upload_id(r: &Req) -> &str {
     r.q("uploadId").unwrap_or("")
 }
 
 pub async fn create(state: &AppState, r: Req) -> Result<Response, S3Error> {
-    check_key(r.key())?;
     let opts = PutOptions {
         headers: stored_headers(&r.parts.headers),
         ..PutOptions::default()

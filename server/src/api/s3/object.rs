@@ -9,9 +9,7 @@ use super::xml::{self, Doc};
 use super::{empty, quoted, xml_response, Req};
 use crate::api::error::{S3Code, S3Error};
 use crate::api::AppState;
-use granary_core::{
-    check_key, etag_matches, ByteRange, ObjectMeta, PutOptions, Refusal, WriteConditions,
-};
+use granary_core::{etag_matches, ByteRange, ObjectMeta, PutOptions, Refusal, WriteConditions};
 
 /// The headers of a write that are kept with the object.
 pub fn stored_headers(h: &HeaderMap) -> Vec<(String, String)> {
@@ -58,7 +56,6 @@ pub fn content_md5(r: &Req) -> Result<Option<[u8; 16]>, S3Error> {
 
 /// PutObject.
 pub async fn put(state: &AppState, mut r: Req) -> Result<Response, S3Error> {
-    check_key(r.key())?;
     let expected_md5 = content_md5(&r)?;
     let mut headers = stored_headers(&r.parts.headers);
     let checksum_echo = checksum_header(&r.parts.headers);
@@ -130,7 +127,6 @@ pub fn copy_source(r: &Req) -> Result<(String, String), S3Error> {
 
 /// CopyObject: streams the source into a new write of the destination.
 pub async fn copy(state: &AppState, r: Req) -> Result<Response, S3Error> {
-    check_key(r.key())?;
     let (sb, sk) = copy_source(&r)?;
     let replace = r
         .header("x-amz-metadata-directive")

@@ -10,6 +10,8 @@
 //! `meta` keeps an object's metadata with its file, `list` pages through a bucket in
 //! key order, `multipart` keeps uploads in progress and completes them.
 
+use crate::sync::Locked;
+
 mod list;
 mod meta;
 mod multipart;
@@ -117,6 +119,7 @@ impl FsBackend {
         })
     }
 
+    #[cfg(test)]
     pub fn root(&self) -> &Path {
         &self.inner.root
     }
@@ -313,9 +316,7 @@ impl Inner {
     /// Moves a finished temp file to `key`'s place: the plain path when it is free of
     /// conflicts, else the escaped one. Removes the key's copy at the other place.
     fn commit(&self, bucket_dir: &Path, key: &str, mut temp: TempFile) -> io::Result<()> {
-        let _guard = self.locks[key_stripe(key)]
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let _guard = self.locks[key_stripe(key)].locked();
         let escaped = bucket_dir.join(keypath::escaped_path(key));
         if let Some(rel) = keypath::plain_path(key) {
             let dst = bucket_dir.join(rel);
@@ -555,9 +556,7 @@ impl Backend for FsBackend {
         self.blocking(move |inner| {
             check_key(&key)?;
             let dir = inner.bucket_dir(&bucket)?;
-            let _guard = inner.locks[key_stripe(&key)]
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
+            let _guard = inner.locks[key_stripe(&key)].locked();
             if let Some(path) = inner.locate(&dir, &key) {
                 remove_and_prune(&path, &dir);
                 inner.listings.changed();

@@ -14,6 +14,7 @@ use md5::{Digest, Md5};
 
 use super::errors::causes;
 use crate::backend::{BackendError, ByteStream};
+use crate::sync::Locked;
 
 /// Our request body as an `http_body::Body` for the SDK, checked against its declared
 /// length and, when the client sent one, its Content-MD5 (S3 checks it too, but not every
@@ -56,7 +57,7 @@ impl UploadBody {
 
     fn fail(&mut self, e: BackendError) -> Polled {
         let msg = e.to_string();
-        *self.failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+        *self.failure.locked() = Some(e);
         self.finished = true;
         self.held = None;
         Poll::Ready(Some(Err(io::Error::other(msg))))

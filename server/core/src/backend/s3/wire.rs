@@ -36,6 +36,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::io::direct::Inbox;
+use crate::sync::Locked;
 
 /// Bodies at least this large are received into [`Inbox`] blocks; smaller ones (errors,
 /// small objects) into a buffer of their size.
@@ -545,13 +546,13 @@ impl fmt::Debug for Idle {
 
 impl Idle {
     fn take(&self, addr: &str) -> Option<TcpStream> {
-        let mut idle = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut idle = self.0.locked();
         let i = idle.iter().rposition(|(a, _)| a == addr)?;
         Some(idle.swap_remove(i).1)
     }
 
     fn put(&self, addr: String, stream: TcpStream) {
-        let mut idle = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut idle = self.0.locked();
         if idle.len() < IDLE_MAX {
             idle.push((addr, stream));
         }

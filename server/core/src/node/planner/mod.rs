@@ -102,6 +102,7 @@ use crate::cluster::calls::{DropPlan, PlanReport, SharePlan};
 use crate::cluster::ring::key_hash;
 use crate::plans::{Plan, PlansError, Standing};
 use crate::stats::Metric;
+use crate::sync::Locked;
 
 /// How often the planner looks at its plans, besides when a fetch ends or a plan comes:
 /// five looks per exchange of the ranks' progress (which is what moves between looks),
@@ -649,19 +650,14 @@ impl Node {
     /// joins it adds nothing to the backend's load, and counts as no demand), or on
     /// its own.
     pub(super) fn waited_now(&self) {
-        *self
-            .planner
-            .waited
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+        *self.planner.waited.locked() = Some(Instant::now());
     }
 
     /// Whether a client's read waited on the backend within `span`.
     fn waited_within(&self, span: Duration) -> bool {
         self.planner
             .waited
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .locked()
             .is_some_and(|at| at.elapsed() < span)
     }
 
@@ -669,8 +665,7 @@ impl Node {
     pub(super) fn fetching_planned(&self, bucket: &str, key: &str) -> bool {
         self.planner
             .fetching
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .locked()
             .contains_key(&format!("{bucket}/{key}"))
     }
 
@@ -735,11 +730,7 @@ impl Node {
             })
             .collect();
         {
-            let prepped = self
-                .planner
-                .prepped
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
+            let prepped = self.planner.prepped.locked();
             due.retain(|(_, id, p)| {
                 !prepped.contains(id) && self.cache.holds(&p.bucket, &p.key).is_some()
             });
@@ -752,11 +743,7 @@ impl Node {
             return;
         };
         {
-            let mut prepped = self
-                .planner
-                .prepped
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
+            let mut prepped = self.planner.prepped.locked();
             // Old epochs' marks go in one sweep now and then.
             if prepped.len() >= 100_000 {
                 prepped.clear();
@@ -851,7 +838,7 @@ impl Node {
     fn next_step(&self, fetching: &HashMap<String, u64>) -> Option<Step> {
         let (wanted, held) = self.split_held();
         let (measured, one) = {
-            let m = self.planner.meter.lock().unwrap_or_else(|p| p.into_inner());
+            let m = self.planner.meter.locked();
             (m.rate, m.one)
         };
         let look = Look {
@@ -920,20 +907,12 @@ impl Node {
             return;
         }
         let step = {
-            let fetching = self
-                .planner
-                .fetching
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
-            self.planner
-                .meter
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .look(
-                    !fetching.is_empty(),
-                    self.stats.get(Metric::BytesFromBackend),
-                    Instant::now(),
-                );
+            let fetching = self.planner.fetching.locked();
+            self.planner.meter.locked().look(
+                !fetching.is_empty(),
+                self.stats.get(Metric::BytesFromBackend),
+                Instant::now(),
+            );
             // The most there can be (`next_step` decides how many there should be).
             if fetching.len() >= 2 * FETCHES {
                 return;
@@ -952,8 +931,7 @@ impl Node {
         if self
             .planner
             .fetching
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .locked()
             .insert(id.clone(), shard.size)
             .is_some()
         {
@@ -969,18 +947,13 @@ impl Node {
                     node.stats.add(Metric::BytesPlanned, bytes);
                     node.planner
                         .meter
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
+                        .locked()
                         .fetched(bytes, started.elapsed());
                 }
                 Ok(_) => {}
                 Err(e) => tracing::warn!(key = %shard.key, error = %e, "a planned fetch failed"),
             }
-            node.planner
-                .fetching
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&id);
+            node.planner.fetching.locked().remove(&id);
             node.planner.wake.notify_one();
         });
     }
