@@ -42,6 +42,10 @@ if [ -n "$up" ]; then
   exit 1
 fi
 
+step "no two source files of a crate import each other (directly or round a loop)"
+python3 tests/import_loops.py server/src server/core/src server/prep/src client/src \
+  client/python/src proto/src bench/src tests/src
+
 step "build (release, all targets), linted by clippy as it compiles (-D warnings)"
 # Clippy's driver compiles the workspace's own crates and lints them in the same pass
 # (what `cargo clippy` runs, but with code generated): the dependencies are compiled

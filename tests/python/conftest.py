@@ -235,40 +235,34 @@ def pytest_runtest_makereport(item, call):
 MOTO_KEY = "testing"
 
 
-def wait_healthy(endpoint: str, proc: subprocess.Popen,
-                 timeout: float = STARTUP_TIMEOUT_S) -> str | None:
-    """Polls the node's `/_granary/health` until it answers 200; returns why it did not
-    (the process exited, or the last status or error when the time ran out)."""
+def _poll(url: str, proc: subprocess.Popen, timeout: float, ready) -> str | None:
+    """Polls `url` until `ready(response)`; returns why it did not become ready (the
+    process exited, or the last status or error when the time ran out)."""
     deadline = time.monotonic() + timeout
     last = "no attempt"
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             return f"exited with {proc.returncode} ({last})"
         try:
-            r = requests.get(f"{endpoint}/_granary/health", timeout=2)
-            if r.status_code == 200:
+            r = requests.get(url, timeout=2)
+            if ready(r):
                 return None
             last = f"status {r.status_code}"
         except requests.RequestException as e:  # not up yet
             last = repr(e)
         time.sleep(0.1)
-    return f"not healthy within {timeout}s ({last})"
+    return f"not ready within {timeout}s ({last})"
+
+
+def wait_healthy(endpoint: str, proc: subprocess.Popen,
+                 timeout: float = STARTUP_TIMEOUT_S) -> str | None:
+    """Polls the node's `/_granary/health` until it answers 200; returns why it did not."""
+    return _poll(f"{endpoint}/_granary/health", proc, timeout, lambda r: r.status_code == 200)
 
 
 def _wait_http(url: str, proc: subprocess.Popen, timeout: float) -> str | None:
     """Polls `url` until it answers with any status; returns why it did not."""
-    deadline = time.monotonic() + timeout
-    last = "no attempt"
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            return f"exited with {proc.returncode}"
-        try:
-            requests.get(url, timeout=2)
-            return None
-        except requests.RequestException as e:
-            last = repr(e)
-        time.sleep(0.2)
-    return f"no answer within {timeout}s ({last})"
+    return _poll(url, proc, timeout, lambda r: True)
 
 
 @pytest.fixture(scope="session")

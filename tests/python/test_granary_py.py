@@ -233,6 +233,17 @@ def test_resume_on_fewer_ranks_loses_and_repeats_nothing(node, workers):
         ds3.state_dict(consumed=24 + 17)
 
 
+def test_an_epoch_read_takes_named_fields_only():
+    """The dataset's settings are named: a field that does not exist, or a value of the
+    wrong type, is refused by name rather than read into the wrong place."""
+    from granary import _granary
+    with pytest.raises(ValueError, match="no field `epochs`"):
+        _granary.EpochRead(endpoint="http://127.0.0.1:1", epochs=2)
+    with pytest.raises(TypeError):
+        _granary.EpochRead(world_size="two")
+    assert isinstance(_granary.EpochRead(endpoint="http://x", epoch=3, rank=1), _granary.EpochRead)
+
+
 def test_client_calls(node):
     endpoint, every, root = node
     c = granary.Client(endpoint)

@@ -462,136 +462,57 @@ impl Shards {
         self.catalog.counts()
     }
 
-    /// Samples each rank yields in an epoch after the resume history `rounds`.
-    #[allow(clippy::too_many_arguments)]
-    fn count(
-        &self,
-        epoch: u64,
-        seed: u64,
-        shuffle_shards: bool,
-        rounds: Vec<(usize, usize, bool, u64)>,
-        world_size: usize,
-        shuffle_buffer: usize,
-        drop_last: bool,
-    ) -> PyResult<usize> {
-        let spec = spec_of(
-            epoch,
-            seed,
-            shuffle_shards,
-            rounds,
-            (world_size, shuffle_buffer, drop_last),
-            (0, 0, 1, 1),
-        );
-        plan_epoch(&self.catalog, &spec)
+    /// Samples each rank yields in an epoch of `r` (its resume history and split; the
+    /// rank's place is not asked).
+    fn count(&self, r: &EpochRead) -> PyResult<usize> {
+        plan_epoch(&self.catalog, &r.spec((0, 0, 1, 1)))
             .map(|e| e.len())
             .map_err(py_err)
     }
 
-    /// Registers an epoch's plan with the cluster (arguments as for `read`): the plan's
-    /// id, or `None` where the node takes no plans.
-    #[pyo3(signature = (endpoint, epoch, seed, shuffle_shards, rounds, world_size, shuffle_buffer, drop_last, batch_size, access_key=None, secret_key=None, region="us-east-1", timeout=60.0, pipeline=None))]
-    #[allow(clippy::too_many_arguments)]
-    fn register(
-        &self,
-        py: Python<'_>,
-        endpoint: &str,
-        epoch: u64,
-        seed: u64,
-        shuffle_shards: bool,
-        rounds: Vec<(usize, usize, bool, u64)>,
-        world_size: usize,
-        shuffle_buffer: usize,
-        drop_last: bool,
-        batch_size: usize,
-        access_key: Option<&str>,
-        secret_key: Option<&str>,
-        region: &str,
-        timeout: f64,
-        pipeline: Option<String>,
-    ) -> PyResult<Option<String>> {
-        let creds = credentials(access_key, secret_key, region)?;
-        let spec = spec_of(
-            epoch,
-            seed,
-            shuffle_shards,
-            rounds,
-            (world_size, shuffle_buffer, drop_last),
-            (0, 0, 1, batch_size),
-        );
+    /// Registers an epoch's plan with the cluster (`r` as for `read`; the worker and
+    /// read-ahead are not asked): the plan's id, or `None` where the node takes no
+    /// plans.
+    fn register(&self, py: Python<'_>, r: &EpochRead) -> PyResult<Option<String>> {
+        let creds = r.credentials()?;
+        let spec = r.spec((0, 0, 1, r.batch_size));
         let catalog = self.catalog.clone();
         Ok(py.detach(|| {
             let settings = ReadSettings {
-                router: Router::single(endpoint),
+                router: Router::single(&r.endpoint),
                 credentials: creds,
-                timeout: Duration::from_secs_f64(timeout.max(0.001)),
+                timeout: r.timeout(),
                 read_ahead: 0,
                 ahead_here: true,
                 local: LocalReads::Off,
                 plan: true,
-                pipeline,
+                pipeline: r.pipeline.clone(),
             };
             granary_client::dataset::planned::register(&catalog, &spec, &settings)
         }))
     }
 
-    /// Starts reading one rank's (and worker's) part of an epoch. `rounds`: the resume
-    /// history, `(world_size, shuffle_buffer, drop_last, consumed)` each. `route`: read
-    /// each shard from its owner, as the cluster's ring says. `pipeline`: the node's
-    /// pipeline the members arrive prepared by, for `seed` and `epoch`.
-    #[pyo3(signature = (endpoint, epoch, seed, shuffle_shards, rounds, world_size, shuffle_buffer, drop_last, rank, worker, workers, batch_size, read_ahead, route=true, access_key=None, secret_key=None, region="us-east-1", timeout=60.0, zero_copy=false, plan=true, ahead_here=true, pipeline=None))]
-    #[allow(clippy::too_many_arguments)]
-    fn read(
-        &self,
-        py: Python<'_>,
-        endpoint: &str,
-        epoch: u64,
-        seed: u64,
-        shuffle_shards: bool,
-        rounds: Vec<(usize, usize, bool, u64)>,
-        world_size: usize,
-        shuffle_buffer: usize,
-        drop_last: bool,
-        rank: usize,
-        worker: usize,
-        workers: usize,
-        batch_size: usize,
-        read_ahead: usize,
-        route: bool,
-        access_key: Option<&str>,
-        secret_key: Option<&str>,
-        region: &str,
-        timeout: f64,
-        zero_copy: bool,
-        plan: bool,
-        ahead_here: bool,
-        pipeline: Option<String>,
-    ) -> PyResult<SampleIter> {
-        let creds = credentials(access_key, secret_key, region)?;
-        let spec = spec_of(
-            epoch,
-            seed,
-            shuffle_shards,
-            rounds,
-            (world_size, shuffle_buffer, drop_last),
-            (rank, worker, workers, batch_size),
-        );
+    /// Starts reading one rank's (and worker's) part of an epoch, as `r` says.
+    fn read(&self, py: Python<'_>, r: &EpochRead) -> PyResult<SampleIter> {
+        let creds = r.credentials()?;
+        let spec = r.spec((r.rank, r.worker, r.workers, r.batch_size));
         let catalog = self.catalog.clone();
         let read = py
             .detach(|| {
-                let router = router_for(endpoint, &creds, timeout, route)?;
+                let router = router_for(&r.endpoint, &creds, r.timeout, r.route)?;
                 let settings = ReadSettings {
                     router,
                     credentials: creds,
-                    timeout: Duration::from_secs_f64(timeout.max(0.001)),
-                    read_ahead,
-                    ahead_here,
-                    local: if zero_copy {
+                    timeout: r.timeout(),
+                    read_ahead: r.read_ahead,
+                    ahead_here: r.ahead_here,
+                    local: if r.zero_copy {
                         LocalReads::Mapped
                     } else {
                         LocalReads::Copied
                     },
-                    plan,
-                    pipeline,
+                    plan: r.plan,
+                    pipeline: r.pipeline.clone(),
                 };
                 read_epoch(catalog, &spec, settings)
             })
@@ -600,6 +521,143 @@ impl Shards {
             read: Mutex::new(Some(read)),
             maps: Mutex::new(Vec::new()),
         })
+    }
+}
+
+/// How one rank (or one of its DataLoader workers) reads an epoch of a dataset: what
+/// `Shards.count`, `register` and `read` take, every field named
+/// (`EpochRead(endpoint=..., epoch=..., ...)`; `ShardDataset` fills it in).
+/// - `rounds`: the resume history, `(world_size, shuffle_buffer, drop_last, consumed)`
+///   each;
+/// - `route`: read each shard from its owner, as the cluster's ring says;
+/// - `zero_copy`: members a node on this machine passes as a file arrive as
+///   `memoryview`s of its mapping;
+/// - `plan`: register the epoch's plan, and mark each read with its place;
+/// - `ahead_here`: a reader that reads from a node on this machine fetches ahead too;
+/// - `pipeline`: the node's pipeline the members arrive prepared by, for `seed` and
+///   `epoch`.
+#[pyclass(module = "granary._granary")]
+#[derive(Clone)]
+struct EpochRead {
+    endpoint: String,
+    epoch: u64,
+    seed: u64,
+    shuffle_shards: bool,
+    rounds: Vec<(usize, usize, bool, u64)>,
+    world_size: usize,
+    shuffle_buffer: usize,
+    drop_last: bool,
+    rank: usize,
+    worker: usize,
+    workers: usize,
+    batch_size: usize,
+    read_ahead: usize,
+    route: bool,
+    access_key: Option<String>,
+    secret_key: Option<String>,
+    region: String,
+    timeout: f64,
+    zero_copy: bool,
+    plan: bool,
+    ahead_here: bool,
+    pipeline: Option<String>,
+}
+
+impl Default for EpochRead {
+    fn default() -> EpochRead {
+        EpochRead {
+            endpoint: String::new(),
+            epoch: 0,
+            seed: 0,
+            shuffle_shards: true,
+            rounds: Vec::new(),
+            world_size: 1,
+            shuffle_buffer: 0,
+            drop_last: false,
+            rank: 0,
+            worker: 0,
+            workers: 1,
+            batch_size: 1,
+            read_ahead: 0,
+            route: true,
+            access_key: None,
+            secret_key: None,
+            region: "us-east-1".to_owned(),
+            timeout: 60.0,
+            zero_copy: false,
+            plan: true,
+            ahead_here: true,
+            pipeline: None,
+        }
+    }
+}
+
+#[pymethods]
+impl EpochRead {
+    /// Every field by name; one not given keeps its default, one unknown is an error.
+    #[new]
+    #[pyo3(signature = (**fields))]
+    fn new(fields: Option<&Bound<'_, PyDict>>) -> PyResult<EpochRead> {
+        let mut r = EpochRead::default();
+        for (k, v) in fields.into_iter().flat_map(|f| f.iter()) {
+            let name: String = k.extract()?;
+            match name.as_str() {
+                "endpoint" => r.endpoint = v.extract()?,
+                "epoch" => r.epoch = v.extract()?,
+                "seed" => r.seed = v.extract()?,
+                "shuffle_shards" => r.shuffle_shards = v.extract()?,
+                "rounds" => r.rounds = v.extract()?,
+                "world_size" => r.world_size = v.extract()?,
+                "shuffle_buffer" => r.shuffle_buffer = v.extract()?,
+                "drop_last" => r.drop_last = v.extract()?,
+                "rank" => r.rank = v.extract()?,
+                "worker" => r.worker = v.extract()?,
+                "workers" => r.workers = v.extract()?,
+                "batch_size" => r.batch_size = v.extract()?,
+                "read_ahead" => r.read_ahead = v.extract()?,
+                "route" => r.route = v.extract()?,
+                "access_key" => r.access_key = v.extract()?,
+                "secret_key" => r.secret_key = v.extract()?,
+                "region" => r.region = v.extract()?,
+                "timeout" => r.timeout = v.extract()?,
+                "zero_copy" => r.zero_copy = v.extract()?,
+                "plan" => r.plan = v.extract()?,
+                "ahead_here" => r.ahead_here = v.extract()?,
+                "pipeline" => r.pipeline = v.extract()?,
+                other => {
+                    return Err(PyValueError::new_err(format!(
+                        "EpochRead has no field `{other}`"
+                    )))
+                }
+            }
+        }
+        Ok(r)
+    }
+}
+
+impl EpochRead {
+    /// The epoch's spec, for the rank's place `(rank, worker, workers, batch size)`.
+    fn spec(&self, place: (usize, usize, usize, usize)) -> EpochSpec {
+        spec_of(
+            self.epoch,
+            self.seed,
+            self.shuffle_shards,
+            self.rounds.clone(),
+            (self.world_size, self.shuffle_buffer, self.drop_last),
+            place,
+        )
+    }
+
+    fn credentials(&self) -> PyResult<Option<Credentials>> {
+        credentials(
+            self.access_key.as_deref(),
+            self.secret_key.as_deref(),
+            &self.region,
+        )
+    }
+
+    fn timeout(&self) -> Duration {
+        Duration::from_secs_f64(self.timeout.max(0.001))
     }
 }
 
@@ -933,6 +991,7 @@ fn _granary(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Client>()?;
     m.add_class::<BatchIter>()?;
     m.add_class::<Shards>()?;
+    m.add_class::<EpochRead>()?;
     m.add_class::<SampleIter>()?;
     m.add_class::<Pipeline>()?;
     m.add("GranaryError", m.py().get_type::<GranaryError>())?;

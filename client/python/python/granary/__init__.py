@@ -329,21 +329,27 @@ class ShardDataset(_Base):  # type: ignore[misc,valid-type]
         the world size found there."""
         if not self.plan or not self._place_known():
             return None
+        return self._shards.register(self._epoch_read(
+            world_size=self.world_size,
+            pipeline=self.pipeline if self._pipeline_json is None else None))
+
+    def _epoch_read(self, **fields: Any) -> "_granary.EpochRead":
+        """How this dataset reads the current epoch, with ``fields`` (the rank's place,
+        and what differs between registering and reading) added."""
         access_key, secret_key, region, timeout = self._auth
-        return self._shards.register(
-            self.endpoint, self.epoch, self.seed, self.shuffle_shards,
-            self._current_rounds(), self.world_size, self.shuffle_buffer, self.drop_last,
-            self.batch_size, access_key, secret_key, region, timeout,
-            pipeline=self.pipeline if self._pipeline_json is None else None)
+        return _granary.EpochRead(
+            endpoint=self.endpoint, epoch=self.epoch, seed=self.seed,
+            shuffle_shards=self.shuffle_shards, rounds=self._current_rounds(),
+            shuffle_buffer=self.shuffle_buffer, drop_last=self.drop_last,
+            batch_size=self.batch_size, access_key=access_key, secret_key=secret_key,
+            region=region, timeout=timeout, **fields)
 
     def _current_rounds(self) -> List[Tuple[int, int, bool, int]]:
         return list(self._rounds) if self._rounds_epoch == self.epoch else []
 
     def __len__(self) -> int:
         """Samples this rank yields in the current epoch (all its workers together)."""
-        return self._shards.count(self.epoch, self.seed, self.shuffle_shards,
-                                  self._current_rounds(), self.world_size,
-                                  self.shuffle_buffer, self.drop_last)
+        return self._shards.count(self._epoch_read(world_size=self.world_size))
 
     def __iter__(self) -> Iterator[Dict[str, Any]]:
         info = _worker_info()
@@ -351,17 +357,15 @@ class ShardDataset(_Base):  # type: ignore[misc,valid-type]
         # The rank of the process that iterates, found as its epoch starts; the read
         # registers the epoch's plan with it.
         rank, world_size = self._place()
-        access_key, secret_key, region, timeout = self._auth
-        samples = self._shards.read(
-            self.endpoint, self.epoch, self.seed, self.shuffle_shards,
-            self._current_rounds(), world_size, self.shuffle_buffer, self.drop_last,
-            rank, worker, workers, self.batch_size, self.read_ahead, self.route,
-            access_key, secret_key, region, timeout, self.zero_copy, self.plan,
+        samples = self._shards.read(self._epoch_read(
+            world_size=world_size, rank=rank, worker=worker, workers=workers,
+            read_ahead=self.read_ahead, route=self.route, zero_copy=self.zero_copy,
+            plan=self.plan,
             # A DataLoader worker copies runs out of a node on this machine as it needs
             # them: the workers are the parallelism, and threads copying ahead take the
             # cores the other workers and the training loop run on.
-            info is None,
-            pipeline=self.pipeline if self._pipeline_json is None else None)
+            ahead_here=info is None,
+            pipeline=self.pipeline if self._pipeline_json is None else None))
         if self._pipeline_json is not None:
             samples = (self._prepared_here(s) for s in samples)
         if self.device is not None:

@@ -10,8 +10,6 @@
 //! committed entries), `admission` (the policy's verdict), `index` (entries and their
 //! accounting), `store` (the files on disk), `write` (writes through the cache).
 
-use crate::sync::Locked;
-
 mod admission;
 mod adopt;
 mod derived;
@@ -46,6 +44,7 @@ use crate::stats::Stats;
 use flight::Flights;
 use index::{Entry, Index};
 
+use crate::sync::Locked;
 pub use admission::CachePolicy;
 pub use adopt::Adopted;
 pub use error::{CacheError, DeriveError};

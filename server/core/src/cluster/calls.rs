@@ -420,17 +420,26 @@ impl JsonCall for Revalidate {
 }
 
 /// An object, by bucket and key.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ObjectRef {
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ObjectKey {
     pub bucket: String,
     pub key: String,
+}
+
+impl ObjectKey {
+    pub fn new(bucket: &str, key: &str) -> ObjectKey {
+        ObjectKey {
+            bucket: bucket.to_owned(),
+            key: key.to_owned(),
+        }
+    }
 }
 
 /// Drop the copies of these objects (written or deleted through the sender).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct Invalidate {
-    pub objects: Vec<ObjectRef>,
+    pub objects: Vec<ObjectKey>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -899,7 +908,7 @@ mod tests {
     #[test]
     fn json_calls_keep_their_wire_form() {
         let inv = Invalidate {
-            objects: vec![ObjectRef {
+            objects: vec![ObjectKey {
                 bucket: "b".into(),
                 key: "k".into(),
             }],

@@ -194,7 +194,7 @@ mod tests {
     use http::StatusCode;
 
     use super::*;
-    use crate::cluster::calls::{ANNOUNCE, KNOWN, KNOWN_DOWN};
+    use crate::cluster::calls::{self, ANNOUNCE, KNOWN, KNOWN_DOWN};
     use crate::cluster::testnet::{answer, Net};
     use crate::cluster::ClusterConfig;
     use crate::stats::Stats;
@@ -378,7 +378,8 @@ mod tests {
             "http://c:1",
             Arc::new(|_| Box::pin(async { answer(StatusCode::OK, &[], r#"{"invalidated":1}"#) })),
         );
-        c.invalidate_members(&[("bk".into(), "k".into())]).await;
+        c.invalidate_members(&[calls::ObjectKey::new("bk", "k")])
+            .await;
         assert_eq!((invalidate("http://b:1"), invalidate("http://c:1")), (1, 1));
         assert!(
             joined.is_up(),
@@ -450,7 +451,8 @@ mod tests {
         // b stops answering right after its lease was granted.
         net.cut("http://b:1");
         let t = std::time::Instant::now();
-        c.invalidate_members(&[("bk".into(), "k".into())]).await;
+        c.invalidate_members(&[calls::ObjectKey::new("bk", "k")])
+            .await;
         assert!(
             t.elapsed() >= LEASE - Duration::from_millis(20),
             "{:?}",
@@ -462,7 +464,8 @@ mod tests {
             .granted
             .store(1, std::sync::atomic::Ordering::Release);
         let t = std::time::Instant::now();
-        c.invalidate_members(&[("bk".into(), "k".into())]).await;
+        c.invalidate_members(&[calls::ObjectKey::new("bk", "k")])
+            .await;
         assert!(
             t.elapsed() < Duration::from_millis(500),
             "{:?}",

@@ -19,7 +19,7 @@ use granary_proto::headers::{HOP, PEER_AUTH, PEER_SHA256};
 use http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, Response};
 use http_body_util::{BodyExt, Full};
 
-use super::calls::{self, Call, Proof, FORWARD_READ_TIMEOUT};
+use super::calls::{self, Call, ObjectKey, Proof, FORWARD_READ_TIMEOUT};
 use super::transport::{PeerBody, ReplyBody};
 use super::{Cluster, ClusterError, Member};
 use crate::backend::{ByteStream, ObjectMeta};
@@ -349,7 +349,7 @@ impl Cluster {
     ///   this write made stale.
     /// - Members taken out of the list within [`super::DEPARTED_GRACE`] are told as
     ///   well: a member whose list lags may route to them for a moment.
-    pub async fn invalidate_members(self: &Arc<Self>, objects: &[(String, String)]) {
+    pub async fn invalidate_members(self: &Arc<Self>, objects: &[ObjectKey]) {
         if objects.is_empty() {
             return;
         }
@@ -359,13 +359,7 @@ impl Cluster {
             return;
         }
         let call = Arc::new(calls::Invalidate {
-            objects: objects
-                .iter()
-                .map(|(bucket, key)| calls::ObjectRef {
-                    bucket: bucket.clone(),
-                    key: key.clone(),
-                })
-                .collect(),
+            objects: objects.to_vec(),
         });
         let mut waits = Vec::new();
         let mut unacknowledged = Vec::new();

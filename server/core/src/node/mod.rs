@@ -7,8 +7,6 @@
 //! over HTTP, and nothing here knows HTTP statuses or S3 codes (the API maps
 //! [`NodeError`]).
 
-use crate::sync::Locked;
-
 mod batch;
 mod calls;
 mod catalog;
@@ -31,6 +29,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::backend::{Backend, ByteStream, ObjectMeta};
 use crate::cache::{Cache, CachePolicy, Peers};
+use crate::cluster::calls::ObjectKey;
 use crate::cluster::source::Watch;
 use crate::cluster::Cluster;
 use crate::jobs::Jobs;
@@ -39,6 +38,7 @@ use crate::transform::pipelines::NamedPipeline;
 use crate::transform::{Named, TransformError, Transforms};
 
 pub use crate::cache::LocalReader;
+use crate::sync::Locked;
 pub use batch::{Data, Item, Outcome, Prep};
 pub use calls::is_member_call;
 pub use drain::DRAIN_FILE;
@@ -66,7 +66,7 @@ pub struct Node {
     rebalancer: rebalance::Rebalancer,
     /// Conditional writes of one key, one after the other (of two `If-None-Match: *`
     /// creations, one wins): on the key's owner, where every write of it goes.
-    write_locks: crate::keylock::KeyLocks<(String, String)>,
+    write_locks: crate::keylock::KeyLocks<ObjectKey>,
     /// The member list's source, followed once the node starts.
     watch: Mutex<Option<Watch>>,
     /// Datasets' catalogs, built once per version.
@@ -152,9 +152,9 @@ impl Node {
 
     /// Objects were written or deleted through this node: the other members drop their
     /// copies before the write is acknowledged.
-    pub async fn changed(&self, objects: &[(String, String)]) {
-        for (bucket, key) in objects {
-            self.catalogs.touched(bucket, key);
+    pub async fn changed(&self, objects: &[ObjectKey]) {
+        for o in objects {
+            self.catalogs.touched(&o.bucket, &o.key);
         }
         self.cluster.invalidate_members(objects).await;
     }

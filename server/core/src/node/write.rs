@@ -14,6 +14,7 @@ use crate::backend::{
     check_key, BackendError, ByteRange, ByteStream, ObjectMeta, PartInfo, PutOptions, RangeFn,
     Refusal,
 };
+use crate::cluster::calls::ObjectKey;
 use crate::stats::Metric;
 
 /// A write's preconditions (`If-Match`, `If-None-Match` on PutObject and
@@ -153,7 +154,7 @@ impl Node {
         if invalidate {
             self.cache.invalidate(bucket, key);
         }
-        self.changed(&[(bucket.to_owned(), key.to_owned())]).await;
+        self.changed(&[ObjectKey::new(bucket, key)]).await;
         pending.settle();
         Ok(done)
     }
@@ -209,7 +210,7 @@ impl Node {
             let done = self.backend.delete_object(bucket, key).await;
             if done.is_ok() {
                 self.cache.invalidate(bucket, key);
-                changed.push((bucket.to_owned(), key.clone()));
+                changed.push(ObjectKey::new(bucket, key));
             }
             let done = done.map_err(NodeError::from);
             if done.as_ref().is_err_and(|e| !outcome_known(e)) {
@@ -356,7 +357,7 @@ impl Node {
                     );
                 }
                 self.cache.invalidate(bucket, key);
-                self.changed(&[(bucket.to_owned(), key.to_owned())]).await;
+                self.changed(&[ObjectKey::new(bucket, key)]).await;
                 seen = Some(now);
                 since = std::time::Instant::now();
             } else if since.elapsed() >= SETTLED_AFTER {
@@ -377,7 +378,7 @@ impl Node {
         if cond.is_empty() {
             return None;
         }
-        let lock = self.write_locks.of((bucket.to_owned(), key.to_owned()));
+        let lock = self.write_locks.of(ObjectKey::new(bucket, key));
         Some(lock.lock_owned().await)
     }
 

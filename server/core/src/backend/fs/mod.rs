@@ -10,8 +10,6 @@
 //! `meta` keeps an object's metadata with its file, `list` pages through a bucket in
 //! key order, `multipart` keeps uploads in progress and completes them.
 
-use crate::sync::Locked;
-
 mod list;
 mod meta;
 mod multipart;
@@ -39,6 +37,7 @@ use super::{
     BucketInfo, ByteRange, ByteStream, GetObject, ListPage, ListQuery, ObjectMeta, ObjectParts,
     PartInfo, PutOptions, RangeFn, Result, Source, UploadInfo,
 };
+use crate::sync::Locked;
 
 /// Bytes gathered from the request body before one write to disk.
 const WRITE_CHUNK: usize = 1 << 20;
