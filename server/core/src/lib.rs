@@ -41,7 +41,6 @@ pub use cache::{Body, CacheError, CachePolicy, LocalFile, Origin, Revalidation};
 /// Every member-to-member call, typed: the server's table of their handlers.
 pub use cluster::calls;
 pub use cluster::calls::JsonCall;
-pub use cluster::peer::target_of;
 pub use cluster::transport::PeerBody;
 pub use cluster::{
     parse_peer, ClusterConfig, ClusterError, ConfigError as ClusterConfigError, RouteMode,

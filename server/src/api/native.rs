@@ -378,12 +378,11 @@ async fn catalog(state: &Arc<AppState>, req: Request) -> Result<Response, S3Erro
     };
     let node = &state.node;
     if super::FromMember::of_parts(&parts).is_none() {
-        let target = granary_core::target_of(&parts.uri);
         let to = ToOwner {
             bucket,
             key: &format!("{prefix}\0catalog"),
             method: &parts.method,
-            target: &target,
+            uri: &parts.uri,
             headers: &parts.headers,
             may_redirect: false,
         };

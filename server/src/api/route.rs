@@ -16,7 +16,7 @@ use http_body_util::BodyExt;
 
 use super::error::{S3Code, S3Error};
 use super::AppState;
-use granary_core::{target_of, Forwarded, PeerBody, ToOwner};
+use granary_core::{Forwarded, PeerBody, ToOwner};
 
 /// What routing made of a request.
 pub enum Routed {
@@ -42,12 +42,11 @@ pub async fn route(state: &AppState, req: Request) -> Routed {
         return Routed::Local(req);
     };
     let (parts, body) = req.into_parts();
-    let target = target_of(&parts.uri);
     let to = ToOwner {
         bucket: &bucket,
         key: &key,
         method: &parts.method,
-        target: &target,
+        uri: &parts.uri,
         headers: &parts.headers,
         // A signed request names the host it was signed for: it is proxied.
         may_redirect: !granary_proto::auth::client_signed(&parts),

@@ -122,11 +122,6 @@ impl Node {
         self.cluster.is_single()
     }
 
-    /// How requests for other members' keys are answered.
-    pub fn route_mode(&self) -> RouteMode {
-        self.cluster.route
-    }
-
     /// A client's request for a key this node may not own, passed on to the key's
     /// owner; while an owner does not answer, it is marked down and the next owner
     /// asked (this node, perhaps), so no read fails for a member that died. A write,
@@ -144,10 +139,12 @@ impl Node {
             let Some(m) = self.owner_elsewhere(to.bucket, to.key) else {
                 return Forwarded::Here;
             };
+            // Its path and query as sent on: made only for a request that goes on.
+            let target = crate::cluster::peer::target_of(to.uri);
             if read && to.may_redirect && self.cluster.route == RouteMode::Redirect {
                 self.stats.add(Metric::Redirects, 1);
                 return Forwarded::Redirect {
-                    location: format!("{}{}", m.url(), to.target),
+                    location: format!("{}{}", m.url(), target),
                     owner: m.id().to_owned(),
                 };
             }
@@ -160,7 +157,7 @@ impl Node {
             };
             match self
                 .cluster
-                .forward(&m, to.method, to.target, to.headers, send)
+                .forward(&m, to.method, &target, to.headers, send)
                 .await
             {
                 Ok(resp) => return Forwarded::Answered(resp),
@@ -213,8 +210,8 @@ pub struct ToOwner<'a> {
     /// The key the owner is found by (an object's, or a name standing for one).
     pub key: &'a str,
     pub method: &'a Method,
-    /// The request's path and query, as sent on.
-    pub target: &'a str,
+    /// The request's URI (its path and query are sent on).
+    pub uri: &'a http::Uri,
     pub headers: &'a HeaderMap,
     /// The client can follow a redirect (an unsigned read names no host): with
     /// `--route redirect` it is sent one.
