@@ -4,7 +4,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use granary_proto::encode;
+use granary_proto::{encode, Header};
 
 use crate::http::{Body, BodyReader, Conn, Head};
 use crate::sign::{self, Credentials, Signable, UNSIGNED_PAYLOAD};
@@ -21,7 +21,7 @@ pub struct Response {
     /// The HTTP status code.
     pub status: u16,
     /// Header names in lower case, values as sent, in order.
-    pub headers: Vec<(String, String)>,
+    pub headers: Vec<Header>,
     /// The whole body.
     pub body: Vec<u8>,
 }
@@ -29,10 +29,7 @@ pub struct Response {
 impl Response {
     /// The first header of this (lower-case) name.
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
+        Header::find(&self.headers, name)
     }
 }
 
@@ -75,7 +72,7 @@ pub(crate) struct Req<'a> {
     pub path: String,
     /// Not yet encoded.
     pub query: Vec<(String, String)>,
-    pub headers: Vec<(String, String)>,
+    pub headers: Vec<Header>,
     pub body: Body<'a>,
 }
 
@@ -97,7 +94,7 @@ impl<'a> Req<'a> {
 
     pub(crate) fn header(mut self, name: &str, value: &str) -> Self {
         self.headers
-            .push((name.to_ascii_lowercase(), value.to_owned()));
+            .push(Header::new(name.to_ascii_lowercase(), value));
         self
     }
 
@@ -267,7 +264,7 @@ impl Client {
     /// Builds the request head for `host`, signed when credentials are set.
     fn head_bytes(&self, req: &Req<'_>, host: &str) -> Vec<u8> {
         let mut headers = req.headers.clone();
-        headers.push(("host".into(), host.to_owned()));
+        headers.push(Header::new("host", host));
         let mut extra = Vec::new();
         if let Some(creds) = &self.creds {
             let payload_hash = match &req.body {
@@ -288,8 +285,8 @@ impl Client {
             );
         }
         let mut out = format!("{} {} HTTP/1.1\r\n", req.method, req.target());
-        for (k, v) in headers.iter().chain(&extra) {
-            out.push_str(&format!("{k}: {v}\r\n"));
+        for Header { name, value } in headers.iter().chain(&extra) {
+            out.push_str(&format!("{name}: {value}\r\n"));
         }
         let with_body = !matches!(req.body, Body::Empty) || matches!(req.method, "PUT" | "POST");
         if with_body {

@@ -17,6 +17,8 @@ use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::fd::OwnedFd;
 use std::time::Duration;
 
+use granary_proto::Header;
+
 use crate::pages::{huge_pages, prefault, prefault_helpers, PREFAULT_FROM};
 use crate::sock::Sock;
 use crate::{Error, Result};
@@ -58,15 +60,12 @@ impl Body<'_> {
 #[derive(Debug, Clone)]
 pub(crate) struct Head {
     pub status: u16,
-    pub headers: Vec<(String, String)>,
+    pub headers: Vec<Header>,
 }
 
 impl Head {
     pub(crate) fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
+        Header::find(&self.headers, name)
     }
 }
 
@@ -350,7 +349,7 @@ fn read_head(stream: &mut Stream) -> std::result::Result<Head, Failure> {
                 break;
             }
             if let Some((k, v)) = l.split_once(':') {
-                headers.push((k.trim().to_ascii_lowercase(), v.trim().to_owned()));
+                headers.push(Header::new(k.trim().to_ascii_lowercase(), v.trim()));
             }
         }
         // Interim answers (100 Continue) come before the real one.

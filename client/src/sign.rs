@@ -9,6 +9,7 @@ use std::fmt;
 use std::time::SystemTime;
 
 use granary_proto::sigv4::{Request, Signer};
+use granary_proto::Header;
 
 /// The payload hash of a body that is not hashed (streamed uploads).
 pub(crate) use granary_proto::sigv4::UNSIGNED_PAYLOAD;
@@ -56,7 +57,7 @@ pub(crate) struct Signable<'a> {
     /// The encoded query, as sent.
     pub query: &'a str,
     /// Headers to sign besides the two SigV4 adds; names in lower case, `host` among them.
-    pub headers: &'a [(String, String)],
+    pub headers: &'a [Header],
     /// Hex SHA-256 of the body, or [`UNSIGNED_PAYLOAD`].
     pub payload_hash: &'a str,
 }
@@ -64,15 +65,11 @@ pub(crate) struct Signable<'a> {
 /// Signs a request at time `at` (with `granary_proto::sigv4`, the code the node checks
 /// signatures with); returns the headers to add to it: `x-amz-date`,
 /// `x-amz-content-sha256` and `authorization`.
-pub(crate) fn sign(
-    creds: &Credentials,
-    req: &Signable<'_>,
-    at: SystemTime,
-) -> Vec<(String, String)> {
+pub(crate) fn sign(creds: &Credentials, req: &Signable<'_>, at: SystemTime) -> Vec<Header> {
     let headers: Vec<(&str, &str)> = req
         .headers
         .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .map(|h| (h.name.as_str(), h.value.as_str()))
         .collect();
     let signed = Signer::new(&creds.access_key, &creds.secret_key, &creds.region).sign(
         &Request {
@@ -87,7 +84,7 @@ pub(crate) fn sign(
     signed
         .headers
         .into_iter()
-        .map(|(k, v)| (k.to_owned(), v))
+        .map(|(k, v)| Header::new(k, v))
         .collect()
 }
 
@@ -111,16 +108,13 @@ mod tests {
         UNIX_EPOCH + Duration::from_secs(1_369_353_600)
     }
 
-    fn authorization(out: &[(String, String)]) -> &str {
-        &out.iter().find(|(k, _)| k == "authorization").unwrap().1
+    fn authorization(out: &[Header]) -> &str {
+        Header::find(out, "authorization").unwrap()
     }
 
     #[test]
     fn list_objects_example_of_the_aws_documentation() {
-        let headers = vec![(
-            "host".to_owned(),
-            "examplebucket.s3.amazonaws.com".to_owned(),
-        )];
+        let headers = vec![Header::new("host", "examplebucket.s3.amazonaws.com")];
         // Given out of order: the canonical query sorts them.
         let query = "prefix=J&max-keys=2";
         let out = sign(

@@ -366,11 +366,12 @@ impl Client {
 mod tests {
     use super::*;
     use crate::fake::{FakeServer, Reply};
+    use granary_proto::Header;
 
     fn head(v: &str) -> Head {
         Head {
             status: 206,
-            headers: vec![("content-range".into(), v.into())],
+            headers: vec![Header::new("content-range", v)],
         }
     }
 

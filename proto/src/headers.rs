@@ -38,6 +38,48 @@ pub const LOCAL_CHECKS: &str = "x-granary-local-checks";
 /// is that one (`SO_PEERCRED`).
 pub const SOCKET: &str = "x-granary-socket";
 
+/// One header: its name (lower case where it is stored with an object) and its value as
+/// text (see [`text`]). Serialized as the `[name, value]` pair it replaced, so the
+/// metadata already written in cache footers and extended attributes reads back as
+/// before.
+#[derive(
+    Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
+#[serde(from = "(String, String)", into = "(String, String)")]
+pub struct Header {
+    pub name: String,
+    pub value: String,
+}
+
+impl Header {
+    pub fn new(name: impl Into<String>, value: impl Into<String>) -> Header {
+        Header {
+            name: name.into(),
+            value: value.into(),
+        }
+    }
+
+    /// The value of the first header named `name` (compared without case).
+    pub fn find<'h>(headers: &'h [Header], name: &str) -> Option<&'h str> {
+        headers
+            .iter()
+            .find(|h| h.name.eq_ignore_ascii_case(name))
+            .map(|h| h.value.as_str())
+    }
+}
+
+impl From<(String, String)> for Header {
+    fn from((name, value): (String, String)) -> Header {
+        Header { name, value }
+    }
+}
+
+impl From<Header> for (String, String) {
+    fn from(h: Header) -> (String, String) {
+        (h.name, h.value)
+    }
+}
+
 /// Request headers stored with an object and sent back on reads (besides
 /// `x-amz-meta-*`).
 const STORED: &[&str] = &[
@@ -82,6 +124,17 @@ pub const PLAN: &str = "x-granary-plan";
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_header_is_stored_as_the_pair_it_replaced() {
+        let h = vec![Header::new("content-type", "text/plain")];
+        let json = serde_json::to_string(&h).unwrap();
+        assert_eq!(json, r#"[["content-type","text/plain"]]"#);
+        let back: Vec<Header> = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, h);
+        assert_eq!(Header::find(&back, "Content-Type"), Some("text/plain"));
+        assert_eq!(Header::find(&back, "etag"), None);
+    }
 
     #[test]
     fn header_bytes_round_trip_through_text() {

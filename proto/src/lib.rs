@@ -37,3 +37,4 @@ pub mod units;
 pub mod xml;
 
 pub use code::S3Code;
+pub use headers::Header;

@@ -63,12 +63,7 @@ fn a_client_on_the_nodes_machine_goes_on_over_its_socket() -> Result<()> {
 
     let offer = format!("{} {}", server.pid(), sock.display());
     let direct = Client::new(&server.url())?.raw("GET", &path, b"")?;
-    let header = |r: &granary_client::Response| {
-        r.headers
-            .iter()
-            .find(|(k, _)| k == "x-granary-socket")
-            .map(|(_, v)| v.clone())
-    };
+    let header = |r: &granary_client::Response| r.header("x-granary-socket").map(str::to_owned);
     assert_eq!(
         header(&direct),
         Some(offer),

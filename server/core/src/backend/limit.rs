@@ -7,6 +7,7 @@
 //! operators who must bound egress, and for benchmarks of a slow store. Everything else
 //! passes straight through.
 
+use granary_proto::Header;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -256,7 +257,7 @@ impl Backend for Limited {
         key: &str,
         upload_id: &str,
         parts: &[(u32, String)],
-        headers: &[(String, String)],
+        headers: &[Header],
     ) -> Result<ObjectMeta> {
         self.inner
             .complete_multipart(bucket, key, upload_id, parts, headers)

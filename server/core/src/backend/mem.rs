@@ -2,6 +2,7 @@
 //! namespace of keys (buckets are not told apart), listings in key order, and bodies in
 //! 64 KiB pieces that can be held back or made to fail.
 
+use granary_proto::Header;
 use std::collections::BTreeMap;
 use std::ops::Bound;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -196,7 +197,7 @@ impl Backend for Mem {
         _: &str,
         _: &str,
         _: &[(u32, String)],
-        _: &[(String, String)],
+        _: &[Header],
     ) -> Result<ObjectMeta> {
         Err(BackendError::Unavailable("not in this test".into()))
     }

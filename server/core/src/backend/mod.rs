@@ -9,6 +9,7 @@ pub mod limit;
 pub mod mem;
 pub mod s3;
 
+use granary_proto::Header;
 use std::io;
 use std::pin::Pin;
 use std::time::SystemTime;
@@ -191,15 +192,12 @@ pub struct ObjectMeta {
     pub last_modified: SystemTime,
     /// Headers stored with the object: `content-type`, `cache-control`,
     /// `x-amz-meta-*` and the like, in lower case.
-    pub headers: Vec<(String, String)>,
+    pub headers: Vec<Header>,
 }
 
 impl ObjectMeta {
     pub fn content_type(&self) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k == "content-type")
-            .map(|(_, v)| v.as_str())
+        Header::find(&self.headers, "content-type")
     }
 }
 
@@ -282,7 +280,7 @@ pub struct GetObject {
 #[derive(Debug, Clone, Default)]
 pub struct PutOptions {
     /// Headers to store with the object (see `ObjectMeta::headers`).
-    pub headers: Vec<(String, String)>,
+    pub headers: Vec<Header>,
     /// `Content-MD5` of the request: the write fails with `BadDigest` before it commits
     /// if the bytes differ.
     pub expected_md5: Option<[u8; 16]>,
@@ -413,7 +411,7 @@ pub trait Backend: Source {
         key: &str,
         upload_id: &str,
         parts: &[(u32, String)],
-        headers: &[(String, String)],
+        headers: &[Header],
     ) -> Result<ObjectMeta>;
     async fn abort_multipart(&self, bucket: &str, key: &str, upload_id: &str) -> Result<()>;
     async fn list_uploads(&self, bucket: &str, prefix: &str) -> Result<Vec<UploadInfo>>;

@@ -14,6 +14,7 @@ mod keys;
 mod list;
 mod wire;
 
+use granary_proto::Header;
 use std::collections::HashMap;
 use std::io;
 use std::sync::{Arc, Mutex};
@@ -364,15 +365,15 @@ fn size(n: Option<i64>) -> u64 {
 fn stored_headers(
     fields: [(&str, Option<&str>); 6],
     metadata: Option<&HashMap<String, String>>,
-) -> Vec<(String, String)> {
-    let mut out: Vec<(String, String)> = fields
+) -> Vec<Header> {
+    let mut out: Vec<Header> = fields
         .into_iter()
-        .filter_map(|(k, v)| Some((k.to_owned(), v?.to_owned())))
+        .filter_map(|(k, v)| Some(Header::new(k, v?)))
         .collect();
     if let Some(md) = metadata {
         out.extend(
             md.iter()
-                .map(|(k, v)| (format!("x-amz-meta-{}", k.to_ascii_lowercase()), v.clone())),
+                .map(|(k, v)| Header::new(format!("x-amz-meta-{}", k.to_ascii_lowercase()), v)),
         );
     }
     out.sort();
@@ -383,7 +384,7 @@ fn stored_headers(
 macro_rules! with_headers {
     ($req:expr, $headers:expr) => {{
         let mut req = $req;
-        for (name, value) in $headers {
+        for Header { name, value } in $headers {
             let value = value.clone();
             req = match name.as_str() {
                 "content-type" => req.content_type(value),
@@ -913,7 +914,7 @@ impl Backend for S3Backend {
         key: &str,
         upload_id: &str,
         parts: &[(u32, String)],
-        _headers: &[(String, String)],
+        _headers: &[Header],
     ) -> Result<ObjectMeta> {
         check_key(key)?;
         known_bucket(bucket)?;
@@ -1088,9 +1089,9 @@ mod tests {
         assert_eq!(
             h,
             vec![
-                ("content-encoding".to_string(), "gzip".to_string()),
-                ("content-type".to_string(), "text/plain".to_string()),
-                ("x-amz-meta-owner".to_string(), "me".to_string()),
+                Header::new("content-encoding", "gzip"),
+                Header::new("content-type", "text/plain"),
+                Header::new("x-amz-meta-owner", "me"),
             ]
         );
         assert_eq!(unquote(Some("\"abc-2\"")), "abc-2");

@@ -4,6 +4,7 @@
 //! file in `<cache>/tmp/`, fsyncs it and renames it into place: the rename is the commit,
 //! so an entry is either complete with its checksums or absent.
 
+use granary_proto::Header;
 use std::fs::{self, File};
 use std::io::{self, Write};
 use std::os::unix::fs::FileExt;
@@ -35,7 +36,7 @@ struct FooterMeta {
     etag: String,
     size: u64,
     last_modified_ns: u64,
-    headers: Vec<(String, String)>,
+    headers: Vec<Header>,
     block: u64,
 }
 
@@ -284,7 +285,7 @@ mod tests {
             size: data.len() as u64,
             etag: "abc".into(),
             last_modified: SystemTime::now(),
-            headers: vec![("content-type".into(), "x/y".into())],
+            headers: vec![Header::new("content-type", "x/y")],
         };
         let mut f = File::create(&path).unwrap();
         f.write_all(&data).unwrap();

@@ -21,6 +21,7 @@
 //! | [`Copy`] (a peer fill, a hand-over's bytes) | `GET /{bucket}/{key}` + `x-granary-peer-fill` | a committed copy, or none |
 //! | [`Read`] (a batch item, a spilled read) | `GET /{bucket}/{key}?archpath=&transform=` (+ `x-granary-spill`) | the bytes, or missing |
 
+use granary_proto::Header;
 use std::future::Future;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -834,10 +835,10 @@ pub fn meta_of(h: &HeaderMap) -> Option<ObjectMeta> {
     let last_modified = text("last-modified")
         .and_then(|v| httpdate::parse_http_date(v).ok())
         .unwrap_or(SystemTime::UNIX_EPOCH);
-    let mut headers: Vec<(String, String)> = h
+    let mut headers: Vec<Header> = h
         .iter()
         .filter(|(k, _)| granary_proto::headers::is_stored(k.as_str()))
-        .filter_map(|(k, v)| Some((k.as_str().to_owned(), v.to_str().ok()?.to_owned())))
+        .filter_map(|(k, v)| Some(Header::new(k.as_str(), v.to_str().ok()?)))
         .collect();
     headers.sort();
     Some(ObjectMeta {
@@ -870,8 +871,8 @@ mod tests {
         assert_eq!(
             m.headers,
             vec![
-                ("content-type".to_owned(), "application/x-tar".to_owned()),
-                ("x-amz-meta-shard".to_owned(), "7".to_owned())
+                Header::new("content-type", "application/x-tar"),
+                Header::new("x-amz-meta-shard", "7")
             ]
         );
         h.remove("etag");

@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
+use crate::cluster::calls::ObjectKey;
 use crate::sync::Locked;
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
@@ -40,8 +41,12 @@ struct Record {
     key: Option<String>,
 }
 
-/// An unsettled key: its log id, bucket and key.
-pub type Unsettled = (u64, String, String);
+/// An unsettled key: its log id and the object.
+#[derive(Debug)]
+pub struct Unsettled {
+    pub id: u64,
+    pub object: ObjectKey,
+}
 
 struct Log {
     file: File,
@@ -51,7 +56,7 @@ struct Log {
     /// Bytes written since the last rewrite.
     size: u64,
     next_id: u64,
-    open: HashMap<u64, (String, String)>,
+    open: HashMap<u64, ObjectKey>,
 }
 
 /// The journal of writes in flight; without a directory (`keep_in` not called) it keeps
@@ -89,8 +94,8 @@ impl Journal {
                 };
                 next_id = next_id.max(r.id + 1);
                 match (r.bucket, r.key) {
-                    (Some(b), Some(k)) => {
-                        open.insert(r.id, (b, k));
+                    (Some(bucket), Some(key)) => {
+                        open.insert(r.id, ObjectKey { bucket, key });
                     }
                     _ => {
                         open.remove(&r.id);
@@ -99,8 +104,11 @@ impl Journal {
             }
         }
         let found = open.len();
-        for (id, (b, k)) in &open {
-            let _ = self.unsettled_tx.send((*id, b.clone(), k.clone()));
+        for (id, object) in &open {
+            let _ = self.unsettled_tx.send(Unsettled {
+                id: *id,
+                object: object.clone(),
+            });
         }
         let (file, size) = rewrite(&path, &open)?;
         let log = Log {
@@ -165,12 +173,15 @@ impl Journal {
             };
             lines.push_str(&serde_json::to_string(&r).map_err(io::Error::other)?);
             lines.push('\n');
-            open.push((id, (*bucket).to_owned(), (*key).to_owned()));
+            open.push(Unsettled {
+                id,
+                object: ObjectKey::new(bucket, key),
+            });
         }
         log.file.write_all(lines.as_bytes())?;
         log.size += lines.len() as u64;
-        for (id, b, k) in &open {
-            log.open.insert(*id, (b.clone(), k.clone()));
+        for u in &open {
+            log.open.insert(u.id, u.object.clone());
         }
         Ok((open, log.sync.clone()))
     }
@@ -219,17 +230,17 @@ impl Journal {
 
 /// Writes the open records to a new log, synced, and puts it in place: the file to
 /// append to and its size.
-fn rewrite(path: &Path, open: &HashMap<u64, (String, String)>) -> io::Result<(File, u64)> {
+fn rewrite(path: &Path, open: &HashMap<u64, ObjectKey>) -> io::Result<(File, u64)> {
     let tmp = path.with_extension("log.tmp");
     let mut text = String::new();
     let mut ids: Vec<_> = open.keys().copied().collect();
     ids.sort_unstable();
     for id in ids {
-        let (b, k) = &open[&id];
+        let o = &open[&id];
         let r = Record {
             id,
-            bucket: Some(b.clone()),
-            key: Some(k.clone()),
+            bucket: Some(o.bucket.clone()),
+            key: Some(o.key.clone()),
         };
         text.push_str(&serde_json::to_string(&r).map_err(io::Error::other)?);
         text.push('\n');
@@ -258,15 +269,18 @@ pub struct Pending<'a> {
 impl Pending<'_> {
     /// The outcome is known for every key.
     pub fn settle(mut self) {
-        let ids: Vec<u64> = self.open.drain(..).map(|(id, _, _)| id).collect();
+        let ids: Vec<u64> = self.open.drain(..).map(|u| u.id).collect();
         self.journal.end(&ids);
     }
 
     /// The outcome is known for the keys `known` says; the others are left unsettled.
     pub fn settle_where(mut self, known: impl Fn(&str, &str) -> bool) {
-        let (done, left): (Vec<_>, Vec<_>) = self.open.drain(..).partition(|(_, b, k)| known(b, k));
+        let (done, left): (Vec<_>, Vec<_>) = self
+            .open
+            .drain(..)
+            .partition(|u| known(&u.object.bucket, &u.object.key));
         self.open = left;
-        let ids: Vec<u64> = done.into_iter().map(|(id, _, _)| id).collect();
+        let ids: Vec<u64> = done.into_iter().map(|u| u.id).collect();
         self.journal.end(&ids);
     }
 }
@@ -274,7 +288,7 @@ impl Pending<'_> {
 impl Drop for Pending<'_> {
     fn drop(&mut self) {
         for u in self.open.drain(..) {
-            tracing::info!(bucket = %u.1, key = %u.2, "a write's outcome is not known: watching the backend's version");
+            tracing::info!(bucket = %u.object.bucket, key = %u.object.key, "a write's outcome is not known: watching the backend's version");
             let _ = self.journal.unsettled_tx.send(u);
         }
     }
@@ -286,8 +300,8 @@ mod tests {
 
     fn drain(rx: &mut mpsc::UnboundedReceiver<Unsettled>) -> Vec<(String, String)> {
         let mut out = Vec::new();
-        while let Ok((_, b, k)) = rx.try_recv() {
-            out.push((b, k));
+        while let Ok(u) = rx.try_recv() {
+            out.push((u.object.bucket, u.object.key));
         }
         out.sort();
         out
@@ -336,7 +350,7 @@ mod tests {
         );
         // New ids do not reuse old ones, and done marks survive another restart.
         let p = again.begin(&[("d", "new")]).await.unwrap();
-        assert!(p.open[0].0 > 5);
+        assert!(p.open[0].id > 5);
         p.settle();
         again.end(&[1, 2, 3, 4, 5]);
         let third = Journal::default();

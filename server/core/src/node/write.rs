@@ -4,11 +4,12 @@
 //! a key whose outcome the node does not learn is watched until the backend's version
 //! holds still ([`super::journal`], [`Node::settle`]).
 
+use granary_proto::Header;
 use std::sync::Arc;
 
 use md5::{Digest, Md5};
 
-use super::journal::Pending;
+use super::journal::{Pending, Unsettled};
 use super::{etag_matches, Node, NodeError};
 use crate::backend::{
     check_key, BackendError, ByteRange, ByteStream, ObjectMeta, PartInfo, PutOptions, RangeFn,
@@ -166,7 +167,7 @@ impl Node {
         (src_bucket, src_key): (&str, &str),
         cond: &RangeFn<'_>,
         (bucket, key): (&str, &str),
-        headers: Option<Vec<(String, String)>>,
+        headers: Option<Vec<Header>>,
     ) -> Result<ObjectMeta, NodeError> {
         check_key(key)?;
         let (src, _) = self.backend.get_object(src_bucket, src_key, cond).await?;
@@ -270,7 +271,7 @@ impl Node {
         self: &Arc<Self>,
         (bucket, key, upload_id): (&str, &str, &str),
         parts: &[(u32, String)],
-        headers: &[(String, String)],
+        headers: &[Header],
         cond: &WriteConditions,
     ) -> Result<ObjectMeta, NodeError> {
         let _held = self.hold_if_conditional(bucket, key, cond).await;
@@ -314,7 +315,7 @@ impl Node {
         let node = Arc::downgrade(self);
         tokio::spawn(async move {
             let room = Arc::new(tokio::sync::Semaphore::new(SETTLING_PARALLEL));
-            while let Some((id, bucket, key)) = unsettled.recv().await {
+            while let Some(Unsettled { id, object }) = unsettled.recv().await {
                 let Some(node) = node.upgrade() else {
                     return;
                 };
@@ -322,7 +323,7 @@ impl Node {
                     return;
                 };
                 tokio::spawn(async move {
-                    node.settle(&bucket, &key).await;
+                    node.settle(&object.bucket, &object.key).await;
                     node.journal.end(&[id]);
                     drop(place);
                 });

@@ -23,6 +23,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use bytes::Bytes;
+use granary_proto::Header;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 
@@ -294,7 +295,7 @@ pub fn result_meta(t: &Named, out: &[u8]) -> ObjectMeta {
         size: out.len() as u64,
         etag: format!("{:032x}", xxhash_rust::xxh3::xxh3_128(out)),
         last_modified: SystemTime::now(),
-        headers: vec![("content-type".to_owned(), t.def.content_type().to_owned())],
+        headers: vec![Header::new("content-type", t.def.content_type())],
     }
 }
 

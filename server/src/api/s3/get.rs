@@ -14,6 +14,7 @@ use granary_proto::headers::{
     CACHE, LOCAL, LOCAL_CHECKS, LOCAL_LENGTH, LOCAL_OFFSET, LOCAL_RESIDENT, NODE, PLAN, TRANSFORM,
 };
 use granary_proto::range::RangeSpec;
+use granary_proto::Header;
 use http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
 
 use super::{http_date, Req};
@@ -258,7 +259,7 @@ impl AttributesAsked {
         let checksums: Vec<(String, &str)> = meta
             .headers
             .iter()
-            .filter_map(|(k, v)| {
+            .filter_map(|Header { name: k, value: v }| {
                 let alg = k.strip_prefix("x-amz-checksum-")?;
                 let tag = match alg {
                     "type" => "ChecksumType".to_owned(),
@@ -411,7 +412,7 @@ fn object_headers(state: &AppState, h: &mut HeaderMap, meta: &ObjectMeta, origin
     h.insert(header::LAST_MODIFIED, http_date(meta.last_modified));
     h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
     let mut has_type = false;
-    for (k, v) in &meta.headers {
+    for Header { name: k, value: v } in &meta.headers {
         let value = HeaderValue::from_bytes(&granary_proto::headers::latin1_bytes(v));
         if let (Ok(name), Ok(value)) = (HeaderName::try_from(k.as_str()), value) {
             has_type |= name == header::CONTENT_TYPE;

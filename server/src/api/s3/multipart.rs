@@ -8,6 +8,7 @@ use http::{header, StatusCode};
 use super::body::{self, ChecksumAlg};
 use super::object::{checksum_header, content_md5, copy_source, stored_headers};
 use granary_proto::range::RangeSpec;
+use granary_proto::Header;
 
 use super::xml::{self, Doc};
 use super::{empty, quoted, xml_response, Req};
@@ -63,7 +64,7 @@ pub async fn upload_part(state: &AppState, mut r: Req) -> Result<Response, S3Err
     // The part's checksum is kept with it, for the completion's checksum.
     let headers = echo
         .iter()
-        .filter_map(|(k, v)| Some((k.as_str().to_owned(), v.to_str().ok()?.to_owned())))
+        .filter_map(|(k, v)| Some(Header::new(k.as_str(), v.to_str().ok()?)))
         .collect();
     let opts = PutOptions {
         headers,
@@ -169,7 +170,7 @@ pub async fn complete(state: &AppState, mut r: Req) -> Result<Response, S3Error>
         .elem("Bucket", &r.bucket)
         .elem("Key", r.key())
         .elem("ETag", &format!("\"{}\"", meta.etag));
-    for (name, value) in &meta.headers {
+    for Header { name, value } in &meta.headers {
         if let Some(alg) = name.strip_prefix("x-amz-checksum-") {
             let tag = match alg {
                 "type" => "ChecksumType".to_owned(),
@@ -193,7 +194,7 @@ async fn completion_checksum(
     named: Option<(ChecksumAlg, String, String)>,
     full_object: bool,
     parts: &[(u32, String)],
-) -> Result<Vec<(String, String)>, S3Error> {
+) -> Result<Vec<Header>, S3Error> {
     let stored = match state.node.list_parts(bucket, key, id).await {
         Ok(stored) => stored,
         // Completed already (the completion answers again) or never begun: the
@@ -254,8 +255,8 @@ async fn completion_checksum(
         "COMPOSITE"
     };
     Ok(vec![
-        (name, computed),
-        ("x-amz-checksum-type".to_owned(), kind.to_owned()),
+        Header::new(name, computed),
+        Header::new("x-amz-checksum-type", kind),
     ])
 }
 

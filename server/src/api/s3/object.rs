@@ -10,10 +10,11 @@ use super::{empty, quoted, xml_response, Req};
 use crate::api::error::{S3Code, S3Error};
 use crate::api::AppState;
 use granary_core::{etag_matches, ByteRange, ObjectMeta, PutOptions, Refusal, WriteConditions};
+use granary_proto::Header;
 
 /// The headers of a write that are kept with the object.
-pub fn stored_headers(h: &HeaderMap) -> Vec<(String, String)> {
-    let mut out: Vec<(String, String)> = h
+pub fn stored_headers(h: &HeaderMap) -> Vec<Header> {
+    let mut out: Vec<Header> = h
         .iter()
         .filter(|(k, _)| granary_proto::headers::is_stored(k.as_str()))
         .map(|(k, v)| {
@@ -30,9 +31,9 @@ pub fn stored_headers(h: &HeaderMap) -> Vec<(String, String)> {
                     .map(str::trim)
                     .filter(|e| !e.eq_ignore_ascii_case("aws-chunked") && !e.is_empty())
                     .collect();
-                (!rest.is_empty()).then(|| (k, rest.join(", ")))
+                (!rest.is_empty()).then(|| Header::new(k, rest.join(", ")))
             } else {
-                Some((k, v))
+                Some(Header::new(k, v))
             }
         })
         .collect();
@@ -62,7 +63,7 @@ pub async fn put(state: &AppState, mut r: Req) -> Result<Response, S3Error> {
     // Kept with the object, for reads in checksum mode (the body is checked against it).
     if let Some((name, value)) = &checksum_echo {
         if let Ok(v) = value.to_str() {
-            headers.push((name.as_str().to_owned(), v.to_owned()));
+            headers.push(Header::new(name.as_str(), v));
             headers.sort();
         }
     }
@@ -218,8 +219,8 @@ mod tests {
         assert_eq!(
             s,
             vec![
-                ("content-type".to_owned(), "image/jpeg".to_owned()),
-                ("x-amz-meta-label".to_owned(), "cat".to_owned())
+                Header::new("content-type", "image/jpeg"),
+                Header::new("x-amz-meta-label", "cat")
             ]
         );
     }

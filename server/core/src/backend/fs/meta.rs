@@ -3,6 +3,7 @@
 //! file's size and mtime are the ones it was written with. A file without it (dropped in
 //! by hand, or rewritten since) gets an ETag of its size and mtime.
 
+use granary_proto::Header;
 use std::fs::{self, File};
 use std::io;
 use std::sync::atomic::Ordering;
@@ -26,7 +27,7 @@ pub(super) struct StoredMeta {
     /// no longer matches and is treated as foreign.
     mtime_ns: u128,
     #[serde(default)]
-    headers: Vec<(String, String)>,
+    headers: Vec<Header>,
     /// An object completed from parts: their sizes, in order (for `?partNumber=`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub(super) parts: Vec<u64>,
@@ -72,7 +73,7 @@ impl Inner {
         &self,
         temp: &TempFile,
         etag: String,
-        headers: Vec<(String, String)>,
+        headers: Vec<Header>,
         parts: Vec<PartInfo>,
     ) -> io::Result<SystemTime> {
         let md = temp.file.metadata()?;

@@ -16,6 +16,7 @@ mod multipart;
 #[cfg(test)]
 mod tests;
 
+use granary_proto::Header;
 use list::{list_sync, Listings};
 
 use std::fs::{self, File};
@@ -418,8 +419,8 @@ impl Source for FsBackend {
             let checksum_type = meta
                 .headers
                 .iter()
-                .find(|(k, _)| k == "x-amz-checksum-type")
-                .map(|(_, v)| v.clone());
+                .find(|h| h.name == "x-amz-checksum-type")
+                .map(|h| h.value.clone());
             Ok(Some(ObjectParts {
                 etag: meta.etag,
                 parts,
@@ -596,7 +597,7 @@ impl Backend for FsBackend {
         key: &str,
         upload_id: &str,
         parts: &[(u32, String)],
-        headers: &[(String, String)],
+        headers: &[Header],
     ) -> Result<ObjectMeta> {
         self.complete_upload(bucket, key, upload_id, parts, headers)
             .await

@@ -3,6 +3,7 @@
 //! checksum as an extended attribute), until completed into one object (ETag
 //! `md5(part md5s)-N`) or aborted.
 
+use granary_proto::Header;
 use std::fs::{self, File};
 use std::io;
 use std::path::{Path, PathBuf};
@@ -25,7 +26,7 @@ const MIN_PART_SIZE: u64 = 5 << 20;
 struct UploadRecord {
     bucket: String,
     key: String,
-    headers: Vec<(String, String)>,
+    headers: Vec<Header>,
     initiated_ns: u128,
 }
 
@@ -151,8 +152,8 @@ impl FsBackend {
         let checksum = opts
             .headers
             .iter()
-            .find(|(k, _)| k.starts_with("x-amz-checksum-"))
-            .cloned();
+            .find(|h| h.name.starts_with("x-amz-checksum-"))
+            .map(|h| (h.name.clone(), h.value.clone()));
         self.blocking(move |inner| {
             let mut temp = temp;
             let etag = hex::encode(md5);
@@ -218,7 +219,7 @@ impl FsBackend {
         key: &str,
         upload_id: &str,
         parts: &[(u32, String)],
-        headers: &[(String, String)],
+        headers: &[Header],
     ) -> Result<ObjectMeta> {
         let (b, k, id) = (bucket.to_owned(), key.to_owned(), upload_id.to_owned());
         let wanted = parts.to_vec();
@@ -263,7 +264,7 @@ impl FsBackend {
             let etag = format!("{}-{}", hex::encode(md5s.finalize()), chosen.len());
             let sizes = chosen.iter().map(|(p, _)| p.clone()).collect();
             let mut headers = rec.headers;
-            headers.retain(|(k, _)| !extra.iter().any(|(e, _)| e == k));
+            headers.retain(|h| !extra.iter().any(|e| e.name == h.name));
             headers.extend(extra);
             headers.sort();
             let last_modified = inner.write_meta(&temp, etag.clone(), headers.clone(), sizes)?;
