@@ -7,6 +7,7 @@ pub mod keypath;
 pub mod limit;
 #[cfg(test)]
 pub mod mem;
+pub mod ranged;
 pub mod s3;
 
 use granary_proto::Header;

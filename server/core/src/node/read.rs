@@ -254,13 +254,24 @@ impl Node {
         req: &ReadRequest<'_>,
         mode: Mode,
     ) -> Result<Reply, NodeError> {
+        self.read_object_from(&*self.backend.clone(), req, mode)
+            .await
+    }
+
+    /// [`Node::read_object`] with the cache's misses read from `src`.
+    pub(super) async fn read_object_from(
+        self: &Arc<Self>,
+        src: &dyn crate::backend::Source,
+        req: &ReadRequest<'_>,
+        mode: Mode,
+    ) -> Result<Reply, NodeError> {
         let range = |meta: &ObjectMeta| -> Result<Option<ByteRange>, Refusal> {
             req.conditions.check(meta)?;
             resolve(req.range, meta.size)
         };
         let read = self
             .cache
-            .read(&*self.backend, req.bucket, req.key, &range, mode)
+            .read(src, req.bucket, req.key, &range, mode)
             .await?;
         let mut reply = Reply::of(read);
         if mode == Mode::Committed {

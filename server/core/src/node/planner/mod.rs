@@ -32,9 +32,18 @@
 //!   node's own clients' misses wait on the backend (demand reads go first, and the
 //!   planner still gets ahead of them; a read that joins a planned fetch is none);
 //!   where the backend is short, its part by need (above); else as many as the shards
-//!   still missing need at one fetch's measured throughput, [`FETCHES`] − 1 to
+//!   still missing need at one request's measured throughput, [`FETCHES`] − 1 to
 //!   2 × [`FETCHES`]: members share a backend per connection, and one that owns more
 //!   of the misses takes more of it.
+//! - **Requests, not rooms.** That count is of requests to the backend. A shard of two
+//!   or more 8 MiB ranges is fetched in ranges, side by side (`backend::ranged`), over
+//!   as many of them as the count leaves, and a shard that must drop entries to fit
+//!   waits for the fetch in flight to end: every fetch in flight holds its shard's room
+//!   while it runs, and in a full cache that room is an entry dropped and fetched
+//!   again. Measured on 64 MiB shards over 3 nodes (BENCHMARKS.md, P13): two to four
+//!   fetches in flight held a quarter to half of a member's cache, and the members
+//!   brought 1.2–2.4 × (D − C). Shards smaller than two ranges go as before, a request
+//!   each.
 //! - **Just in time.** A fetch starts no earlier than it must: it starts once the
 //!   shards still missing, fetched one after another at [`SHARE`] of the member's
 //!   part of the backend, would otherwise come later than [`SLACK`] before their
@@ -134,6 +143,8 @@ pub struct Planner {
     wake: tokio::sync::Notify,
     /// Shards being fetched: `bucket/key`, and their sizes.
     fetching: Mutex<HashMap<String, u64>>,
+    /// Requests to the backend the planned fetches in flight run.
+    streams: AtomicUsize,
     /// The backend's throughput as the planner's fetches see it.
     meter: Mutex<Meter>,
     exchanging: AtomicBool,
@@ -155,7 +166,8 @@ struct Meter {
     since: Option<(Instant, u64)>,
     /// Bytes per second (0: not measured yet).
     rate: f64,
-    /// One planned fetch's throughput, bytes per second (0: not measured yet).
+    /// One request's throughput within a planned fetch, bytes per second (0: not
+    /// measured yet).
     one: f64,
 }
 
@@ -190,9 +202,10 @@ impl Meter {
         }
     }
 
-    /// A planned fetch brought `bytes` in `took`.
-    fn fetched(&mut self, bytes: u64, took: Duration) {
-        self.one = smoothed(self.one, bytes as f64 / took.as_secs_f64().max(1e-3));
+    /// A planned fetch brought `bytes` in `took` over `streams` requests at once.
+    fn fetched(&mut self, bytes: u64, took: Duration, streams: usize) {
+        let each = bytes as f64 / streams.max(1) as f64;
+        self.one = smoothed(self.one, each / took.as_secs_f64().max(1e-3));
     }
 }
 
@@ -256,10 +269,11 @@ struct Planned {
     plan: Arc<Plan>,
 }
 
-/// What the planner does next.
+/// What the planner does next: fetch a shard over this many requests at once (its
+/// ranges side by side: `backend::ranged`), after dropping these entries.
 enum Step {
-    Fetch(Planned),
-    DropThenFetch(Vec<Planned>, Planned),
+    Fetch(Planned, usize),
+    DropThenFetch(Vec<Planned>, Planned, usize),
 }
 
 /// A demand read of the backend in flight, counted while it lives.
@@ -283,6 +297,8 @@ struct Look<'a> {
     pub usage: Usage,
     /// Planned fetches in flight: `bucket/key`, and their sizes.
     pub fetching: &'a HashMap<String, u64>,
+    /// The requests to the backend they run.
+    pub streams: usize,
     /// Whether a client's read is filling `bucket/key`.
     pub filling: &'a dyn Fn(&str, &str) -> bool,
     /// This member's measure of the backend's throughput, and of one fetch's.
@@ -388,7 +404,9 @@ fn decide(look: &Look<'_>, mut wanted: Vec<Planned>, held: Vec<Planned>) -> Opti
     } else {
         FETCHES
     };
-    if look.fetching.len() >= most {
+    // Counted in requests to the backend: a shard large enough to be read in ranges
+    // takes several (below).
+    if look.streams >= most {
         return None;
     }
     // When to start: at this member's part of the backend (below), counting on
@@ -402,8 +420,18 @@ fn decide(look: &Look<'_>, mut wanted: Vec<Planned>, held: Vec<Planned>) -> Opti
     }
     let first = wanted.into_iter().next().filter(|p| p.due <= horizon)?;
     let victims = room_for(&first, held, u)?;
+    // The requests the need asks for go to one shard, read in ranges, where it is large
+    // enough: each fetch in flight holds its shard's room in the cache while it runs,
+    // and where the cache is full that room is an entry dropped (and fetched again).
+    // So a shard that has to drop entries to fit waits for the fetch in flight
+    // to end, where that one could take the requests itself.
+    let ranges = crate::backend::ranged::ranges_of(first.size);
+    let streams = (most - look.streams).min(ranges);
+    if ranges > 1 && !victims.is_empty() && !look.fetching.is_empty() {
+        return None;
+    }
     if victims.is_empty() {
-        return Some(Step::Fetch(first));
+        return Some(Step::Fetch(first, streams));
     }
     // A shard of the next epoch fetched before this epoch's reads are over, in
     // place of an entry kept for the next epoch, takes that entry's place across
@@ -412,7 +440,7 @@ fn decide(look: &Look<'_>, mut wanted: Vec<Planned>, held: Vec<Planned>) -> Opti
     if first.due >= first.reuse && !just_in_time(&first, backlog, share, SLACK.as_secs_f64()) {
         return None;
     }
-    Some(Step::DropThenFetch(victims, first))
+    Some(Step::DropThenFetch(victims, first, streams))
 }
 
 /// The backend's throughput this member counts on when it times its fetches: its
@@ -844,6 +872,7 @@ impl Node {
         let look = Look {
             usage: self.cache.usage(),
             fetching,
+            streams: self.planner.streams.load(Ordering::Acquire),
             filling: &|bucket, key| self.cache.filling(bucket, key),
             measured,
             one,
@@ -919,12 +948,12 @@ impl Node {
             }
             self.next_step(&fetching)
         };
-        let shard = match step {
+        let (shard, streams) = match step {
             None => return,
-            Some(Step::Fetch(s)) => s,
-            Some(Step::DropThenFetch(victims, s)) => {
+            Some(Step::Fetch(s, n)) => (s, n),
+            Some(Step::DropThenFetch(victims, s, n)) => {
                 self.drop_for(victims, &s.key);
-                s
+                (s, n)
             }
         };
         let id = format!("{}/{}", shard.bucket, shard.key);
@@ -937,36 +966,46 @@ impl Node {
         {
             return;
         }
-        tracing::debug!(key = %shard.key, due_s = shard.due, reuse_s = shard.reuse, "a planned fetch starts");
+        tracing::debug!(key = %shard.key, due_s = shard.due, reuse_s = shard.reuse, streams, "a planned fetch starts");
+        self.planner.streams.fetch_add(streams, Ordering::AcqRel);
         let node = self.clone();
         tokio::spawn(async move {
             let started = Instant::now();
-            match node.fetch_planned(&shard.bucket, &shard.key).await {
+            match node.fetch_planned(&shard.bucket, &shard.key, streams).await {
                 Ok(bytes) if bytes > 0 => {
                     shard.plan.fetched(bytes);
                     node.stats.add(Metric::BytesPlanned, bytes);
                     node.planner
                         .meter
                         .locked()
-                        .fetched(bytes, started.elapsed());
+                        .fetched(bytes, started.elapsed(), streams);
                 }
                 Ok(_) => {}
                 Err(e) => tracing::warn!(key = %shard.key, error = %e, "a planned fetch failed"),
             }
             node.planner.fetching.locked().remove(&id);
+            node.planner.streams.fetch_sub(streams, Ordering::AcqRel);
             node.planner.wake.notify_one();
         });
     }
 
-    /// Brings one shard into this node's cache: the bytes it took from the backend.
-    async fn fetch_planned(self: &Arc<Self>, bucket: &str, key: &str) -> Result<u64, NodeError> {
+    /// Brings one shard into this node's cache, over `streams` requests to the backend
+    /// at once: the bytes it took from the backend.
+    async fn fetch_planned(
+        self: &Arc<Self>,
+        bucket: &str,
+        key: &str,
+        streams: usize,
+    ) -> Result<u64, NodeError> {
         if self.cache.holds(bucket, key).is_some() {
             return Ok(0);
         }
         // Not through `read`: this is no client's read, and counts as no demand.
         // An object the cache cannot admit now is left for later, unread.
+        let src = crate::backend::ranged::Ranged::new(self.backend.clone(), streams);
         let reply = match self
-            .read_object(
+            .read_object_from(
+                &src,
                 &ReadRequest::object(bucket, key),
                 crate::cache::Mode::StreamOrDecline,
             )
@@ -1052,6 +1091,7 @@ mod tests {
                 objects: 0,
             },
             fetching: &fetching,
+            streams: 0,
             filling: &filling,
             measured: 0.0,
             one: 0.0,
@@ -1098,5 +1138,108 @@ mod tests {
         // A span shorter than the meter's is not measured yet.
         m.look(true, 20 * MB, t0 + Duration::from_millis(4100));
         assert_eq!(m.rate, 0.7 * 2.0 * MB as f64 + 0.3 * MB as f64);
+    }
+
+    /// A shard read in ranges takes the requests; one that must drop entries to fit
+    /// waits for the fetch in flight rather than hold a second room.
+    #[test]
+    fn a_large_shard_takes_the_requests_and_one_room() {
+        use granary_proto::plan::PlanShard;
+        const SHARD: u64 = 64 << 20;
+        let plans = crate::plans::Plans::new(Duration::from_secs(60));
+        let spec = PlanSpec {
+            bucket: "b".into(),
+            prefix: "p/".into(),
+            shards: (0..4)
+                .map(|i| PlanShard {
+                    key: format!("p/{i}.tar"),
+                    etag: "e".into(),
+                    samples: 10,
+                    size: SHARD,
+                })
+                .collect(),
+            seed: 1,
+            epoch: 0,
+            world_size: 1,
+            shuffle_buffer: 0,
+            shuffle_shards: true,
+            drop_last: false,
+            batch_size: 1,
+            rounds: vec![],
+            job: None,
+            pipeline: None,
+        };
+        let plan = plans.register(spec).unwrap().plan;
+        let shard = |i: usize, size: u64, due: f64, reuse: f64| Planned {
+            bucket: "b".into(),
+            key: format!("p/{i}.tar"),
+            size,
+            due,
+            reuse,
+            early: 0.0,
+            plan: plan.clone(),
+        };
+        // A full cache of three shards read already (next needed in the next epoch).
+        let held = || {
+            (1..4)
+                .map(|i| shard(i, SHARD, 100.0, 100.0))
+                .collect::<Vec<_>>()
+        };
+        let full = Usage {
+            used: 3 * SHARD,
+            reserved: 0,
+            capacity: 3 * SHARD,
+            objects: 3,
+        };
+        let filling = |_: &str, _: &str| false;
+        let none = HashMap::new();
+        let look = |fetching, streams| Look {
+            usage: full,
+            fetching,
+            streams,
+            filling: &filling,
+            measured: 0.0,
+            one: 0.0,
+            demand: false,
+            waited: false,
+            standing: Standings::default(),
+            members: 1,
+        };
+        // Nothing in flight: the shard, over every request the count allows (two
+        // before one was timed), for the room of the entry needed last.
+        match decide(&look(&none, 0), vec![shard(0, SHARD, 1.0, 50.0)], held()) {
+            Some(Step::DropThenFetch(victims, s, streams)) => {
+                assert_eq!(
+                    (victims.len(), s.key.as_str(), streams),
+                    (1, "p/0.tar", FETCHES)
+                );
+            }
+            _ => panic!("a fetch, dropping one entry"),
+        }
+        // Another shard in flight over one request: this one waits, though a request
+        // is left, rather than hold a second room.
+        let one_in_flight = HashMap::from([("b/p/9.tar".to_owned(), SHARD)]);
+        let step = decide(
+            &look(&one_in_flight, 1),
+            vec![shard(0, SHARD, 1.0, 50.0)],
+            held(),
+        );
+        assert!(step.is_none(), "waits for the fetch in flight");
+        // A shard smaller than two ranges goes beside it, over one request.
+        match decide(
+            &look(&one_in_flight, 1),
+            vec![shard(0, 4 << 20, 1.0, 50.0)],
+            held(),
+        ) {
+            Some(Step::DropThenFetch(_, _, streams)) => assert_eq!(streams, 1),
+            _ => panic!("a small shard's fetch"),
+        }
+        // Every request taken: nothing more.
+        let step = decide(
+            &look(&none, FETCHES),
+            vec![shard(0, SHARD, 1.0, 50.0)],
+            held(),
+        );
+        assert!(step.is_none());
     }
 }

@@ -109,6 +109,8 @@ struct Transfer {
     /// Admitted: room reserved in the cache.
     admitted: bool,
     started: Instant,
+    /// Requests it runs at once (a planned fetch read in ranges).
+    streams: usize,
 }
 
 /// A member, simulated.
@@ -257,13 +259,17 @@ pub fn simulate(cfg: &SimConfig) -> SimReport {
         steps += 1;
         set_simulated_now(Some(now));
         // The backend, shared per connection.
-        let n: usize = members.iter().map(|m| m.transfers.len()).sum();
+        let n: usize = members
+            .iter()
+            .flat_map(|m| &m.transfers)
+            .map(|t| t.streams)
+            .sum();
         if n > 0 {
             let each = cfg.backend * tick / n as f64;
             for m in members.iter_mut() {
                 let mut ended = Vec::new();
                 for (i, t) in m.transfers.iter_mut().enumerate() {
-                    let got = each.min(t.left);
+                    let got = (each * t.streams as f64).min(t.left);
                     t.left -= got;
                     m.backend_bytes += got as u64;
                     epoch_backend += got as u64;
@@ -282,7 +288,8 @@ pub fn simulate(cfg: &SimConfig) -> SimReport {
                     }
                     if !t.demand {
                         m.fetching.remove(&format!("{BUCKET}/{}", keys[t.shard]));
-                        m.meter.fetched(t.size, now.duration_since(t.started));
+                        m.meter
+                            .fetched(t.size, now.duration_since(t.started), t.streams);
                         m.looks += 1;
                     }
                 }
@@ -325,6 +332,7 @@ pub fn simulate(cfg: &SimConfig) -> SimReport {
                     demand: true,
                     admitted,
                     started: now,
+                    streams: 1,
                 });
             }
             pending.push_back((first, shard));
@@ -347,6 +355,7 @@ pub fn simulate(cfg: &SimConfig) -> SimReport {
                     demand: true,
                     admitted: false,
                     started: now,
+                    streams: 1,
                 });
             }
             break;
@@ -449,15 +458,15 @@ pub fn simulate(cfg: &SimConfig) -> SimReport {
                 look_total += us;
                 look_max = look_max.max(us);
                 let Some(step) = step else { break };
-                let shard = match step {
-                    Step::Fetch(s) => s,
-                    Step::DropThenFetch(victims, s) => {
+                let (shard, streams) = match step {
+                    Step::Fetch(s, n) => (s, n),
+                    Step::DropThenFetch(victims, s, n) => {
                         for v in victims {
                             if let Some(size) = m.held.remove(&index[v.key.as_str()]) {
                                 m.used -= size;
                             }
                         }
-                        s
+                        (s, n)
                     }
                 };
                 let si = index[shard.key.as_str()];
@@ -475,6 +484,7 @@ pub fn simulate(cfg: &SimConfig) -> SimReport {
                     demand: false,
                     admitted: true,
                     started: now,
+                    streams,
                 });
             }
         }
@@ -544,6 +554,12 @@ fn look(
             objects: m.held.len() as u64,
         },
         fetching: &m.fetching,
+        streams: m
+            .transfers
+            .iter()
+            .filter(|t| !t.demand)
+            .map(|t| t.streams)
+            .sum(),
         filling: &filling,
         measured: m.meter.rate,
         one: m.meter.one,
