@@ -731,34 +731,40 @@ impl Plans {
     }
 }
 
+/// A plan of `shards` shards `b/p/N.tar` of `size` bytes and 10 samples each, read by
+/// `world` ranks, for tests.
+#[cfg(test)]
+pub(crate) fn test_spec(shards: usize, size: u64, world: usize) -> PlanSpec {
+    PlanSpec {
+        bucket: "b".into(),
+        prefix: "p/".into(),
+        shards: (0..shards)
+            .map(|i| granary_proto::plan::PlanShard {
+                key: format!("p/{i}.tar"),
+                etag: "e".into(),
+                samples: 10,
+                size,
+            })
+            .collect(),
+        seed: 1,
+        epoch: 0,
+        world_size: world,
+        shuffle_buffer: 0,
+        shuffle_shards: true,
+        drop_last: false,
+        batch_size: 1,
+        rounds: vec![],
+        job: None,
+        pipeline: None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use granary_proto::plan::PlanShard;
 
     fn spec(world: usize) -> PlanSpec {
-        PlanSpec {
-            bucket: "b".into(),
-            prefix: "p/".into(),
-            shards: (0..4)
-                .map(|i| PlanShard {
-                    key: format!("p/{i}.tar"),
-                    etag: "e".into(),
-                    samples: 10,
-                    size: 100,
-                })
-                .collect(),
-            seed: 1,
-            epoch: 0,
-            world_size: world,
-            shuffle_buffer: 0,
-            shuffle_shards: true,
-            drop_last: false,
-            batch_size: 1,
-            rounds: vec![],
-            job: None,
-            pipeline: None,
-        }
+        test_spec(4, 100, world)
     }
 
     fn mark(id: &str, epoch: u64, rank: u32, place: u64) -> PlanMark {

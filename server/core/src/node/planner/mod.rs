@@ -1144,31 +1144,9 @@ mod tests {
     /// waits for the fetch in flight rather than hold a second room.
     #[test]
     fn a_large_shard_takes_the_requests_and_one_room() {
-        use granary_proto::plan::PlanShard;
         const SHARD: u64 = 64 << 20;
         let plans = crate::plans::Plans::new(Duration::from_secs(60));
-        let spec = PlanSpec {
-            bucket: "b".into(),
-            prefix: "p/".into(),
-            shards: (0..4)
-                .map(|i| PlanShard {
-                    key: format!("p/{i}.tar"),
-                    etag: "e".into(),
-                    samples: 10,
-                    size: SHARD,
-                })
-                .collect(),
-            seed: 1,
-            epoch: 0,
-            world_size: 1,
-            shuffle_buffer: 0,
-            shuffle_shards: true,
-            drop_last: false,
-            batch_size: 1,
-            rounds: vec![],
-            job: None,
-            pipeline: None,
-        };
+        let spec = crate::plans::test_spec(4, SHARD, 1);
         let plan = plans.register(spec).unwrap().plan;
         let shard = |i: usize, size: u64, due: f64, reuse: f64| Planned {
             bucket: "b".into(),
