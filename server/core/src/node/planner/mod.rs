@@ -405,7 +405,9 @@ fn decide(look: &Look<'_>, mut wanted: Vec<Planned>, held: Vec<Planned>) -> Opti
         FETCHES
     };
     // Counted in requests to the backend: a shard large enough to be read in ranges
-    // takes several (below).
+    // takes several (below). No more than 2 × [`FETCHES`] at once, as fetches were
+    // before they were counted so (a fetch holds as many 8 MiB ranges in memory).
+    let most = most.min(2 * FETCHES);
     if look.streams >= most {
         return None;
     }
