@@ -9,14 +9,14 @@
 //! fetch takes as many connections as its need asks, and holds one room.
 
 use std::io;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 
 use super::{ByteRange, GetObject, ObjectMeta, ObjectParts, RangeFn, Result, Source};
-use crate::sync::Locked;
 
 /// The size of each range: what AWS advises for byte-range fetches of large objects
 /// ("typical sizes for byte-range requests are 8 MB or 16 MB"), and eight of the
@@ -104,17 +104,17 @@ impl<S: Source + ?Sized> Source for Ranged<S> {
         }
         // The first range from the request that learns the version; the caller's
         // decision is taken on that version's metadata, as it would be.
-        let split = Mutex::new(false);
+        let split = AtomicBool::new(false);
         let first = |meta: &ObjectMeta| {
             let wanted = range(meta)?;
             if wanted.is_none() && ranges_of(meta.size) > 1 {
-                *split.locked() = true;
+                split.store(true, Ordering::Relaxed);
                 return Ok(Some(ByteRange::from(0..RANGE)));
             }
             Ok(wanted)
         };
         let (obj, resolved) = self.inner.get_object(bucket, key, &first).await?;
-        if !*split.locked() {
+        if !split.load(Ordering::Relaxed) {
             return Ok((obj, resolved));
         }
         let GetObject { meta, body } = obj;
@@ -159,6 +159,8 @@ impl<S: Source + ?Sized> Source for Ranged<S> {
 mod tests {
     use super::*;
     use crate::backend::mem::Mem;
+    use crate::sync::Locked;
+    use std::sync::Mutex;
 
     #[tokio::test]
     async fn a_whole_object_read_in_ranges_is_every_byte_in_order() {

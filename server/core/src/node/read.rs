@@ -254,8 +254,7 @@ impl Node {
         req: &ReadRequest<'_>,
         mode: Mode,
     ) -> Result<Reply, NodeError> {
-        self.read_object_from(&*self.backend.clone(), req, mode)
-            .await
+        self.read_object_from(&*self.backend, req, mode).await
     }
 
     /// [`Node::read_object`] with the cache's misses read from `src`.

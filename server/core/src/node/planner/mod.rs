@@ -141,10 +141,8 @@ const HOME: &str = "\0plans";
 #[derive(Default)]
 pub struct Planner {
     wake: tokio::sync::Notify,
-    /// Shards being fetched: `bucket/key`, and their sizes.
-    fetching: Mutex<HashMap<String, u64>>,
-    /// Requests to the backend the planned fetches in flight run.
-    streams: AtomicUsize,
+    /// Shards being fetched: `bucket/key`, and their fetches.
+    fetching: Mutex<HashMap<String, InFlight>>,
     /// The backend's throughput as the planner's fetches see it.
     meter: Mutex<Meter>,
     exchanging: AtomicBool,
@@ -269,6 +267,14 @@ struct Planned {
     plan: Arc<Plan>,
 }
 
+/// A planned fetch in flight: its shard's size, and the requests to the backend it
+/// runs.
+#[derive(Debug, Clone, Copy)]
+struct InFlight {
+    size: u64,
+    streams: usize,
+}
+
 /// What the planner does next: fetch a shard over this many requests at once (its
 /// ranges side by side: `backend::ranged`), after dropping these entries.
 enum Step {
@@ -295,10 +301,8 @@ fn plans_error(e: PlansError) -> NodeError {
 /// What the planner looks at, gathered from the node (or from a simulation of one).
 struct Look<'a> {
     pub usage: Usage,
-    /// Planned fetches in flight: `bucket/key`, and their sizes.
-    pub fetching: &'a HashMap<String, u64>,
-    /// The requests to the backend they run.
-    pub streams: usize,
+    /// Planned fetches in flight, by `bucket/key`.
+    pub fetching: &'a HashMap<String, InFlight>,
     /// Whether a client's read is filling `bucket/key`.
     pub filling: &'a dyn Fn(&str, &str) -> bool,
     /// This member's measure of the backend's throughput, and of one fetch's.
@@ -376,7 +380,8 @@ fn decide(look: &Look<'_>, mut wanted: Vec<Planned>, held: Vec<Planned>) -> Opti
         .iter()
         .map(|p| (p.size, (p.due - p.early).max(0.0)))
         .collect();
-    let backlog = look.fetching.values().sum();
+    let backlog = look.fetching.values().map(|f| f.size).sum();
+    let streams_now: usize = look.fetching.values().map(|f| f.streams).sum();
     // Behind: a client's read waited lately, and the shard first needed is still to be
     // read in this epoch. A shard for the next epoch waits for its time even then:
     // fetched early, it is the first entry dropped for a read of this epoch's.
@@ -408,7 +413,7 @@ fn decide(look: &Look<'_>, mut wanted: Vec<Planned>, held: Vec<Planned>) -> Opti
     // takes several (below). No more than 2 × [`FETCHES`] at once, as fetches were
     // before they were counted so (a fetch holds as many 8 MiB ranges in memory).
     let most = most.min(2 * FETCHES);
-    if look.streams >= most {
+    if streams_now >= most {
         return None;
     }
     // When to start: at this member's part of the backend (below), counting on
@@ -428,7 +433,7 @@ fn decide(look: &Look<'_>, mut wanted: Vec<Planned>, held: Vec<Planned>) -> Opti
     // So a shard that has to drop entries to fit waits for the fetch in flight
     // to end, where that one could take the requests itself.
     let ranges = crate::backend::ranged::ranges_of(first.size);
-    let streams = (most - look.streams).min(ranges);
+    let streams = (most - streams_now).min(ranges);
     if ranges > 1 && !victims.is_empty() && !look.fetching.is_empty() {
         return None;
     }
@@ -865,7 +870,7 @@ impl Node {
         split(self.planned_here(), |p| self.cache.holds(&p.bucket, &p.key))
     }
 
-    fn next_step(&self, fetching: &HashMap<String, u64>) -> Option<Step> {
+    fn next_step(&self, fetching: &HashMap<String, InFlight>) -> Option<Step> {
         let (wanted, held) = self.split_held();
         let (measured, one) = {
             let m = self.planner.meter.locked();
@@ -874,7 +879,6 @@ impl Node {
         let look = Look {
             usage: self.cache.usage(),
             fetching,
-            streams: self.planner.streams.load(Ordering::Acquire),
             filling: &|bucket, key| self.cache.filling(bucket, key),
             measured,
             one,
@@ -963,13 +967,18 @@ impl Node {
             .planner
             .fetching
             .locked()
-            .insert(id.clone(), shard.size)
+            .insert(
+                id.clone(),
+                InFlight {
+                    size: shard.size,
+                    streams,
+                },
+            )
             .is_some()
         {
             return;
         }
         tracing::debug!(key = %shard.key, due_s = shard.due, reuse_s = shard.reuse, streams, "a planned fetch starts");
-        self.planner.streams.fetch_add(streams, Ordering::AcqRel);
         let node = self.clone();
         tokio::spawn(async move {
             let started = Instant::now();
@@ -986,7 +995,6 @@ impl Node {
                 Err(e) => tracing::warn!(key = %shard.key, error = %e, "a planned fetch failed"),
             }
             node.planner.fetching.locked().remove(&id);
-            node.planner.streams.fetch_sub(streams, Ordering::AcqRel);
             node.planner.wake.notify_one();
         });
     }
@@ -1093,7 +1101,6 @@ mod tests {
                 objects: 0,
             },
             fetching: &fetching,
-            streams: 0,
             filling: &filling,
             measured: 0.0,
             one: 0.0,
@@ -1173,10 +1180,9 @@ mod tests {
         };
         let filling = |_: &str, _: &str| false;
         let none = HashMap::new();
-        let look = |fetching, streams| Look {
+        let look = |fetching| Look {
             usage: full,
             fetching,
-            streams,
             filling: &filling,
             measured: 0.0,
             one: 0.0,
@@ -1187,7 +1193,7 @@ mod tests {
         };
         // Nothing in flight: the shard, over every request the count allows (two
         // before one was timed), for the room of the entry needed last.
-        match decide(&look(&none, 0), vec![shard(0, SHARD, 1.0, 50.0)], held()) {
+        match decide(&look(&none), vec![shard(0, SHARD, 1.0, 50.0)], held()) {
             Some(Step::DropThenFetch(victims, s, streams)) => {
                 assert_eq!(
                     (victims.len(), s.key.as_str(), streams),
@@ -1198,16 +1204,25 @@ mod tests {
         }
         // Another shard in flight over one request: this one waits, though a request
         // is left, rather than hold a second room.
-        let one_in_flight = HashMap::from([("b/p/9.tar".to_owned(), SHARD)]);
+        let in_flight = |streams| {
+            HashMap::from([(
+                "b/p/9.tar".to_owned(),
+                InFlight {
+                    size: SHARD,
+                    streams,
+                },
+            )])
+        };
+        let one_in_flight = in_flight(1);
         let step = decide(
-            &look(&one_in_flight, 1),
+            &look(&one_in_flight),
             vec![shard(0, SHARD, 1.0, 50.0)],
             held(),
         );
         assert!(step.is_none(), "waits for the fetch in flight");
         // A shard smaller than two ranges goes beside it, over one request.
         match decide(
-            &look(&one_in_flight, 1),
+            &look(&one_in_flight),
             vec![shard(0, 4 << 20, 1.0, 50.0)],
             held(),
         ) {
@@ -1215,11 +1230,8 @@ mod tests {
             _ => panic!("a small shard's fetch"),
         }
         // Every request taken: nothing more.
-        let step = decide(
-            &look(&none, FETCHES),
-            vec![shard(0, SHARD, 1.0, 50.0)],
-            held(),
-        );
+        let every = in_flight(FETCHES);
+        let step = decide(&look(&every), vec![shard(0, SHARD, 1.0, 50.0)], held());
         assert!(step.is_none());
     }
 }

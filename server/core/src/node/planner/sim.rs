@@ -28,7 +28,7 @@ use granary_proto::plan::{PlanMark, PlanShard, PlanSpec, Schedule};
 use granary_proto::ring::Ring;
 
 use super::{
-    decide, need_by_plan, planned, split, Look, Meter, Planned, Standings, Step, BEHIND,
+    decide, need_by_plan, planned, split, InFlight, Look, Meter, Planned, Standings, Step, BEHIND,
     EXCHANGE_EVERY, HOME, TICK,
 };
 use crate::cache::Usage;
@@ -123,7 +123,7 @@ struct Member {
     reserved: u64,
     capacity: u64,
     /// Planned fetches in flight: `bucket/key`, and sizes.
-    fetching: HashMap<String, u64>,
+    fetching: HashMap<String, InFlight>,
     transfers: Vec<Transfer>,
     meter: Meter,
     backend_bytes: u64,
@@ -475,8 +475,13 @@ pub fn simulate(cfg: &SimConfig) -> SimReport {
                     break;
                 }
                 m.reserved += shard.size;
-                m.fetching
-                    .insert(format!("{BUCKET}/{}", shard.key), shard.size);
+                m.fetching.insert(
+                    format!("{BUCKET}/{}", shard.key),
+                    InFlight {
+                        size: shard.size,
+                        streams,
+                    },
+                );
                 m.transfers.push(Transfer {
                     shard: si,
                     size: shard.size,
@@ -554,12 +559,6 @@ fn look(
             objects: m.held.len() as u64,
         },
         fetching: &m.fetching,
-        streams: m
-            .transfers
-            .iter()
-            .filter(|t| !t.demand)
-            .map(|t| t.streams)
-            .sum(),
         filling: &filling,
         measured: m.meter.rate,
         one: m.meter.one,
