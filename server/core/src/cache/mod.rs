@@ -705,14 +705,18 @@ impl Cache {
     pub fn invalidate(&self, bucket: &str, key: &str) {
         let ikey = index::key_of(bucket, key);
         let mut table = self.flights.lock();
-        Flights::forget(&mut table, &ikey);
-        self.lock_writes().bump(&ikey);
-        self.hot.invalidate(&ikey);
-        self.tar_indexes.invalidate(&ikey);
-        if let Some(e) = self.lock_index().remove(&ikey, None) {
+        self.invalidate_locked(&mut table, &ikey);
+    }
+
+    /// [`Cache::invalidate`] under the commit lock, which the caller holds (`table`).
+    fn invalidate_locked(&self, table: &mut flight::Table, ikey: &str) {
+        Flights::forget(table, ikey);
+        self.lock_writes().bump(ikey);
+        self.hot.invalidate(ikey);
+        self.tar_indexes.invalidate(ikey);
+        if let Some(e) = self.lock_index().remove(ikey, None) {
             let _ = fs::remove_file(&e.path);
             self.refusing.store(false, Ordering::Release);
         }
-        drop(table);
     }
 }

@@ -689,3 +689,103 @@ async fn windows_stay_mapped_between_hits_and_go_with_their_entry() {
     assert_eq!(entry.maps.kept(), 1, "one window in the budget");
     assert_eq!(c.maps.used(), WINDOW);
 }
+
+/// Writes racing readers that keep missing: once a write has returned and the fills in
+/// flight have ended, a read gets the written bytes. (A fill led between a write's
+/// invalidation and its registration once committed the old bytes over the new.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fill_racing_a_write_never_commits_the_old_bytes_over_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = cache(dir.path(), 1 << 30);
+    let size = 64 << 10;
+    let src = Mem::with(&[("k", data(size, 0))]);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let readers: Vec<_> = (0..3)
+        .map(|_| {
+            let (c, src, stop) = (c.clone(), src.clone(), stop.clone());
+            tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    if let Ok(r) = read(&c, &src, "k").await {
+                        let _ = bytes(r).await;
+                    }
+                    // Misses, again and again.
+                    c.drop_if_unread("b", "k");
+                    tokio::task::yield_now().await;
+                }
+            })
+        })
+        .collect();
+    for i in 1..=500u32 {
+        let new = data(size, (i % 251) as u8 + 1);
+        let body: ByteStream = Box::pin(futures::stream::iter(vec![Ok(new.clone())]));
+        let opts = PutOptions {
+            size: Some(size as u64),
+            ..PutOptions::default()
+        };
+        c.put_through(&*src, "b", "k", body, opts).await.unwrap();
+        tokio::time::timeout(std::time::Duration::from_secs(10), c.fill_ended("b", "k"))
+            .await
+            .expect("a fill ends");
+        let got = bytes(read(&c, &src, "k").await.unwrap()).await.unwrap();
+        assert!(
+            got == new,
+            "write {i}: an older version was served after it"
+        );
+    }
+    stop.store(true, Ordering::Relaxed);
+    for r in readers {
+        r.await.unwrap();
+    }
+}
+
+/// A fill led while writes of its key were under way (the source could answer with
+/// either version) is not followed once they are done, even where neither write was
+/// cached (they overlapped): a later reader gets the last write's bytes.
+#[tokio::test]
+async fn a_fill_led_during_writes_is_not_followed_after_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = cache(dir.path(), 1 << 30);
+    let size = 200_000;
+    let (old, first, last) = (data(size, 1), data(size, 2), data(size, 3));
+    let src = Mem::with(&[("k", old.clone())]);
+    let write = |body: Bytes| {
+        let (c, src) = (c.clone(), src.clone());
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let body: ByteStream = Box::pin(async_stream::stream! {
+                let _ = rx.await;
+                yield Ok(body);
+            });
+            let opts = PutOptions {
+                size: Some(size as u64),
+                ..PutOptions::default()
+            };
+            c.put_through(&*src, "b", "k", body, opts).await.unwrap();
+        });
+        (tx, task)
+    };
+    // Two writes under way at once: neither is cached.
+    let (go_first, first_write) = write(first.clone());
+    let (go_last, last_write) = write(last.clone());
+    while !c.lock_writes().active(&super::index::key_of("b", "k")) {
+        tokio::task::yield_now().await;
+    }
+    // A reader now leads a fill of the version the source has before the writes.
+    let gate = src.hold_bodies();
+    let during = read(&c, &src, "k").await.unwrap();
+    go_first.send(()).unwrap();
+    first_write.await.unwrap();
+    go_last.send(()).unwrap();
+    last_write.await.unwrap();
+    // Read while that fill is still in flight.
+    let after = read(&c, &src, "k").await.unwrap();
+    gate.add_permits(1000);
+    assert!(
+        bytes(during).await.unwrap() == old,
+        "a read during the writes gets the version it started on"
+    );
+    assert!(
+        bytes(after).await.unwrap() == last,
+        "never an older version after the writes"
+    );
+}

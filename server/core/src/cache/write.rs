@@ -14,6 +14,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 use tokio::sync::mpsc;
 
+use super::flight::Flights;
 use super::index::{self, Entry};
 use super::store::{self, BlockSums};
 use super::Cache;
@@ -83,8 +84,12 @@ impl Cache {
                 return Ok(meta);
             }
         };
+        // The write is registered in the same step as the fills of the old version are
+        // forgotten: a fill led between the two would be neither stale nor seen by the
+        // write, and could commit the old bytes after the write's.
         let (ticket, alone) = {
-            let _commit = self.flights.lock();
+            let mut table = self.flights.lock();
+            self.invalidate_locked(&mut table, &ikey);
             self.lock_writes().begin(&ikey)
         };
         let temp = self
@@ -144,7 +149,10 @@ impl Cache {
             (Err(_), Ok(_)) => Err(io::Error::other("the backend refused the write")),
         };
         let dest = store::entry_path(&self.objects, bucket, key);
-        let commit_lock = self.flights.lock();
+        let mut commit_lock = self.flights.lock();
+        // A fill led while the write was under way may hold either version: it never
+        // commits (it was marked stale), and from now on no reader follows it either.
+        Flights::forget(&mut commit_lock, &ikey);
         let untouched = self.lock_writes().end(&ikey, ticket);
         let committed = prepared.and_then(|crcs| {
             if !(alone && untouched) {
