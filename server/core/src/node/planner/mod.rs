@@ -58,7 +58,11 @@
 //!   epoch, by its read of this one), never one a read holds, and only for a shard
 //!   needed sooner. A shard of the next epoch takes the place of an entry kept for
 //!   the next epoch only when it can wait no longer: fetched early, it holds that
-//!   place across the epoch's end, and the entry it replaced is fetched again.
+//!   place across the epoch's end, and the entry it replaced is fetched again. "No
+//!   longer" is at the pace of this member's own fetches, not at its part of the
+//!   backend by need: a member with a small part swapped entries for the next epoch
+//!   half an epoch early, in chains (each swap's victim fetched back for the next),
+//!   and fetched 4–6 shards an epoch where its overflow was 3 (BENCHMARKS.md, P13).
 //!   Entries of no plan stay under the cache's policy. A dropped entry's next read is
 //!   an ordinary miss: bytes never change.
 //!
@@ -444,7 +448,12 @@ fn decide(look: &Look<'_>, mut wanted: Vec<Planned>, held: Vec<Planned>) -> Opti
     // place of an entry kept for the next epoch, takes that entry's place across
     // the epoch's end, and the entry is fetched again: only when it can wait no
     // longer (once the ranks read the next epoch, its entries read make room).
-    if first.due >= first.reuse && !just_in_time(&first, backlog, share, SLACK.as_secs_f64()) {
+    // Its time is taken at what one of this member's fetches gets (its own measure,
+    // not its part by need): the swap costs a fetch whenever it is made early, and
+    // a swap made late costs at most a wait, the entries read meanwhile making room
+    // without one.
+    let fetch_rate = own_throughput(look).max(share);
+    if first.due >= first.reuse && !just_in_time(&first, backlog, fetch_rate, SLACK.as_secs_f64()) {
         return None;
     }
     Some(Step::DropThenFetch(victims, first, streams))
@@ -474,14 +483,20 @@ fn needs(look: &Look<'_>, missing: &[(u64, f64)], backlog: u64) -> (f64, f64) {
     (mine, look.standing.need.rate().max(mine))
 }
 
-fn share_of_backend(look: &Look<'_>, missing: &[(u64, f64)], backlog: u64) -> f64 {
+/// This member's own measure of the backend: the throughput it saw, as if [`FETCHES`]
+/// of one fetch's ran at once (see [`share_of_backend`]).
+fn own_throughput(look: &Look<'_>) -> f64 {
     let (measured, one) = (look.measured, look.one);
-    let budget = look.standing.backend;
-    let own = if measured > 0.0 && one > 0.0 {
+    if measured > 0.0 && one > 0.0 {
         measured.min(one * FETCHES as f64)
     } else {
         measured
-    };
+    }
+}
+
+fn share_of_backend(look: &Look<'_>, missing: &[(u64, f64)], backlog: u64) -> f64 {
+    let budget = look.standing.backend;
+    let own = own_throughput(look);
     if budget <= 0.0 || own <= 0.0 {
         return own;
     }
@@ -1147,6 +1162,62 @@ mod tests {
         // A span shorter than the meter's is not measured yet.
         m.look(true, 20 * MB, t0 + Duration::from_millis(4100));
         assert_eq!(m.rate, 0.7 * 2.0 * MB as f64 + 0.3 * MB as f64);
+    }
+
+    /// A shard of the next epoch in place of an entry kept for it costs a fetch
+    /// whenever it is made early: a member whose part of the members' need is small
+    /// makes it when one of its own fetches would come just in time, not at that part.
+    #[test]
+    fn a_swap_for_the_next_epoch_waits_for_the_members_own_pace() {
+        const SHARD: u64 = 64 << 20;
+        let plans = crate::plans::Plans::new(Duration::from_secs(60));
+        let plan = plans
+            .register(crate::plans::test_spec(4, SHARD, 1))
+            .unwrap()
+            .plan;
+        let shard = |i: usize, due: f64, reuse: f64| Planned {
+            bucket: "b".into(),
+            key: format!("p/{i}.tar"),
+            size: SHARD,
+            due,
+            reuse,
+            early: 0.0,
+            plan: plan.clone(),
+        };
+        let held = || (1..4).map(|i| shard(i, 100.0, 100.0)).collect::<Vec<_>>();
+        let filling = |_: &str, _: &str| false;
+        let none = HashMap::new();
+        // The backend gives 20 MB/s; the members need 66 MB/s, this one 3.4 (its
+        // part, 1 MB/s, would take 67 s for the shard); its own fetches get 20 MB/s.
+        let look = Look {
+            usage: Usage {
+                used: 3 * SHARD,
+                reserved: 0,
+                capacity: 3 * SHARD,
+                objects: 3,
+            },
+            fetching: &none,
+            filling: &filling,
+            measured: 20.0 * MB as f64,
+            one: 10.0 * MB as f64,
+            demand: false,
+            waited: false,
+            standing: Standings {
+                backend: 20.0 * MB as f64,
+                need: crate::plans::Need::of([(2000 * MB, 30.0)]),
+            },
+            members: 3,
+        };
+        // Read in 20 s, fetched in 3.4: it waits (entries read meanwhile make room).
+        let step = decide(&look, vec![shard(0, 20.0, 20.0)], held());
+        assert!(step.is_none(), "the swap waits");
+        // Read in 3 s: now.
+        match decide(&look, vec![shard(0, 3.0, 3.0)], held()) {
+            Some(Step::DropThenFetch(victims, s, _)) => {
+                assert_eq!((victims.len(), s.key.as_str()), (1, "p/0.tar"))
+            }
+            _ => panic!("a swap that can wait no longer"),
+        }
     }
 
     /// A shard read in ranges takes the requests; one that must drop entries to fit
