@@ -684,10 +684,12 @@ impl Cache {
         let mut ix = self.lock_index();
         let entry = ix.peek(&ikey)?;
         // The index's reference and this one; the memory tier and the member indexes
-        // may hold one each. Any more is a read's.
+        // may hold one each, where they hold this entry (a read of an earlier version
+        // may have left its own there). Any more is a read's.
+        let holds = |e: Option<Arc<Entry>>| usize::from(e.is_some_and(|e| Arc::ptr_eq(&e, &entry)));
         let kept = 2
-            + usize::from(self.hot.contains_key(&ikey))
-            + usize::from(self.tar_indexes.contains_key(&ikey));
+            + holds(self.hot.get(&ikey).map(|(e, _)| e))
+            + holds(self.tar_indexes.get(&ikey).map(|(e, _)| e));
         if Arc::strong_count(&entry) > kept {
             return None;
         }

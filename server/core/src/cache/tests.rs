@@ -789,3 +789,32 @@ async fn a_fill_led_during_writes_is_not_followed_after_them() {
         "never an older version after the writes"
     );
 }
+
+/// The planner's drop never takes an entry a read holds, even where the memory tier
+/// holds an earlier version's entry of the key: what a hit on that version leaves
+/// there when its read ends after a write replaced it (the read takes the entry, the
+/// write drops the memory tier's copy, the read's last block puts one back).
+#[tokio::test]
+async fn an_entry_a_read_holds_is_not_dropped_beside_an_earlier_versions_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = cache(dir.path(), 1 << 30);
+    let (old, new) = (data(64 << 10, 1), data(64 << 10, 2));
+    let src = Mem::with(&[("k", old.clone())]);
+    let _ = bytes(read(&c, &src, "k").await.unwrap()).await.unwrap();
+    settled(&c, "k").await;
+    let ikey = super::index::key_of("b", "k");
+    let earlier = c.lock_index().get(&ikey).expect("the old version's entry");
+    let body: ByteStream = Box::pin(futures::stream::iter(vec![Ok(new.clone())]));
+    let opts = PutOptions {
+        size: Some(new.len() as u64),
+        ..PutOptions::default()
+    };
+    c.put_through(&*src, "b", "k", body, opts).await.unwrap();
+    c.hot.insert(ikey, (earlier, old.clone()));
+    // A read of the new entry, not yet sent: the entry is the read's to keep.
+    let now = read(&c, &src, "k").await.unwrap();
+    assert_eq!(now.origin, Origin::Hit);
+    assert_eq!(c.drop_if_unread("b", "k"), None, "a read holds it");
+    assert!(bytes(now).await.unwrap() == new);
+    assert_eq!(c.drop_if_unread("b", "k"), Some(64 << 10), "unread now");
+}
