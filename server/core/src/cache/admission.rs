@@ -113,25 +113,16 @@ mod tests {
     use crate::backend::ObjectMeta;
     use crate::cache::CachePolicy;
     use std::path::PathBuf;
-    use std::sync::atomic::AtomicBool;
-    use std::sync::Arc;
     use std::time::SystemTime;
 
     fn entry(size: u64) -> Entry {
-        Entry {
-            path: PathBuf::from(format!("/e{size}")),
-            meta: ObjectMeta {
-                size,
-                etag: String::new(),
-                last_modified: SystemTime::now(),
-                headers: Vec::new(),
-            },
-            crcs: Arc::from(Vec::new()),
-            verified: AtomicBool::new(true),
-            maps: Default::default(),
-            checked: std::sync::atomic::AtomicU64::new(0),
-            checked_at: std::sync::atomic::AtomicU64::new(0),
-        }
+        let meta = ObjectMeta {
+            size,
+            etag: String::new(),
+            last_modified: SystemTime::now(),
+            headers: Vec::new(),
+        };
+        Entry::fresh(PathBuf::from(format!("/e{size}")), meta, Vec::new(), 0)
     }
 
     #[test]

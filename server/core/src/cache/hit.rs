@@ -104,7 +104,7 @@ impl Cache {
         let size = entry.meta.size;
         let (start, end) = resolved.map_or((0, size), |r| (r.start, r.end));
         // Opened after the lookup: an entry removed meanwhile is simply not held.
-        let file = match File::open(&entry.path) {
+        let file = match entry.open() {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(e.into()),
@@ -259,7 +259,7 @@ impl Cache {
     fn mapped_stream(self: Arc<Self>, ikey: String, entry: Arc<Entry>, span: Span) -> ByteStream {
         let stream = async_stream::try_stream! {
             if span.start < span.end {
-                let file = Arc::new(File::open(&entry.path)?);
+                let file = Arc::new(entry.open()?);
                 // A mapping read past the end of its file faults: the node never shortens
                 // an entry file, only damage does, so check once here.
                 let meta = file.metadata()?;
@@ -334,7 +334,7 @@ impl Cache {
     fn read_stream(self: Arc<Self>, ikey: String, entry: Arc<Entry>, span: Span) -> ByteStream {
         let stream = async_stream::try_stream! {
             if span.start < span.end {
-                let file = Arc::new(File::open(&entry.path)?);
+                let file = Arc::new(entry.open()?);
                 let (from, to) = (span.first_block(), span.stop);
                 let mut parts = self.read_range(ikey, entry, file, span, from, to);
                 while let Some(part) = parts.next().await {

@@ -5,7 +5,10 @@
 //! overshoot the capacity. Counts are exact to the byte of object data.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
 
@@ -17,6 +20,10 @@ use crate::cache::CachePolicy;
 #[derive(Debug)]
 pub struct Entry {
     pub path: PathBuf,
+    /// The file the path named when the entry was committed or loaded (device, inode);
+    /// `None` where it could not be asked. The key's next version is published at the
+    /// same path: another file.
+    file: Option<(u64, u64)>,
     pub meta: ObjectMeta,
     pub crcs: Arc<[u32]>,
     /// Whether every block was checked since the entry was loaded from disk; entries
@@ -38,6 +45,7 @@ impl Entry {
     /// written, and the object current in the cache's `generation` as of now.
     pub fn fresh(path: PathBuf, meta: ObjectMeta, crcs: Vec<u32>, generation: u64) -> Entry {
         Entry {
+            file: file_id(&path),
             path,
             meta,
             crcs: Arc::from(crcs),
@@ -53,6 +61,7 @@ impl Entry {
     /// cluster (which starts a new generation after `generation`).
     pub fn loaded(path: PathBuf, meta: ObjectMeta, crcs: Vec<u32>, generation: u64) -> Entry {
         Entry {
+            file: file_id(&path),
             path,
             meta,
             crcs: Arc::from(crcs),
@@ -63,10 +72,31 @@ impl Entry {
         }
     }
 
+    /// Opens the entry's file: `NotFound` where the path is gone, or names another
+    /// file now (the key's next version, published after this entry was looked up: a
+    /// read that opens it late must not send that version's bytes as this one's).
+    pub fn open(&self) -> io::Result<File> {
+        let file = File::open(&self.path)?;
+        if let Some(id) = self.file {
+            let m = file.metadata()?;
+            if (m.dev(), m.ino()) != id {
+                return Err(io::Error::new(
+                    io::ErrorKind::NotFound,
+                    "the cache entry's file was replaced",
+                ));
+            }
+        }
+        Ok(file)
+    }
+
     /// Bytes per checksum of this entry.
     pub fn block(&self) -> u64 {
         super::store::block_of(self.meta.size, self.crcs.len())
     }
+}
+
+fn file_id(path: &Path) -> Option<(u64, u64)> {
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
 }
 
 #[derive(Debug)]

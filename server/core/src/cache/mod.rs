@@ -604,9 +604,11 @@ impl Cache {
         if let Some(idx) = built(self) {
             return Ok(Some((entry.meta.clone(), idx)));
         }
-        let (path, size) = (entry.path.clone(), entry.meta.size);
+        let (file_of, size) = (entry.clone(), entry.meta.size);
         let built = tokio::task::spawn_blocking(move || {
-            File::open(&path).and_then(|f| crate::archive::index_tar(&f, size))
+            file_of
+                .open()
+                .and_then(|f| crate::archive::index_tar(&f, size))
         })
         .await
         .map_err(io::Error::other)?;

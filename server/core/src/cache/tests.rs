@@ -818,3 +818,46 @@ async fn an_entry_a_read_holds_is_not_dropped_beside_an_earlier_versions_memory(
     assert!(bytes(now).await.unwrap() == new);
     assert_eq!(c.drop_if_unread("b", "k"), Some(64 << 10), "unread now");
 }
+
+/// A hit looked up before a write of its key and opened after it never sends the new
+/// version's file as the old version's bytes, even where hits are not checked: the
+/// write publishes its copy at the same path, and the read finds another file there.
+#[tokio::test]
+async fn a_hit_opened_after_a_write_never_sends_the_new_file_as_the_old_version() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = crate::io::engine(crate::io::EngineChoice::Std).unwrap();
+    let unchecked = Arc::new(
+        Cache::open(
+            dir.path(),
+            1 << 30,
+            CachePolicy::NeverEvict,
+            false,
+            engine,
+            Arc::new(Stats::default()),
+        )
+        .unwrap(),
+    );
+    let c = &unchecked;
+    for size in [64 << 10, 3 << 20] {
+        let key = format!("k{size}");
+        let (old, new) = (data(size, 1), data(size, 2));
+        let src = Mem::with(&[(key.as_str(), old.clone())]);
+        let _ = bytes(read(c, &src, &key).await.unwrap()).await.unwrap();
+        settled(c, &key).await;
+        let late = read(c, &src, &key).await.unwrap();
+        assert_eq!(late.origin, Origin::Hit);
+        let body: ByteStream = Box::pin(futures::stream::iter(vec![Ok(new.clone())]));
+        let opts = PutOptions {
+            size: Some(size as u64),
+            ..PutOptions::default()
+        };
+        c.put_through(&*src, "b", &key, body, opts).await.unwrap();
+        match bytes(late).await {
+            Ok(b) => assert!(b == old, "{size}: only the old version's bytes, if any"),
+            Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::NotFound, "{size}: {e}"),
+        }
+        let now = read(c, &src, &key).await.unwrap();
+        assert_eq!(now.origin, Origin::Hit);
+        assert!(bytes(now).await.unwrap() == new, "{size}: the new version");
+    }
+}
