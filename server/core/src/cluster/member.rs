@@ -157,3 +157,33 @@ impl View {
         &self.members[i]
     }
 }
+
+/// Who owns which key at one moment: a view, and which of its members could own keys
+/// then (up, and not leaving by a drain). Two equal snapshots give every key the same
+/// owner, so what was worked out from one (a plan's shards by owner) holds while the
+/// snapshot taken now equals it.
+#[derive(Clone)]
+pub struct Owners {
+    view: Arc<View>,
+    may_own: Vec<bool>,
+}
+
+impl Owners {
+    pub(super) fn of(view: Arc<View>) -> Owners {
+        let may_own = view.members.iter().map(|m| m.may_own()).collect();
+        Owners { view, may_own }
+    }
+
+    /// Whether this node owns the key hashed to `kh` (as [`View::owner_of_hash`]
+    /// would have said when the snapshot was taken).
+    pub fn is_mine(&self, kh: u64) -> bool {
+        let v = &self.view;
+        v.ring.owner_where(kh, |i| self.may_own[i]).unwrap_or(v.me) == v.me
+    }
+}
+
+impl PartialEq for Owners {
+    fn eq(&self, other: &Owners) -> bool {
+        Arc::ptr_eq(&self.view, &other.view) && self.may_own == other.may_own
+    }
+}

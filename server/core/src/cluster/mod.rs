@@ -54,7 +54,7 @@ pub(crate) use auth::Outgoing;
 pub use config::{parse_peer, ClusterConfig, ConfigError, RouteMode};
 pub use error::ClusterError;
 use member::list_was_empty;
-pub use member::{Member, View};
+pub use member::{Member, Owners, View};
 
 /// How long writes still tell a member taken out of the list (every member's list has
 /// caught up long before: a peers file is read every second, DNS every few seconds).
@@ -302,6 +302,11 @@ impl Cluster {
     /// The members and the ring, as they are now.
     pub fn view(&self) -> Arc<View> {
         self.view.read_locked().clone()
+    }
+
+    /// Who owns which key now (see [`Owners`]).
+    pub fn owners(&self) -> Owners {
+        Owners::of(self.view())
     }
 
     /// The ring again over the same members (a weight changed).

@@ -23,7 +23,10 @@
 //!   only a larger part of them, and each holds its room in the cache while it runs:
 //!   then each member runs its part of [`FETCHES`] per member, by need (at least one).
 //! - **Fetching.** Every [`TICK`], the shards this node owns are ranked by their next
-//!   use in seconds (places to go over the plan's rate; the earliest over all plans).
+//!   use in seconds (places to go over the plan's rate; the earliest over all plans);
+//!   which of a plan's shards this node owns is worked out once per plan and per change
+//!   of owners (a member list, who is up: [`crate::cluster::Owners`]), so that a look
+//!   walks this node's shards, not the plan's (BENCHMARKS.md: the look at 100 nodes).
 //!   Those that fit, soonest first, in the room the plans may use are the ones worth
 //!   holding (Belady's choice); the first of them not in the cache is fetched through
 //!   the cache (a miss like any other:
@@ -113,6 +116,7 @@ use super::{Node, NodeError, ReadRequest};
 use crate::cache::{Origin, Usage};
 use crate::cluster::calls::{DropPlan, PlanReport, SharePlan};
 use crate::cluster::ring::key_hash;
+use crate::cluster::Owners;
 use crate::plans::{Plan, PlansError, Standing};
 use crate::stats::Metric;
 use crate::sync::Locked;
@@ -158,6 +162,16 @@ pub struct Planner {
     prepping: AtomicBool,
     /// The shards whose members were prepared ahead: `PLAN/EPOCH/BUCKET/KEY`.
     prepped: Mutex<HashSet<String>>,
+    /// Each plan's shards this node owns, by plan id.
+    owned: Mutex<HashMap<String, Owned>>,
+}
+
+/// A plan's shards this node owns (their indices in the plan), as worked out for one
+/// snapshot of the owners.
+struct Owned {
+    owners: Owners,
+    spec: Arc<PlanSpec>,
+    shards: Arc<[usize]>,
 }
 
 /// The backend's throughput, measured over spans in which a planned fetch was in
@@ -568,7 +582,10 @@ fn room_for(target: &Planned, mut held: Vec<Planned>, u: Usage) -> Option<Vec<Pl
 }
 
 /// The shards of `plans` that this node owns (`mine`), each with its earliest next use.
-fn planned(plans: &[Arc<Plan>], mine: impl Fn(&str, &str) -> bool) -> Vec<Planned> {
+fn planned(
+    plans: &[Arc<Plan>],
+    mut mine: impl FnMut(&Plan, &Arc<PlanSpec>) -> Arc<[usize]>,
+) -> Vec<Planned> {
     let mut by_key: HashMap<String, Planned> = HashMap::new();
     for plan in plans {
         let spec = plan.spec();
@@ -580,10 +597,8 @@ fn planned(plans: &[Arc<Plan>], mine: impl Fn(&str, &str) -> bool) -> Vec<Planne
         // furthest place reported is ahead of the others' by a batch or two at least,
         // and by as much as the reads served have been seen to come behind it.
         let lag = (2 * spec.batch_size.max(1) as u64 + spec.shuffle_buffer as u64).max(plan.lag());
-        for (i, shard) in spec.shards.iter().enumerate() {
-            if !mine(&spec.bucket, &shard.key) {
-                continue;
-            }
+        for &i in mine(plan, &spec).iter() {
+            let shard = &spec.shards[i];
             let secs = |p: Option<u64>| p.map_or(f64::INFINITY, |p| p as f64 / rate);
             let due = secs(schedule.next_use(i, place, lag));
             let reuse = secs(schedule.reuse(i, place));
@@ -614,6 +629,22 @@ fn planned(plans: &[Arc<Plan>], mine: impl Fn(&str, &str) -> bool) -> Vec<Planne
         }
     }
     by_key.into_values().collect()
+}
+
+/// The shards of `spec` (their indices) whose key hash `mine` accepts.
+fn owned_shards(spec: &PlanSpec, mine: impl Fn(u64) -> bool) -> Arc<[usize]> {
+    spec.shards
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| mine(key_hash(&spec.bucket, &s.key)))
+        .map(|(i, _)| i)
+        .collect()
+}
+
+/// Whether two versions of a plan name the same shards (a plan registered again, or
+/// for its next epoch, is a new spec with the same list).
+fn same_shards(a: &Arc<PlanSpec>, b: &Arc<PlanSpec>) -> bool {
+    Arc::ptr_eq(a, b) || (a.bucket == b.bucket && a.shards == b.shards)
 }
 
 impl Node {
@@ -870,11 +901,39 @@ impl Node {
         }
     }
 
-    /// This node's shards in the plans, each with its earliest next use.
+    /// This node's shards in the plans, each with its earliest next use. Which of a
+    /// plan's shards this node owns is worked out once per plan and owners (a member
+    /// list, who is up), not per look: a look then walks this node's shards only.
     fn planned_here(&self) -> Vec<Planned> {
-        planned(&self.plans.all(), |bucket, key| {
-            self.cluster.is_me(&self.cluster.owner(bucket, key))
+        let plans = self.plans.all();
+        let owners = self.cluster.owners();
+        let mut owned = self.planner.owned.locked();
+        owned.retain(|id, _| plans.iter().any(|p| p.id == *id));
+        planned(&plans, |plan, spec| {
+            if let Some(o) = owned.get(&plan.id) {
+                if o.owners == owners && same_shards(&o.spec, spec) {
+                    return o.shards.clone();
+                }
+            }
+            let shards = owned_shards(spec, |kh| owners.is_mine(kh));
+            owned.insert(
+                plan.id.clone(),
+                Owned {
+                    owners: owners.clone(),
+                    spec: spec.clone(),
+                    shards: shards.clone(),
+                },
+            );
+            shards
         })
+    }
+
+    /// This node's shards in the plans, by key, sorted.
+    #[cfg(test)]
+    pub(super) fn planned_keys_here(&self) -> Vec<String> {
+        let mut keys: Vec<String> = self.planned_here().into_iter().map(|p| p.key).collect();
+        keys.sort();
+        keys
     }
 
     /// What to do next: the earliest shard not in the cache, if it fits, or fits once

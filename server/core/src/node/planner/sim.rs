@@ -22,14 +22,15 @@
 //!   the ranks move in tenths of a tick, so a fetch shorter than a tick ends in time.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use granary_proto::plan::{PlanMark, PlanShard, PlanSpec, Schedule};
 use granary_proto::ring::Ring;
 
 use super::{
-    decide, need_by_plan, planned, split, InFlight, Look, Meter, Planned, Standings, Step, BEHIND,
-    EXCHANGE_EVERY, HOME, TICK,
+    decide, need_by_plan, owned_shards, planned, split, InFlight, Look, Meter, Planned, Standings,
+    Step, BEHIND, EXCHANGE_EVERY, HOME, TICK,
 };
 use crate::cache::Usage;
 use crate::cluster::calls::PlanReport;
@@ -83,10 +84,10 @@ pub struct SimReport {
     /// microseconds: the mean and the largest.
     pub look_us_mean: f64,
     pub look_us_max: f64,
-    /// One look with each shard's owner found as the node finds it (the ring over
-    /// every member, per shard), microseconds; the looks above use the owners found
-    /// once.
-    pub look_us_ring: f64,
+    /// Working out which of the plan's shards one member owns, as the node does (the
+    /// ring over every member, per shard), microseconds: once per plan and per change
+    /// of owners (the looks above walk the member's own shards).
+    pub owned_us: f64,
     /// CPU to make one epoch's schedule (each member makes it as the plan advances),
     /// microseconds.
     pub schedule_us: f64,
@@ -205,15 +206,17 @@ pub fn simulate(cfg: &SimConfig) -> SimReport {
         m.plans.register(spec.clone()).expect("a valid plan");
     }
     let home = ring.owner(key_hash(HOME, &plan_id)).unwrap_or(0);
-    // The cost of a look with owners found as the node finds them, on member 0.
-    let look_us_ring = {
-        let plans = members[0].plans.all();
-        let me = 0usize;
+    // Which shards each member owns, worked out as the node does (on member 0: its
+    // cost), and for every member from the owners above.
+    let owned_us = {
         let start = Instant::now();
-        let list = planned(&plans, |b, k| ring.owner(key_hash(b, k)) == Some(me));
+        let list = owned_shards(&spec, |kh| ring.owner(kh) == Some(0));
         std::hint::black_box(list.len());
         start.elapsed().as_secs_f64() * 1e6
     };
+    let mine: Vec<Arc<[usize]>> = (0..cfg.nodes)
+        .map(|i| (0..cfg.shards).filter(|&s| owner[s] == i).collect())
+        .collect();
 
     let places_per_s = cfg.job / (cfg.ranks as f64 * cfg.sample_bytes as f64);
     let mut epoch = 0u64;
@@ -418,7 +421,7 @@ pub fn simulate(cfg: &SimConfig) -> SimReport {
             last_exchange = now;
             for i in 0..members.len() {
                 let m = &members[i];
-                let (missing, _) = split_here(m, i, &owner, &index);
+                let (missing, _) = split_here(m, &mine[i], &index);
                 let need = need_by_plan(&missing).remove(&plan_id).unwrap_or_default();
                 let Some(plan) = m.plans.get(&plan_id) else {
                     continue;
@@ -452,7 +455,7 @@ pub fn simulate(cfg: &SimConfig) -> SimReport {
             m.meter.look(!m.fetching.is_empty(), m.backend_bytes, now);
             for _ in 0..n {
                 let start = Instant::now();
-                let step = look(m, i, cfg.nodes, &owner, &index);
+                let step = look(m, &mine[i], cfg.nodes, &index);
                 let us = start.elapsed().as_secs_f64() * 1e6;
                 looks += 1;
                 look_total += us;
@@ -512,38 +515,33 @@ pub fn simulate(cfg: &SimConfig) -> SimReport {
         exchange_bytes_busiest_node_s: per_node.iter().copied().fold(0.0, f64::max),
         look_us_mean: look_total / looks.max(1) as f64,
         look_us_max: look_max,
-        look_us_ring,
+        owned_us,
         schedule_us,
         simulated_s: secs,
         sim_s: wall.elapsed().as_secs_f64(),
     }
 }
 
-/// Member `i`'s planned shards, not held and held, as `Node::split_held` splits them.
+/// A member's planned shards (`mine`), not held and held, as `Node::split_held` splits them.
 fn split_here(
     m: &Member,
-    i: usize,
-    owner: &[usize],
+    mine: &Arc<[usize]>,
     index: &HashMap<&str, usize>,
 ) -> (Vec<Planned>, Vec<Planned>) {
-    split(
-        planned(&m.plans.all(), |_, k| {
-            index.get(k).is_some_and(|&s| owner[s] == i)
-        }),
-        |p| m.held.get(&index[p.key.as_str()]).copied(),
-    )
+    split(planned(&m.plans.all(), |_, _| mine.clone()), |p| {
+        m.held.get(&index[p.key.as_str()]).copied()
+    })
 }
 
-/// One look of member `i`'s planner, as `Node::next_step` makes it.
+/// One look of a member's planner (`mine`: its shards), as `Node::next_step` makes it.
 fn look(
     m: &Member,
-    i: usize,
+    mine: &Arc<[usize]>,
     members: usize,
-    owner: &[usize],
     index: &HashMap<&str, usize>,
 ) -> Option<Step> {
     let plans = m.plans.all();
-    let (wanted, held) = split_here(m, i, owner, index);
+    let (wanted, held) = split_here(m, mine, index);
     // Shards a client's read is bringing have their room already, as fills do.
     let filling = |_: &str, k: &str| {
         index
