@@ -328,7 +328,8 @@ async fn a_plans_shards_follow_their_owners_as_members_go_and_come() {
     // fail, and which shards are this node's is all the test asks.
     let src = store(&[]);
     let net = Net::default();
-    let (a, b) = (node(&net, "a", &src, da.path()), node(&net, "b", &src, db.path()));
+    let a = node(&net, "a", &src, da.path());
+    let b = node(&net, "b", &src, db.path());
     serve(&net, "http://a:1", &a);
     serve(&net, "http://b:1", &b);
     let (mut ra, mut rb) = (Rounds::new(Watch::Fixed), Rounds::new(Watch::Fixed));
@@ -347,7 +348,8 @@ async fn a_plans_shards_follow_their_owners_as_members_go_and_come() {
     // Asked again with the same owners: the same shards.
     assert_eq!(a.planned_keys_here(), mine);
     // b is down: a owns the whole plan.
-    a.cluster.mark_down(&a.cluster.member("b").unwrap(), "a test");
+    let gone = a.cluster.member("b").unwrap();
+    a.cluster.mark_down(&gone, "a test");
     assert_eq!(a.planned_keys_here().len(), 40);
     // b is back: a owns its part again.
     ra.round(&a.cluster).await;
