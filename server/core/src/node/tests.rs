@@ -162,6 +162,23 @@ async fn meet(pairs: &mut [(&Arc<Node>, &mut Rounds)]) {
     }
 }
 
+/// Nodes `a` and `b` over `src`, on a network, each seeing the other up: the network,
+/// the nodes, and `a`'s probe rounds.
+async fn met_pair(
+    src: &Arc<Mem>,
+    da: &std::path::Path,
+    db: &std::path::Path,
+) -> (Net, Arc<Node>, Arc<Node>, Rounds) {
+    let net = Net::default();
+    let a = node(&net, "a", src, da);
+    let b = node(&net, "b", src, db);
+    serve(&net, "http://a:1", &a);
+    serve(&net, "http://b:1", &b);
+    let (mut ra, mut rb) = (Rounds::new(Watch::Fixed), Rounds::new(Watch::Fixed));
+    meet(&mut [(&a, &mut ra), (&b, &mut rb)]).await;
+    (net, a, b, ra)
+}
+
 fn objects(prefix: &str, n: usize) -> Vec<(String, Bytes)> {
     (0..n)
         .map(|i| {
@@ -267,13 +284,7 @@ async fn a_prefetch_reads_each_key_on_its_owner() {
     let others = objects("q/", 5);
     objs.extend(others.iter().cloned());
     let src = store(&objs);
-    let net = Net::default();
-    let a = node(&net, "a", &src, da.path());
-    let b = node(&net, "b", &src, db.path());
-    serve(&net, "http://a:1", &a);
-    serve(&net, "http://b:1", &b);
-    let (mut ra, mut rb) = (Rounds::new(Watch::Fixed), Rounds::new(Watch::Fixed));
-    meet(&mut [(&a, &mut ra), (&b, &mut rb)]).await;
+    let (_net, a, b, _) = met_pair(&src, da.path(), db.path()).await;
 
     let job = a
         .start_prefetch(PrefetchPart {
@@ -327,13 +338,7 @@ async fn a_plans_shards_follow_their_owners_as_members_go_and_come() {
     // A plan of 40 shards of bucket `b`, which the store does not hold: its fetches
     // fail, and which shards are this node's is all the test asks.
     let src = store(&[]);
-    let net = Net::default();
-    let a = node(&net, "a", &src, da.path());
-    let b = node(&net, "b", &src, db.path());
-    serve(&net, "http://a:1", &a);
-    serve(&net, "http://b:1", &b);
-    let (mut ra, mut rb) = (Rounds::new(Watch::Fixed), Rounds::new(Watch::Fixed));
-    meet(&mut [(&a, &mut ra), (&b, &mut rb)]).await;
+    let (_net, a, _b, mut ra) = met_pair(&src, da.path(), db.path()).await;
     let spec = crate::plans::test_spec(40, 1 << 16, 1);
     let keys: Vec<String> = spec.shards.iter().map(|s| s.key.clone()).collect();
     a.register_plan(spec).unwrap();
