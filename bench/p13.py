@@ -4,7 +4,7 @@
                         [--rate-mib 32] [--epochs 3] [--policies never-evict,lru,planner]
                         [--dc 2[,4...]] [--bx 0.55[,0.3...]] [--loader default|small]
                         [--read-ahead 2] [--batch 8] [--prefetch-factor 2]
-                        [--backend fs|moto|store]
+                        [--backend fs|moto|store] [--ranks 1] [--jobs 1|2 --stagger 30]
 
 D = SHARDS x SHARD_MIB; for each cell of the matrix DC x BX, the cache C = D / DC (split
 over the nodes) and the backend paced to B = BX x X as a whole. X is the job's
@@ -12,7 +12,9 @@ consumption rate: ShardDataset in a DataLoader with 2 workers, and a fixed step 
 batch that sets X. Loaders: `default` is batches of 8, read_ahead 2 and the DataLoader 2
 batches ahead per worker; `small` batches of 2, no read-ahead, 1 batch ahead (the shape
 in which never-evict's misses show); `--batch/--read-ahead/--prefetch-factor` set them
-one by one.
+one by one. `--ranks R` runs the job as R rank processes (each its own DataLoader, the
+plan's `rank`/`world_size`), held in step by a gloo barrier a step as DDP's all-reduce
+holds them; each consumes X / R, so that the job's rate stays X.
 
 Backends: `fs` is a directory paced by each node's `--backend-rate` (B split evenly over
 the nodes); `moto` a moto server and `store` a granary node over the directory with no
@@ -55,6 +57,8 @@ ap.add_argument("--jobs", type=int, choices=(1, 2), default=1,
                 help="2: a second job on a second dataset of the same size, started --stagger s later "
                      "(the planner only; D is then both datasets, and each job's bound is its half's)")
 ap.add_argument("--stagger", type=float, default=30.0)
+ap.add_argument("--ranks", type=int, default=1,
+                help="rank processes of the one job, in step as DDP holds them (a barrier a step)")
 a = ap.parse_args()
 
 MIB = 1 << 20
@@ -208,37 +212,60 @@ def totals(urls):
 
 
 JOB = r"""
-import json, sys, time, torch, granary
+import json, os, sys, time, torch, granary
 url, epochs, first, step, plan = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), sys.argv[5] == "1"
 batch, ahead, prefetch, prefix = int(sys.argv[6]), int(sys.argv[7]), int(sys.argv[8]), sys.argv[9]
-ds = granary.ShardDataset(url, "dsets", prefix, seed=3, batch_size=batch, read_ahead=ahead, plan=plan)
+rank, world = int(sys.argv[10]), int(sys.argv[11])
+if world > 1:
+    import torch.distributed as dist
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    sync = dist.barrier
+else:
+    sync = lambda: None
+ds = granary.ShardDataset(url, "dsets", prefix, seed=3, batch_size=batch, read_ahead=ahead, plan=plan,
+                          rank=rank, world_size=world)
 dl = torch.utils.data.DataLoader(ds, batch_size=batch, num_workers=2, collate_fn=lambda b: b,
                                  persistent_workers=False, prefetch_factor=prefetch)
 for e in range(first, first + epochs):
     ds.set_epoch(e)
+    sync()
     t0 = time.monotonic(); waited = 0.0; n = 0
     t = time.monotonic()
     for b in dl:
         now = time.monotonic(); waited += now - t
         n += sum(len(s["bin"]) for s in b)
         time.sleep(step)
+        sync()
         t = time.monotonic()
-    print(json.dumps({"epoch": e, "wall": time.monotonic() - t0, "waited": waited, "bytes": n}), flush=True)
+    sync()
+    if rank == 0:
+        print(json.dumps({"epoch": e, "wall": time.monotonic() - t0, "waited": waited, "bytes": n}), flush=True)
 """
 
 
 def start_job(url, epochs, first, plan, prefix="p/"):
-    step = batch * (a.sample_kib * 1024 - 1024) / X
-    return subprocess.Popen([sys.executable, "-c", JOB, url, str(epochs), str(first), str(step),
-                             "1" if plan else "0", str(batch), str(read_ahead), str(prefetch), prefix],
-                            stdout=subprocess.PIPE, text=True)
+    """The job's rank processes (rank 0 first, the one that prints the epochs).
+    With RANKS > 1 each steps at X / RANKS and all wait for the slowest at each step,
+    as DDP's all-reduce holds them."""
+    step = a.ranks * batch * (a.sample_kib * 1024 - 1024) / X
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port()))
+    return [subprocess.Popen([sys.executable, "-c", JOB, url, str(epochs), str(first), str(step),
+                              "1" if plan else "0", str(batch), str(read_ahead), str(prefetch), prefix,
+                              str(r), str(a.ranks)],
+                             stdout=subprocess.PIPE if r == 0 else subprocess.DEVNULL, text=True, env=env)
+            for r in range(a.ranks)]
+
+
+def wait_job(ps):
+    for p in ps:
+        assert p.wait() == 0, "the job failed"
 
 
 def run_job(url, epochs, first, plan, on_epoch):
-    p = start_job(url, epochs, first, plan)
-    for line in p.stdout:
+    ps = start_job(url, epochs, first, plan)
+    for line in ps[0].stdout:
         on_epoch(json.loads(line))
-    assert p.wait() == 0, "the job failed"
+    wait_job(ps)
 
 
 def two_jobs():
@@ -261,8 +288,8 @@ def two_jobs():
 
             def job(prefix, delay):
                 time.sleep(delay)
-                p = start_job(urls[0], a.epochs, 0, True, prefix + "/")
-                for line in p.stdout:
+                ps = start_job(urls[0], a.epochs, 0, True, prefix + "/")
+                for line in ps[0].stdout:
                     r = json.loads(line)
                     plans = requests.get(f"{urls[0]}/_granary/plans").json().get("plans", [])
                     mine = [x for x in plans if x.get("prefix") == prefix + "/"]
@@ -273,7 +300,7 @@ def two_jobs():
                            "reads_waited": sum(x.get("reads_waited", 0) for x in mine)}
                     out.setdefault(prefix, []).append(row)
                     emit(row)
-                assert p.wait() == 0, "a job failed"
+                wait_job(ps)
 
             ts = [threading.Thread(target=job, args=(pre, i * a.stagger)) for i, pre in enumerate(PREFIXES)]
             for t in ts:
@@ -300,7 +327,7 @@ def two_jobs():
 
 lay_out()
 start_store()
-shape = {"nodes": a.nodes, "backend": a.backend, "shard_mib": a.shard_mib, "shards": a.shards,
+shape = {"nodes": a.nodes, "backend": a.backend, "shard_mib": a.shard_mib, "shards": a.shards, "ranks": a.ranks,
          "loader": f"{batch}/{read_ahead}/{prefetch}", "X": X, "D": D}
 # The ideal: the whole dataset in cache, no pacing; an epoch to warm, then one timed.
 procs, urls = start_nodes("never-evict", 4 * D, 0)
