@@ -275,6 +275,42 @@ fn a_cluster_builds_a_catalog_once() -> Result<()> {
     Ok(())
 }
 
+/// A member indexes its shards of many samples for a catalog built on another: where
+/// each sample ends comes to more than the 64 KiB a peer's reply to most calls may be
+/// (here about 100 KB from each member), and the catalog is whole all the same.
+#[test]
+fn a_cluster_catalogs_shards_of_many_samples() -> Result<()> {
+    let nodes = Server::start_cluster(&["m1", "m2"], &ServerOpts::open())?;
+    let refs: Vec<&Server> = nodes.iter().collect();
+    Server::wait_cluster_up(&refs, std::time::Duration::from_secs(20))?;
+    let data: Vec<(String, Vec<u8>)> = (0..24)
+        .map(|s| {
+            let members: Vec<(String, Vec<u8>)> = (0..1200)
+                .map(|i| (format!("{s:02}{i:05}.bin"), vec![(s + i) as u8; 700]))
+                .collect();
+            (format!("many/shard-{s:04}.tar"), tar_of(&members))
+        })
+        .collect();
+    let origin = nodes[0].data_dir().join("origin");
+    lay_out(&nodes[0], &data)?;
+    let link = nodes[1].data_dir().join("origin").join(BUCKET);
+    std::fs::create_dir_all(link.parent().unwrap())?;
+    std::os::unix::fs::symlink(origin.join(BUCKET), &link)?;
+    let cat = catalog(&nodes[0], "many/")?;
+    assert_eq!(cat.shards.len(), 24);
+    for (s, (key, bytes)) in cat.shards.iter().zip(&data) {
+        assert_eq!(&s.key, key);
+        assert_eq!(s.samples, 1200);
+        assert_eq!(s.ends.as_deref(), Some(&ends_of(bytes)[..]));
+    }
+    assert!(
+        stat(&nodes[1], "shards_indexed") >= 8,
+        "the other member indexed its own"
+    );
+    assert_eq!(catalog(&nodes[1], "many/")?, cat, "one catalog");
+    Ok(())
+}
+
 /// Shards of small members: hopping from header to header would read most of their
 /// bytes in many requests, so they are read through, and catalogued all the same.
 #[test]

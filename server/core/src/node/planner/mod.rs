@@ -92,6 +92,12 @@
 //!   dataset reads ahead: with the default loader, a shard's second run came 56
 //!   places behind a later one, where two batches are 16, and a shard still being
 //!   read was dropped at each epoch's start and fetched again (BENCHMARKS.md, P13).
+//!   Its cost grows with the ranks: each holds its shards up to `lag` places behind its
+//!   furthest, so R ranks hold R × lag samples of the cache in use. On P13's 48 shards
+//!   of 16 samples, 4 ranks with a lag of 56 hold 14 of the 24 shards a cache of half
+//!   the dataset has; a clairvoyant prefetcher that keeps 3 shards a rank behind runs
+//!   1.24 × the bound with 0.62 of its reads ready (BENCHMARKS.md, "Many ranks"); telling a shard's last read by the
+//!   bytes of it read in the epoch would hold only what is still to be read.
 //! - Not a limit on fetches by the throughput each more one brought: measured
 //!   (a member ran one more only while one more brought 1.15 × as much), it changed
 //!   nothing on 1 node and cost reads ready on 3, where members share the store per
