@@ -1007,9 +1007,39 @@ mod tests {
             body: crate::cluster::testnet::body("not json"),
         };
         let e = garbled
-            .json::<Taken>(StatusCode::OK, "an offer")
+            .json::<Taken>(StatusCode::OK, "an offer", MAX_REPLY)
             .await
             .unwrap_err();
         assert!(matches!(e, ClusterError::Garbled { .. }), "{e:?}");
+    }
+
+    /// A shard index's reply may be larger than other calls': 120 KB of samples' ends
+    /// is read whole for it, and garbled for a call held to 64 KiB.
+    #[tokio::test]
+    async fn a_shard_index_may_answer_more_than_other_calls() {
+        let indexed = Indexed {
+            shards: vec![granary_proto::shards::CatalogShard {
+                key: "s.tar".into(),
+                etag: "e".into(),
+                size: 1 << 30,
+                samples: 20_000,
+                ends: Some((1..=20_000u64).map(|i| i * 50_000).collect()),
+            }],
+        };
+        let json = serde_json::to_vec(&indexed).unwrap();
+        assert!(json.len() > MAX_REPLY, "{}", json.len());
+        let answer = || Answer {
+            node: "b",
+            status: StatusCode::OK,
+            headers: HeaderMap::new(),
+            body: crate::cluster::testnet::body(json.clone()),
+        };
+        let got = <IndexShards as Call>::reply(answer()).await.unwrap();
+        assert_eq!(got.shards[0].ends, indexed.shards[0].ends);
+        let e = <PlanReport as Call>::reply(answer()).await.unwrap_err();
+        assert!(
+            matches!(&e, ClusterError::Garbled { why, .. } if why.contains("longer than 65536")),
+            "{e:?}"
+        );
     }
 }
