@@ -212,7 +212,7 @@ def totals(urls):
 
 
 JOB = r"""
-import json, os, sys, time, torch, granary
+import json, sys, time, torch, granary
 url, epochs, first, step, plan = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), sys.argv[5] == "1"
 batch, ahead, prefetch, prefix = int(sys.argv[6]), int(sys.argv[7]), int(sys.argv[8]), sys.argv[9]
 rank, world = int(sys.argv[10]), int(sys.argv[11])

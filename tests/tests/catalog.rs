@@ -48,6 +48,19 @@ fn lay_out(server: &Server, shards: &[(String, Vec<u8>)]) -> Result<u64> {
     Ok(shards.iter().map(|(_, b)| b.len() as u64).sum())
 }
 
+/// Writes the shards into the first node's fs backend, which the others read too (one
+/// store shared by the cluster: a network file system, say).
+fn lay_out_shared(nodes: &[Server], shards: &[(String, Vec<u8>)]) -> Result<u64> {
+    let total = lay_out(&nodes[0], shards)?;
+    let origin = nodes[0].data_dir().join("origin").join(BUCKET);
+    for n in &nodes[1..] {
+        let link = n.data_dir().join("origin").join(BUCKET);
+        std::fs::create_dir_all(link.parent().unwrap())?;
+        std::os::unix::fs::symlink(&origin, &link)?;
+    }
+    Ok(total)
+}
+
 /// Where each sample of a tar ends, computed here from its bytes.
 fn ends_of(tar: &[u8]) -> Vec<u64> {
     let mut ar = tar::Archive::new(tar);
@@ -243,14 +256,7 @@ fn a_cluster_builds_a_catalog_once() -> Result<()> {
     let refs: Vec<&Server> = nodes.iter().collect();
     Server::wait_cluster_up(&refs, std::time::Duration::from_secs(20))?;
     let data = shards("big/", 24, 8);
-    // One store shared by the three (a network file system, say).
-    let origin = nodes[0].data_dir().join("origin");
-    let total = lay_out(&nodes[0], &data)?;
-    for n in &nodes[1..] {
-        let link = n.data_dir().join("origin").join(BUCKET);
-        std::fs::create_dir_all(link.parent().unwrap())?;
-        std::os::unix::fs::symlink(origin.join(BUCKET), &link)?;
-    }
+    let total = lay_out_shared(&nodes, &data)?;
     let catalogs: Vec<Catalog> = nodes
         .iter()
         .map(|n| catalog(n, "big/"))
@@ -291,11 +297,7 @@ fn a_cluster_catalogs_shards_of_many_samples() -> Result<()> {
             (format!("many/shard-{s:04}.tar"), tar_of(&members))
         })
         .collect();
-    let origin = nodes[0].data_dir().join("origin");
-    lay_out(&nodes[0], &data)?;
-    let link = nodes[1].data_dir().join("origin").join(BUCKET);
-    std::fs::create_dir_all(link.parent().unwrap())?;
-    std::os::unix::fs::symlink(origin.join(BUCKET), &link)?;
+    lay_out_shared(&nodes, &data)?;
     let cat = catalog(&nodes[0], "many/")?;
     assert_eq!(cat.shards.len(), 24);
     for (s, (key, bytes)) in cat.shards.iter().zip(&data) {

@@ -916,8 +916,11 @@ impl Node {
         let mut owned = self.planner.owned.locked();
         owned.retain(|id, _| plans.iter().any(|p| p.id == *id));
         planned(&plans, |plan, spec| {
-            if let Some(o) = owned.get(&plan.id) {
+            if let Some(o) = owned.get_mut(&plan.id) {
                 if o.owners == owners && same_shards(&o.spec, spec) {
+                    // The plan's next epoch is a new spec with the same list: kept, so
+                    // that the next look compares pointers, not the lists again.
+                    o.spec = spec.clone();
                     return o.shards.clone();
                 }
             }
