@@ -159,7 +159,7 @@ pub fn tar_index(data: &[u8]) {
     file.write_all(b"GRNRYC01 footer bytes that are no tar header")
         .expect("memfd write");
     if let Ok(index) = granary_core::index_tar(&file, data.len() as u64) {
-        for (name, m) in &index {
+        for (name, m) in granary_core::members_in_order(&index) {
             let end = m.offset.checked_add(m.size);
             assert!(
                 end.is_some_and(|e| e <= data.len() as u64),

@@ -1,5 +1,5 @@
 //! On-node transforms (`?transform=NAME`) through the real binary: a built-in image
-//! transform gives the bytes of the same steps run directly with the image crate, is
+//! transform gives the bytes of the same steps run here as pipeline steps, is
 //! computed once and then served from the cache, and is recomputed (never stale) when its
 //! source or its definition changes; four jobs reading the same transformed shard members
 //! at once run the transform once per member and read the backend once; an external
@@ -13,7 +13,6 @@ use anyhow::Result;
 use granary_tests::{raw_request_blocking, request_bytes, RawResponse, Server, ServerOpts};
 use image::codecs::jpeg::JpegEncoder;
 use image::codecs::png::PngEncoder;
-use image::imageops::{self, FilterType};
 use image::{ExtendedColorType, ImageEncoder, RgbImage};
 
 const BUCKET: &str = "images";
@@ -105,7 +104,8 @@ fn encoded(img: &RgbImage, format: &str, q: u8) -> Vec<u8> {
     out
 }
 
-/// The documented steps of the image transform, run here with the image crate.
+/// The documented steps of the image transform (a pipeline of resize and center crop,
+/// `crop = [height, width]`), run here with the node's own code.
 fn direct(
     input: &[u8],
     resize: Option<u32>,
@@ -113,22 +113,21 @@ fn direct(
     format: &str,
     q: u8,
 ) -> Vec<u8> {
-    let mut rgb = image::load_from_memory(input).unwrap().to_rgb8();
-    if let Some(s) = resize {
-        let (w, h) = rgb.dimensions();
-        let m = w.min(h);
-        rgb = imageops::resize(
-            &rgb,
-            (w * s + m / 2) / m,
-            (h * s + m / 2) / m,
-            FilterType::Triangle,
-        );
+    let mut steps = Vec::new();
+    if let Some(shorter) = resize {
+        steps.push(serde_json::json!({"op": "resize", "shorter": shorter}));
     }
-    if let Some([cw, ch]) = crop {
-        let (w, h) = rgb.dimensions();
-        rgb = imageops::crop_imm(&rgb, (w - cw) / 2, (h - ch) / 2, cw, ch).to_image();
+    if let Some(size) = crop {
+        steps.push(serde_json::json!({"op": "center_crop", "size": size}));
     }
-    encoded(&rgb, format, q)
+    let quality = if q == 0 { 90 } else { q };
+    let spec = serde_json::json!({"steps": steps, "output": format, "quality": quality});
+    let spec: granary_prep::PipelineSpec = serde_json::from_value(spec).unwrap();
+    granary_prep::Pipeline::conversion(spec)
+        .unwrap()
+        .prepare(input, 0, 0, "")
+        .unwrap()
+        .bytes
 }
 
 fn start(root: &Path, config: &str) -> Result<Server> {
@@ -160,7 +159,7 @@ fn settle(server: &Server) {
 }
 
 #[test]
-fn image_results_equal_the_library_steps_are_cached_and_never_stale() -> Result<()> {
+fn image_results_equal_the_pipeline_steps_are_cached_and_never_stale() -> Result<()> {
     let root = tempfile::tempdir()?;
     let server = start(root.path(), CONFIG)?;
     let dir = server.data_dir().join("origin").join(BUCKET);

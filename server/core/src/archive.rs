@@ -47,14 +47,60 @@ pub struct Member {
     pub size: u64,
 }
 
-/// Member name → place, for the regular files of a tar.
-pub type TarIndex = HashMap<String, Member>;
+/// The regular files of a tar: every member in archive order, and each name's place. A
+/// name held twice is found as its last copy (what extracting the tar leaves), and both
+/// copies are in the order.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TarIndex {
+    members: Vec<(String, Member)>,
+    by_name: HashMap<String, usize>,
+}
 
-/// An index's members in archive order (by data offset).
+impl TarIndex {
+    /// Adds the next member in archive order.
+    pub fn push(&mut self, name: String, m: Member) {
+        self.by_name.insert(name.clone(), self.members.len());
+        self.members.push((name, m));
+    }
+
+    /// The member of this name (its last copy).
+    pub fn get(&self, name: &str) -> Option<&Member> {
+        self.by_name.get(name).map(|&i| &self.members[i].1)
+    }
+
+    /// The copy of member `name` whose data starts at `offset`.
+    pub fn at(&self, name: &str, offset: u64) -> Option<&Member> {
+        self.members
+            .binary_search_by_key(&offset, |(_, m)| m.offset)
+            .ok()
+            .map(|i| &self.members[i])
+            .filter(|(n, _)| n == name)
+            .map(|(_, m)| m)
+    }
+
+    /// Whether more than one member has this name.
+    pub fn repeats(&self, name: &str) -> bool {
+        self.members
+            .iter()
+            .filter(|(n, _)| n == name)
+            .nth(1)
+            .is_some()
+    }
+
+    /// Every member, in archive order.
+    pub fn members(&self) -> &[(String, Member)] {
+        &self.members
+    }
+
+    /// Bytes of memory it takes, about.
+    pub fn weight(&self) -> usize {
+        self.members.iter().map(|(n, _)| 2 * n.len() + 72).sum()
+    }
+}
+
+/// An index's members in archive order (by data offset), repeated names included.
 pub fn in_order(index: &TarIndex) -> Vec<(&String, &Member)> {
-    let mut members: Vec<(&String, &Member)> = index.iter().collect();
-    members.sort_by_key(|(_, m)| m.offset);
-    members
+    index.members.iter().map(|(n, m)| (n, m)).collect()
 }
 
 /// A member name as the index keeps it: without a leading `./` or `/`.
@@ -105,7 +151,7 @@ fn listed<'a, R: 'a + Read>(entries: tar::Entries<'a, R>) -> io::Result<Vec<(Str
 /// indexing bytes that are not the member's.
 pub fn index_tar(file: &File, size: u64) -> io::Result<TarIndex> {
     let mut archive = tar::Archive::new(Bounded { file, size, pos: 0 });
-    let mut index = TarIndex::new();
+    let mut index = TarIndex::default();
     for entry in archive.entries_with_seek()? {
         let entry = entry?;
         if !entry.header().entry_type().is_file() {
@@ -122,7 +168,17 @@ pub fn index_tar(file: &File, size: u64) -> io::Result<TarIndex> {
                 format!("member `{name}` runs past the end of the shard ({size} bytes)"),
             ));
         }
-        index.insert(normalize(&name).to_owned(), m);
+        if index
+            .members
+            .last()
+            .is_some_and(|(_, last)| last.offset >= m.offset)
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("member `{name}` starts before the member ahead of it"),
+            ));
+        }
+        index.push(normalize(&name).to_owned(), m);
     }
     Ok(index)
 }
@@ -276,17 +332,36 @@ mod tests {
         std::fs::write(&p, &data).unwrap();
         let idx = index_tar(&File::open(&p).unwrap(), data.len() as u64).unwrap();
         // Cut inside the last member: it runs past the end, so there is no index.
-        let last = idx["000.json"];
+        let last = *idx.get("000.json").unwrap();
         let cut = index_tar(&File::open(&p).unwrap(), last.offset + 1);
         assert_eq!(cut.unwrap_err().kind(), io::ErrorKind::UnexpectedEof);
-        assert_eq!(idx.len(), 3);
-        let m = idx["000.jpg"];
+        assert_eq!(idx.members().len(), 3);
+        let m = *idx.get("000.jpg").unwrap();
         assert_eq!(
             &data[m.offset as usize..(m.offset + m.size) as usize],
             b"jpeg bytes"
         );
-        let m = idx[long.as_str()];
+        let m = *idx.get(long.as_str()).unwrap();
         assert_eq!(&data[m.offset as usize..(m.offset + m.size) as usize], b"7");
+    }
+
+    /// A name held twice: both copies in the order, the last found by name, each by its
+    /// offset.
+    #[test]
+    fn a_repeated_name_keeps_both_copies() {
+        let data = shard(&[("a.jpg", b"first"), ("b.cls", b"1"), ("a.jpg", b"second")]);
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("s.tar");
+        std::fs::write(&p, &data).unwrap();
+        let idx = index_tar(&File::open(&p).unwrap(), data.len() as u64).unwrap();
+        let names: Vec<&str> = in_order(&idx).iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["a.jpg", "b.cls", "a.jpg"]);
+        let bytes = |m: &Member| &data[m.offset as usize..(m.offset + m.size) as usize];
+        assert_eq!(bytes(idx.get("a.jpg").unwrap()), b"second");
+        let first = idx.members()[0].1;
+        assert_eq!(bytes(idx.at("a.jpg", first.offset).unwrap()), b"first");
+        assert!(idx.at("b.cls", first.offset).is_none());
+        assert!(idx.repeats("a.jpg") && !idx.repeats("b.cls"));
     }
 
     #[tokio::test]

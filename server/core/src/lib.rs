@@ -32,7 +32,10 @@ pub use node::{Node, NodeConfig, NodeError, OpenError};
 
 // The node's front: every name the server crate serves the node through, so that the
 // server imports from here alone and the modules' layout stays the node's own business.
-pub use archive::{in_order as members_in_order, index_tar, Format as ArchiveFormat};
+pub use archive::{
+    in_order as members_in_order, index_tar, Format as ArchiveFormat, Member as ArchiveMember,
+    TarIndex,
+};
 pub use backend::{
     check_key, keypath, BackendError, ByteRange, ByteStream, ListPage, ListQuery, ObjectMeta,
     ObjectParts, PartRange, PutOptions, Refusal,

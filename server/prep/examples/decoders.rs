@@ -79,7 +79,7 @@ fn main() {
                     width: img.width * 3 / 4,
                     height: img.height * 3 / 4,
                 };
-                drop(pixels::resize(img, whole, 224, 224).unwrap());
+                drop(pixels::resize(img, whole, 224, 224, granary_prep::Filter::Bilinear).unwrap());
             }),
         ),
         (

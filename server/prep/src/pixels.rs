@@ -1,12 +1,14 @@
 //! Pixels: decode (JPEG with zune-jpeg, PNG with the `image` crate), cut, resize
-//! (fast_image_resize's bilinear convolution, Pillow's antialiased filter), flip, encode.
+//! (fast_image_resize's convolution, antialiased like Pillow's filters), flip, encode;
+//! and what a file's first bytes say of the image ([`probe`]), so that what preparing it
+//! takes is known before it is read whole or decoded.
 
-use std::cell::RefCell;
 use std::io::Cursor;
 
 use fast_image_resize::images::{Image, ImageRef};
 use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
 use image::codecs::jpeg::JpegEncoder;
+use image::codecs::png::PngEncoder;
 use image::{ExtendedColorType, ImageDecoder, ImageEncoder, Limits};
 use zune_core::bytestream::ZCursor;
 use zune_core::colorspace::ColorSpace;
@@ -14,10 +16,12 @@ use zune_core::options::DecoderOptions;
 use zune_jpeg::JpegDecoder;
 
 use crate::crop::Rect;
-use crate::PrepError;
+use crate::spec::Filter;
+use crate::{jpeg, PrepError};
 
-/// The most pixels an input may have: 100 megapixels, checked from the header before any
-/// pixel is decoded.
+/// The most pixels an image may have, as input (checked from the header before any pixel
+/// is decoded) and after any step (checked from the definition and the input's size
+/// before the step allocates): 100 megapixels.
 pub const MAX_PIXELS: u64 = 100_000_000;
 
 /// An RGB image, 3 bytes a pixel, rows top to bottom.
@@ -26,6 +30,11 @@ pub struct Rgb {
     pub width: u32,
     pub height: u32,
     pub pixels: Vec<u8>,
+}
+
+/// Bytes of an RGB image of `width` x `height`.
+pub fn rgb_bytes(width: u32, height: u32) -> u64 {
+    u64::from(width) * u64::from(height) * 3
 }
 
 fn refuse_large(width: u64, height: u64) -> Result<(), PrepError> {
@@ -39,11 +48,96 @@ fn refuse_large(width: u64, height: u64) -> Result<(), PrepError> {
     Ok(())
 }
 
+/// An image format this decodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    Jpeg,
+    Png,
+}
+
+/// What an image's header says: its format and size, and the bytes its decode holds at
+/// once besides the input (its output, the decoder's own buffers).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Header {
+    pub format: Format,
+    pub width: u32,
+    pub height: u32,
+    pub decode_bytes: u64,
+}
+
+const JPEG_MAGIC: [u8; 3] = [0xff, 0xd8, 0xff];
+const PNG_MAGIC: &[u8; 8] = b"\x89PNG\r\n\x1a\n";
+
+/// The header of the image whose first bytes are `prefix`, of `len` bytes in all:
+/// `Ok(None)` where it lies past the prefix. Anything but a JPEG or a PNG is refused
+/// from its first bytes.
+pub fn probe(prefix: &[u8], len: u64) -> Result<Option<Header>, PrepError> {
+    let magic = |m: &[u8]| prefix.len() >= m.len() && prefix.starts_with(m);
+    if magic(&JPEG_MAGIC) {
+        let frame = match jpeg::probe(prefix)? {
+            jpeg::Probe::Frame(f) => f,
+            jpeg::Probe::More => return Ok(None),
+        };
+        refuse_large(u64::from(frame.width), u64::from(frame.height))?;
+        let out = rgb_bytes(frame.width, frame.height);
+        // The decoder reads a copy of the input with its padding, and holds every block's
+        // coefficients where the image is progressive (or its components come in scans
+        // of their own, which the header does not say: counted always).
+        let padded = len + jpeg::MAX_PADDING;
+        return Ok(Some(Header {
+            format: Format::Jpeg,
+            width: frame.width,
+            height: frame.height,
+            // Row buffers of whole MCUs, per component, for the colour conversion.
+            decode_bytes: padded
+                + out
+                + frame.coefficient_bytes()
+                + u64::from(frame.width) * 256
+                + (1 << 20),
+        }));
+    }
+    if magic(PNG_MAGIC) {
+        // IHDR is the first chunk: width, height, bit depth, colour type.
+        let Some(ihdr) = prefix.get(8..29) else {
+            return Ok(None);
+        };
+        if &ihdr[4..8] != b"IHDR" {
+            return Err(PrepError::Decode("PNG: no IHDR chunk first".into()));
+        }
+        let be = |b: &[u8]| u32::from_be_bytes([b[0], b[1], b[2], b[3]]);
+        let (width, height) = (be(&ihdr[8..12]), be(&ihdr[12..16]));
+        let (depth, colour) = (ihdr[16], ihdr[17]);
+        refuse_large(u64::from(width), u64::from(height))?;
+        // The decoder's own layout (a palette expands to RGBA), then RGB8 beside it.
+        let samples: u64 = match colour {
+            0 => 1,
+            4 => 2,
+            2 => 3,
+            _ => 4,
+        };
+        let native =
+            u64::from(width) * u64::from(height) * samples * if depth == 16 { 2 } else { 1 };
+        return Ok(Some(Header {
+            format: Format::Png,
+            width,
+            height,
+            decode_bytes: native + rgb_bytes(width, height) + (1 << 20),
+        }));
+    }
+    let short = prefix.len() < PNG_MAGIC.len()
+        && (JPEG_MAGIC.starts_with(&prefix[..prefix.len().min(3)])
+            || PNG_MAGIC.starts_with(prefix));
+    if short && (prefix.len() as u64) < len {
+        return Ok(None);
+    }
+    Err(PrepError::Decode("neither a JPEG nor a PNG".into()))
+}
+
 /// Decodes a JPEG or PNG (by its magic bytes) to RGB.
 pub fn decode(input: &[u8]) -> Result<Rgb, PrepError> {
-    if input.starts_with(&[0xff, 0xd8, 0xff]) {
+    if input.starts_with(&JPEG_MAGIC) {
         decode_jpeg(input)
-    } else if input.starts_with(b"\x89PNG\r\n\x1a\n") {
+    } else if input.starts_with(PNG_MAGIC) {
         decode_png(input)
     } else {
         Err(PrepError::Decode("neither a JPEG nor a PNG".into()))
@@ -51,22 +145,32 @@ pub fn decode(input: &[u8]) -> Result<Rgb, PrepError> {
 }
 
 fn decode_jpeg(input: &[u8]) -> Result<Rgb, PrepError> {
+    // The walk refuses a file cut short, or cut between scans, before any pixel buffer is
+    // made; the padding makes a scan cut inside its data fail in the decoder.
+    let layout = crate::jpeg::layout(input)?;
+    let (width, height) = (layout.frame.width, layout.frame.height);
+    refuse_large(u64::from(width), u64::from(height))?;
+    let padded = layout.padded(input);
     let options = DecoderOptions::default()
         .jpeg_set_out_colorspace(ColorSpace::RGB)
         .set_max_width(usize::from(u16::MAX))
         .set_max_height(usize::from(u16::MAX))
         .set_strict_mode(true);
-    let mut d = JpegDecoder::new_with_options(ZCursor::new(input), options);
+    let mut d = JpegDecoder::new_with_options(ZCursor::new(&padded[..]), options);
     d.decode_headers()
         .map_err(|e| PrepError::Decode(format!("JPEG: {e:?}")))?;
     let info = d
         .info()
         .ok_or_else(|| PrepError::Decode("JPEG: no frame header".into()))?;
-    refuse_large(u64::from(info.width), u64::from(info.height))?;
+    if (u32::from(info.width), u32::from(info.height)) != (width, height) {
+        return Err(PrepError::Decode(format!(
+            "JPEG: the decoder reads {}x{} where the frame says {width}x{height}",
+            info.width, info.height
+        )));
+    }
     let pixels = d
         .decode()
         .map_err(|e| PrepError::Decode(format!("JPEG: {e:?}")))?;
-    let (width, height) = (u32::from(info.width), u32::from(info.height));
     if pixels.len() != width as usize * height as usize * 3 {
         return Err(PrepError::Decode(format!(
             "JPEG: {} bytes decoded for {width}x{height} RGB",
@@ -98,34 +202,52 @@ fn decode_png(input: &[u8]) -> Result<Rgb, PrepError> {
     })
 }
 
-thread_local! {
-    /// Each thread's resizer: it keeps its scratch buffers between images.
-    static RESIZER: RefCell<Resizer> = RefCell::new(Resizer::new());
-}
-
-/// `region` of `src`, resized to `width` × `height` with Pillow's antialiased bilinear
-/// filter (what torchvision's `resize` does to a PIL image). `region` lies inside `src`.
-pub fn resize(src: &Rgb, region: Rect, width: u32, height: u32) -> Result<Rgb, PrepError> {
+/// `region` of `src`, resized to `width` x `height` with `filter`, antialiased (what
+/// torchvision's `resize` does to a PIL image with the bilinear filter). `region` lies
+/// inside `src`.
+pub fn resize(
+    src: &Rgb,
+    region: Rect,
+    width: u32,
+    height: u32,
+    filter: Filter,
+) -> Result<Rgb, PrepError> {
     debug_assert!(region.left >= 0 && region.top >= 0);
     let view = ImageRef::new(src.width, src.height, &src.pixels, PixelType::U8x3)
         .map_err(|e| PrepError::Internal(format!("resize source: {e}")))?;
     let mut dst = Image::new(width, height, PixelType::U8x3);
-    let options = ResizeOptions::new()
-        .resize_alg(ResizeAlg::Convolution(FilterType::Bilinear))
-        .crop(
-            region.left as f64,
-            region.top as f64,
-            f64::from(region.width),
-            f64::from(region.height),
-        );
-    RESIZER
-        .with(|r| r.borrow_mut().resize(&view, &mut dst, &options))
+    let alg = match filter {
+        Filter::Bilinear => ResizeAlg::Convolution(FilterType::Bilinear),
+        Filter::Nearest => ResizeAlg::Nearest,
+        Filter::CatmullRom => ResizeAlg::Convolution(FilterType::CatmullRom),
+        Filter::Lanczos3 => ResizeAlg::Convolution(FilterType::Lanczos3),
+    };
+    let options = ResizeOptions::new().resize_alg(alg).crop(
+        region.left as f64,
+        region.top as f64,
+        f64::from(region.width),
+        f64::from(region.height),
+    );
+    // A resizer per call: one kept by a thread would keep its largest scratch buffer.
+    Resizer::new()
+        .resize(&view, &mut dst, &options)
         .map_err(|e| PrepError::Internal(format!("resize: {e}")))?;
     Ok(Rgb {
         width,
         height,
         pixels: dst.into_vec(),
     })
+}
+
+/// Bytes a resize of a `src` image (or a region of it) to `dst` holds besides both:
+/// the vertical pass's image (the source's used columns by the output's rows) and the
+/// filters' weights.
+pub fn resize_scratch(src: (u32, u32), dst: (u32, u32)) -> u64 {
+    let (sw, sh) = (u64::from(src.0), u64::from(src.1));
+    let (dw, dh) = (u64::from(dst.0), u64::from(dst.1));
+    // Lanczos3 reaches 3 source pixels each side per output pixel, scaled by the
+    // reduction: about 6 weights (8 bytes, and a 2-byte copy) per source pixel a side.
+    sw * dh * 3 + 128 * (sw + sh + dw + dh) + (64 << 10)
 }
 
 /// `region` of `src`, cut out as it is; pixels of the region outside `src` are zero.
@@ -176,6 +298,23 @@ pub fn encode_jpeg(img: &Rgb, quality: u8) -> Result<Vec<u8>, PrepError> {
         .write_image(&img.pixels, img.width, img.height, ExtendedColorType::Rgb8)
         .map_err(|e| PrepError::Internal(format!("JPEG encode: {e}")))?;
     Ok(out)
+}
+
+/// An 8-bit RGB PNG of `img`, at the encoder's default compression and filter.
+pub fn encode_png(img: &Rgb) -> Result<Vec<u8>, PrepError> {
+    let mut out = Vec::with_capacity(img.pixels.len() / 2);
+    PngEncoder::new(&mut out)
+        .write_image(&img.pixels, img.width, img.height, ExtendedColorType::Rgb8)
+        .map_err(|e| PrepError::Internal(format!("PNG encode: {e}")))?;
+    Ok(out)
+}
+
+/// Bytes an encoding of `width` x `height` may hold: its output (a growing buffer, up to
+/// twice what it holds), and for a PNG the filtered rows the encoder compresses whole;
+/// the encoder's tables and windows.
+pub fn encode_bytes(png: bool, width: u32, height: u32) -> u64 {
+    let (times, tables) = if png { (6, 2 << 20) } else { (2, 1 << 20) };
+    times * rgb_bytes(width, height) + tables
 }
 
 #[cfg(test)]
@@ -247,13 +386,13 @@ mod tests {
             width: 8,
             height: 8,
         };
-        assert_eq!(resize(&img, whole, 8, 8).unwrap(), img);
+        assert_eq!(resize(&img, whole, 8, 8, Filter::Bilinear).unwrap(), img);
         let flat = Rgb {
             width: 8,
             height: 8,
             pixels: vec![200; 192],
         };
-        let half = resize(&flat, whole, 4, 4).unwrap();
+        let half = resize(&flat, whole, 4, 4, Filter::Bilinear).unwrap();
         assert!(half.pixels.iter().all(|&p| p == 200), "{:?}", half.pixels);
     }
 

@@ -4,6 +4,8 @@
 use granary_proto::shards::split_name;
 use serde::{Deserialize, Serialize};
 
+use crate::pixels::MAX_PIXELS;
+
 /// The longest side a step may ask for: a definition past it is a typo, not a recipe.
 pub const MAX_SIDE: u32 = 16_384;
 
@@ -23,6 +25,31 @@ pub struct PipelineSpec {
     /// JPEG quality of `output = "jpeg"`, 1..=100.
     #[serde(default = "default_quality")]
     pub quality: u8,
+    /// The filter every resize uses. Written only where it is not the default, so a
+    /// definition that does not name one keeps its fingerprint (and its draws).
+    #[serde(default, skip_serializing_if = "Filter::is_default")]
+    pub filter: Filter,
+}
+
+/// A resize's filter (antialiased: its support scales with the reduction).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Filter {
+    /// Bilinear (triangle): torchvision's antialiased `BILINEAR` on PIL images.
+    #[default]
+    Bilinear,
+    /// Nearest neighbour.
+    Nearest,
+    /// Catmull-Rom cubic.
+    CatmullRom,
+    /// Lanczos with a window of 3.
+    Lanczos3,
+}
+
+impl Filter {
+    fn is_default(&self) -> bool {
+        *self == Filter::Bilinear
+    }
 }
 
 /// One step. Sizes are `[height, width]`, as torchvision takes them.
@@ -60,6 +87,8 @@ pub enum Output {
     Raw,
     /// A baseline JPEG at `quality`.
     Jpeg,
+    /// A PNG (8-bit RGB, the encoder's default compression).
+    Png,
 }
 
 fn default_members() -> Vec<String> {
@@ -90,6 +119,15 @@ pub struct SpecError(pub String);
 impl PipelineSpec {
     /// Checks every field: the pipeline then runs on any image without a config error.
     pub fn check(&self) -> Result<(), SpecError> {
+        if self.steps.is_empty() {
+            return Err(SpecError("steps: a pipeline has at least one step".into()));
+        }
+        self.check_fields()
+    }
+
+    /// [`PipelineSpec::check`] without its rule of one step at least: a conversion (a
+    /// transform that decodes and encodes again) has none.
+    pub fn check_fields(&self) -> Result<(), SpecError> {
         let bad = |m: String| Err(SpecError(m));
         if self.members.is_empty() {
             return bad("members: name at least one member extension (\"jpg\")".into());
@@ -100,9 +138,6 @@ impl PipelineSpec {
                     "members: {m:?} is not an extension (\"jpg\", not \".jpg\")"
                 ));
             }
-        }
-        if self.steps.is_empty() {
-            return bad("steps: a pipeline has at least one step".into());
         }
         if !(1..=100).contains(&self.quality) {
             return bad(format!("quality = {}: 1 to 100", self.quality));
@@ -131,6 +166,18 @@ impl PipelineSpec {
     }
 }
 
+/// A step's output of `size` (`[height, width]`) holds at most [`MAX_PIXELS`].
+fn area(size: &[u32; 2]) -> Result<(), String> {
+    let pixels = u64::from(size[0]) * u64::from(size[1]);
+    if pixels > MAX_PIXELS {
+        return Err(format!(
+            "size = [{}, {}] makes {pixels} pixels, more than {MAX_PIXELS}",
+            size[0], size[1]
+        ));
+    }
+    Ok(())
+}
+
 impl Step {
     fn check(&self) -> Result<(), String> {
         let side = |what: &str, n: u32| {
@@ -144,6 +191,7 @@ impl Step {
             Step::RandomResizedCrop { size, scale, ratio } => {
                 side("size[0]", size[0])?;
                 side("size[1]", size[1])?;
+                area(size)?;
                 let [s0, s1] = *scale;
                 if !(s0.is_finite() && s1.is_finite() && 0.0 < s0 && s0 <= s1 && s1 <= 1.0) {
                     return Err(format!(
@@ -168,7 +216,8 @@ impl Step {
             Step::Resize { shorter } => side("shorter", *shorter),
             Step::CenterCrop { size } => {
                 side("size[0]", size[0])?;
-                side("size[1]", size[1])
+                side("size[1]", size[1])?;
+                area(size)
             }
         }
     }

@@ -157,8 +157,14 @@ impl From<Refusal> for S3Error {
 
 impl From<BackendError> for S3Error {
     fn from(e: BackendError) -> S3Error {
+        S3Error::from(&e)
+    }
+}
+
+impl From<&BackendError> for S3Error {
+    fn from(e: &BackendError) -> S3Error {
         use BackendError as B;
-        let code = match &e {
+        let code = match e {
             B::NoSuchBucket(_) => S3Code::NoSuchBucket,
             B::NoSuchKey(_) => S3Code::NoSuchKey,
             B::NoSuchUpload(_) => S3Code::NoSuchUpload,
@@ -204,9 +210,15 @@ impl From<BackendError> for S3Error {
 
 impl From<CacheError> for S3Error {
     fn from(e: CacheError) -> S3Error {
+        S3Error::from(&e)
+    }
+}
+
+impl From<&CacheError> for S3Error {
+    fn from(e: &CacheError) -> S3Error {
         let code = match e {
             CacheError::Source(b) => return b.into(),
-            CacheError::Refused(r) => return r.into(),
+            CacheError::Refused(r) => return r.clone().into(),
             CacheError::NotHeld => S3Code::NoSuchKey,
             CacheError::NotTar(_) => S3Code::InvalidArgument,
             CacheError::NotAdmitted { .. } => S3Code::ServiceUnavailable,
@@ -218,13 +230,19 @@ impl From<CacheError> for S3Error {
 
 impl From<ClusterError> for S3Error {
     fn from(e: ClusterError) -> S3Error {
+        S3Error::from(&e)
+    }
+}
+
+impl From<&ClusterError> for S3Error {
+    fn from(e: &ClusterError) -> S3Error {
         match e {
             // The member's own answer, as it gave it.
             ClusterError::Refused {
                 code: Some(code),
                 message,
                 ..
-            } => S3Error::new(code, message),
+            } => S3Error::new(*code, message.clone()),
             ClusterError::Refused { status, .. } => {
                 let code = match status {
                     400 => S3Code::InvalidArgument,
@@ -245,6 +263,12 @@ impl From<ClusterError> for S3Error {
 
 impl From<TransformError> for S3Error {
     fn from(e: TransformError) -> S3Error {
+        S3Error::from(&e)
+    }
+}
+
+impl From<&TransformError> for S3Error {
+    fn from(e: &TransformError) -> S3Error {
         let code = match e {
             TransformError::Unknown(_) => S3Code::InvalidArgument,
             TransformError::TooLarge { .. } => S3Code::EntityTooLarge,
@@ -257,11 +281,20 @@ impl From<TransformError> for S3Error {
 
 impl From<NodeError> for S3Error {
     fn from(e: NodeError) -> S3Error {
+        S3Error::from(&e)
+    }
+}
+
+/// By reference: a failure several requests share (one preparation's) maps for each of
+/// them as it would for one.
+impl From<&NodeError> for S3Error {
+    fn from(e: &NodeError) -> S3Error {
         let code = match e {
             NodeError::Backend(b) => return b.into(),
             NodeError::Cache(c) => return c.into(),
             NodeError::Cluster(c) => return c.into(),
             NodeError::Transform(t) => return t.into(),
+            NodeError::Shared(e) => return S3Error::from(&**e),
             NodeError::Invalid(_) | NodeError::NotAShard(_) => S3Code::InvalidArgument,
             NodeError::NoMember(_) => S3Code::NoSuchKey,
             NodeError::Changed(_) | NodeError::ShardNotHeld => S3Code::ServiceUnavailable,

@@ -333,8 +333,7 @@ impl Cache {
                 .max_capacity(TAR_INDEX_CAPACITY)
                 .weigher(
                     |_, (_, idx): &(Arc<Entry>, Arc<crate::archive::TarIndex>)| {
-                        let bytes: usize = idx.keys().map(|k| k.len() + 48).sum();
-                        bytes.try_into().unwrap_or(u32::MAX)
+                        idx.weight().try_into().unwrap_or(u32::MAX)
                     },
                 )
                 .build(),

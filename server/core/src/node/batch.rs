@@ -9,12 +9,15 @@ use std::time::UNIX_EPOCH;
 use bytes::{BufMut, Bytes, BytesMut};
 use futures::StreamExt;
 
+use super::read::{shared, unshared};
 use super::{Node, NodeError, ReadRequest, Reply, Served};
 use crate::backend::ByteStream;
 use crate::cluster::calls::{Found, Read};
 use crate::cluster::ring::key_hash;
 use crate::cluster::{ClusterError, Member};
 use crate::transform::pipelines::{NamedPipeline, PrepKey};
+use crate::transform::Work;
+use futures::TryFutureExt;
 use granary_proto::shards::split_name;
 
 /// Items up to this size are read whole while they wait their turn (so at most the
@@ -32,6 +35,10 @@ pub struct Item {
     /// A configured transform applied to the item (its result is cached and shared).
     #[serde(default)]
     pub transform: Option<String>,
+    /// Where the member's data starts in the shard, for a name the shard holds twice:
+    /// read from this node's index of the shard (never asked of a client).
+    #[serde(skip)]
+    pub at: Option<u64>,
 }
 
 /// An item's bytes: in memory, or a stream to read in its turn.
@@ -54,6 +61,16 @@ impl Item {
             key: key.to_owned(),
             archpath: Some(member.to_owned()),
             transform: transform.map(str::to_owned),
+            at: None,
+        }
+    }
+
+    /// The copy of the member whose data starts at `at` in the shard this node indexed
+    /// (a shard that holds its name twice).
+    pub fn at(self, at: u64) -> Item {
+        Item {
+            at: Some(at),
+            ..self
         }
     }
 
@@ -80,6 +97,7 @@ impl Item {
     fn request(&self) -> ReadRequest<'_> {
         let mut req = ReadRequest::object(&self.bucket, &self.key);
         req.member = self.archpath.as_deref();
+        req.member_at = self.at;
         req.transform = self.transform.as_deref();
         req
     }
@@ -90,7 +108,8 @@ impl Node {
     /// when it does not answer).
     pub async fn fetch_item(self: &Arc<Self>, it: &Item) -> Result<Outcome, NodeError> {
         let c = &self.cluster;
-        if !c.is_single() {
+        // A copy found by its place in this node's index is read here.
+        if !c.is_single() && it.at.is_none() {
             let kh = key_hash(&it.bucket, &it.key);
             for _ in 0..c.members().len() {
                 let owner = c.owner_of_hash(kh);
@@ -201,12 +220,13 @@ impl Node {
             .transforms
             .pipelines()
             .kept_or_prepared(
-                prep_key(it, prep),
+                &prep_key(it, prep),
                 prep.readers,
                 &self.stats,
-                self.prepare_member(it, prep),
+                self.prepare_member(it, prep).map_err(shared),
             )
-            .await?;
+            .await
+            .map_err(unshared)?;
         Ok(Outcome::Found {
             size: out.len() as u64,
             mtime: prep.version.1,
@@ -223,41 +243,56 @@ impl Node {
     ) -> Result<(), NodeError> {
         self.transforms
             .pipelines()
-            .prepare_ahead(prep_key(it, prep), self.prepare_member(it, prep))
+            .prepare_ahead(
+                &prep_key(it, prep),
+                self.prepare_member(it, prep).map_err(shared),
+            )
             .await
+            .map_err(unshared)
     }
 
-    /// The member `it` names, read and prepared by `prep`.
+    /// The member `it` names, read once the prep pool admits it, and prepared by `prep`.
     async fn prepare_member(self: &Arc<Self>, it: &Item, prep: &Prep) -> Result<Bytes, NodeError> {
         let member = it.archpath.as_deref().unwrap_or(&it.key);
+        let sample = split_name(member).map_or(member, |(k, _)| k);
+        let key = granary_prep::sample_key(&prep.shard, sample);
         let (size, data) = match self.fetch_item(it).await? {
             Outcome::Found { size, data, .. } => (size, data),
             Outcome::Missing => return Err(NodeError::NoMember(member.to_owned())),
         };
-        let input = match data {
-            Data::Whole(b) => b,
-            Data::Stream(s) => {
-                super::read::gather(s, size, |e| NodeError::Cut(format!("member {member}: {e}")))
-                    .await?
-            }
+        let body: ByteStream = match data {
+            Data::Whole(b) => Box::pin(futures::stream::once(async move { Ok(b) })),
+            Data::Stream(s) => s,
         };
-        let sample = split_name(member).map_or(member, |(k, _)| k);
-        let key = granary_prep::sample_key(&prep.shard, sample);
-        Ok(self.prepare(&prep.pipeline, input, prep.job, &key).await?)
+        let input = crate::transform::gather(
+            self.transforms.pool(),
+            (
+                Work::Prepare(&prep.pipeline.pipeline),
+                crate::transform::pool::PREP,
+            ),
+            size,
+            body,
+            |e| NodeError::Cut(format!("member {member}: {e}")),
+            |e| super::read::prep_refused(&prep.pipeline, &key, e),
+        )
+        .await?;
+        self.prepare(&prep.pipeline, input, prep.job, &key).await
     }
 }
 
 /// What the member `it` names, prepared by `prep`, is kept under.
 fn prep_key(it: &Item, prep: &Prep) -> PrepKey {
     let member = it.archpath.as_deref().unwrap_or(&it.key);
-    PrepKey::new(
+    let mut key = PrepKey::new(
         &prep.pipeline,
         prep.job,
         &it.bucket,
         &prep.shard,
         &prep.version.0,
         member,
-    )
+    );
+    key.at = it.at;
+    key
 }
 
 /// Whether a call failed for want of an answer (the member is likely gone: marked down,
@@ -326,6 +361,7 @@ mod tests {
             key: "dir/a b.tar".into(),
             archpath: Some("x&y=1.jpg".into()),
             transform: Some("small".into()),
+            at: None,
         };
         assert_eq!(it.name(), "dir/a b.tar/x&y=1.jpg");
         let call = it.call(&[]);

@@ -37,6 +37,10 @@ pub enum NodeError {
     /// A source's bytes stopped short while the node read them for itself.
     #[error("{0}")]
     Cut(String),
+    /// The failure of work that several requests waited for (one preparation of a
+    /// sample), as each of them gets it.
+    #[error(transparent)]
+    Shared(std::sync::Arc<NodeError>),
 }
 
 impl From<CacheError> for NodeError {
@@ -58,11 +62,14 @@ impl From<Refusal> for NodeError {
 impl NodeError {
     /// Whether the thing asked for does not exist (a key, a bucket, a shard member).
     pub fn is_missing(&self) -> bool {
-        matches!(
-            self,
-            NodeError::Backend(BackendError::NoSuchKey(_) | BackendError::NoSuchBucket(_))
-                | NodeError::NoMember(_)
-        )
+        match self {
+            NodeError::Shared(e) => e.is_missing(),
+            e => matches!(
+                e,
+                NodeError::Backend(BackendError::NoSuchKey(_) | BackendError::NoSuchBucket(_))
+                    | NodeError::NoMember(_)
+            ),
+        }
     }
 
     /// Whether the same request may succeed later.
@@ -71,6 +78,7 @@ impl NodeError {
             NodeError::Backend(e) => e.is_retryable(),
             NodeError::Cache(e) => e.is_retryable(),
             NodeError::Cluster(e) => e.is_retryable(),
+            NodeError::Shared(e) => e.is_retryable(),
             NodeError::Changed(_)
             | NodeError::Cut(_)
             | NodeError::ShardNotHeld

@@ -212,6 +212,12 @@ impl Node {
             members.iter().filter(|m| m.is_up()).count() as u64,
         );
         s.set(Metric::DrainState, self.drain_state() as u64);
+        let pool = self.transforms.pool();
+        let (running, peak, admitted) = pool.levels();
+        s.set(Metric::PrepRunning, running);
+        s.set(Metric::PrepRunningPeak, peak);
+        s.set(Metric::PrepAdmittedBytes, admitted);
+        s.set(Metric::PrepBudgetBytes, pool.budget());
         let left = self
             .handover()
             .filter(|h| h.running)
@@ -262,18 +268,25 @@ impl Node {
         self.transforms.pipelines().json()
     }
 
-    /// Prepares `input` as sample `key` by pipeline `p` for (seed, epoch), on a prep
-    /// thread.
-    pub async fn prepare(
+    /// Prepares `input` as sample `key` by pipeline `p` for (seed, epoch), in the prep
+    /// pool (with the memory `input` was admitted with).
+    pub(crate) async fn prepare(
         &self,
         p: &Arc<NamedPipeline>,
-        input: bytes::Bytes,
-        job: (u64, u64),
+        input: crate::transform::Input,
+        (seed, epoch): (u64, u64),
         key: &str,
-    ) -> Result<bytes::Bytes, TransformError> {
-        self.transforms
-            .pipelines()
-            .prepare(p, input, job, key, &self.stats)
+    ) -> Result<bytes::Bytes, NodeError> {
+        let (job, sample, bytes) = (p.clone(), key.to_owned(), input.bytes);
+        let out = self
+            .transforms
+            .pool()
+            .run(input.admitted, crate::transform::pool::PREP, move |go_on| {
+                job.pipeline
+                    .prepare_while(&bytes, (seed, epoch, &sample), go_on)
+            })
             .await
+            .map_err(|e| read::prep_refused(p, key, e))?;
+        Ok(bytes::Bytes::from(out.bytes))
     }
 }

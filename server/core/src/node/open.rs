@@ -179,11 +179,15 @@ impl Node {
             backend,
             Arc::new(cache),
             cluster,
-            stats,
-            Transforms::new(&config.transforms).with_pipelines(
-                Pipelines::new(&config.pipelines, config.prep_threads, config.prep_memory)
+            stats.clone(),
+            Transforms::new(
+                &config.transforms,
+                Pipelines::new(&config.pipelines, config.prep_memory)
                     .map_err(OpenError::Pipeline)?,
-            ),
+                config.prep_threads,
+                stats,
+            )
+            .map_err(OpenError::Pipeline)?,
             config.rebalance_rate,
         );
         *node.watch.locked() = Some(watch);

@@ -4,7 +4,7 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use futures::StreamExt;
 use granary_proto::range::RangeSpec;
 
@@ -17,8 +17,10 @@ use crate::cache::{self, Body, CacheError, DeriveError, LocalReader, Mode, Origi
 use crate::cluster::transport::ReplyBody;
 use crate::cluster::Member;
 use crate::stats::Metric;
-use crate::transform::pipelines::{NamedPipeline, PrepKey};
-use crate::transform::{self, Derived, Named, TransformError, MAX_INPUT, RESULTS};
+use crate::transform::pipelines::{Failure, NamedPipeline, PrepKey};
+use crate::transform::{self, pool, Derived, Input, Named, TransformError, Work, RESULTS};
+use futures::TryFutureExt;
+use granary_prep::PrepError;
 use http::request::Parts;
 use http::Response;
 
@@ -94,6 +96,9 @@ pub struct ReadRequest<'a> {
     pub key: &'a str,
     /// A member of the object as a tar shard (`archpath`).
     pub member: Option<&'a str>,
+    /// Where the member's data starts in the shard: which copy of a name the shard
+    /// holds twice (read from this node's index of the shard, never elsewhere).
+    pub member_at: Option<u64>,
     /// A configured transform applied to the object or member.
     pub transform: Option<&'a str>,
     pub range: Option<RangeSpec>,
@@ -108,6 +113,7 @@ impl<'a> ReadRequest<'a> {
             bucket,
             key,
             member: None,
+            member_at: None,
             transform: None,
             range: None,
             conditions: Conditions::default(),
@@ -307,9 +313,12 @@ impl Node {
         if format == Format::Tar {
             if let Some((meta, idx)) = self.cache.tar_index(src, req.bucket, req.key).await? {
                 req.conditions.check(&meta)?;
-                let m = *idx
-                    .get(archive::normalize(member))
-                    .ok_or_else(|| NodeError::NoMember(member.to_owned()))?;
+                let name = archive::normalize(member);
+                let m = *match req.member_at {
+                    Some(at) => idx.at(name, at),
+                    None => idx.get(name),
+                }
+                .ok_or_else(|| NodeError::NoMember(member.to_owned()))?;
                 let range = resolve(req.range, m.size)?;
                 let (a, b) = range.map_or((0, m.size), |x| (x.start, x.end));
                 let body = if head {
@@ -348,6 +357,12 @@ impl Node {
                     body,
                 });
             }
+        }
+        if req.member_at.is_some() {
+            // Which copy of the name was found in an index this node no longer holds.
+            return Err(NodeError::Changed(
+                "the shard left the cache while its members were read; retry",
+            ));
         }
         // Not indexed: the shard's stream, through the cache like any read, scanned.
         let whole = |meta: &ObjectMeta| -> Result<Option<ByteRange>, Refusal> {
@@ -453,7 +468,8 @@ impl Node {
             )
             .await?
             .meta;
-        let derived = Derived::new(req.bucket, req.key, req.member, &source.etag, &t);
+        let mut derived = Derived::new(req.bucket, req.key, req.member, &source.etag, &t);
+        derived.at = req.member_at;
         let range = |meta: &ObjectMeta| -> Result<Option<ByteRange>, Refusal> {
             req.conditions.check(meta)?;
             resolve(req.range, meta.size)
@@ -481,7 +497,8 @@ impl Node {
         Ok(reply)
     }
 
-    /// Computes a result: the source read whole (bounded by [`MAX_INPUT`]) and still the
+    /// Computes a result: the source read whole once the prep pool admits it (refused
+    /// where the transform cannot take it, before the rest of it is read), still the
     /// version the result is keyed by, then the transform.
     async fn compute(
         self: &Arc<Self>,
@@ -490,64 +507,94 @@ impl Node {
     ) -> Result<(ObjectMeta, Bytes), NodeError> {
         let mut req = ReadRequest::object(&d.bucket, &d.key);
         req.member = d.archpath.as_deref();
-        let (meta, input) = self.read_whole(&req).await?;
+        req.member_at = d.at;
+        let refused = |e: PrepError| -> NodeError {
+            TransformError::Failed {
+                name: t.name.clone(),
+                why: e.to_string(),
+            }
+            .into()
+        };
+        let work = (t.work(), pool::TRANSFORM);
+        let (meta, input) = self.read_input(&req, work, refused).await?;
         if meta.etag != d.etag {
             return Err(NodeError::Changed(
                 "the source changed while it was transformed; retry",
             ));
         }
-        let out = self.transforms.run(t, input, &self.stats).await?;
+        let out = self.transforms.run(t, input).await?;
         Ok((transform::result_meta(t, &out), out))
     }
 
-    /// An object or shard member read whole into memory, for a transform or a pipeline:
-    /// at most [`MAX_INPUT`] bytes.
-    async fn read_whole(
+    /// An object or shard member read whole for `work` (a transform or a pipeline), once
+    /// the prep pool admits what the work takes ([`transform::gather`]); `refused`: the
+    /// error of a source the work cannot take.
+    pub(super) async fn read_input(
         self: &Arc<Self>,
         req: &ReadRequest<'_>,
-    ) -> Result<(ObjectMeta, Bytes), NodeError> {
+        work: (Work<'_>, pool::Counts),
+        refused: impl Fn(PrepError) -> NodeError,
+    ) -> Result<(ObjectMeta, Input), NodeError> {
         let source = match req.member {
             Some(m) => self.read_member(req, m).await?,
             None => self.read_object(req, Mode::Stream).await?,
         };
-        let input = gather(source.body.into_stream(), source.size, |e| {
-            BackendError::Unavailable(e.to_string()).into()
-        })
+        let cut =
+            |e: std::io::Error| -> NodeError { BackendError::Unavailable(e.to_string()).into() };
+        let input = transform::gather(
+            self.transforms.pool(),
+            work,
+            source.size,
+            source.body.into_stream(),
+            cut,
+            refused,
+        )
         .await?;
         Ok((source.meta, input))
     }
 
-    /// An image object prepared by pipeline `p` for (seed, epoch), keyed by its key.
+    /// An image object prepared by pipeline `p` for (seed, epoch), keyed by its key;
+    /// refused where `if_match` does not name its version.
     pub async fn read_prepared(
         self: &Arc<Self>,
         bucket: &str,
         key: &str,
         p: &Arc<NamedPipeline>,
         job: (u64, u64),
+        if_match: Option<&str>,
     ) -> Result<Bytes, NodeError> {
         // The source's version names the sample: a kept one is served without reading it.
         let req = ReadRequest::object(bucket, key);
-        let etag = self
+        let meta = self
             .cache
             .read(&*self.backend, bucket, key, &|_| Ok(None), Mode::Head)
             .await?
-            .meta
-            .etag;
+            .meta;
+        Conditions {
+            if_match: if_match.map(str::to_owned),
+            ..Conditions::default()
+        }
+        .check(&meta)?;
+        let etag = meta.etag;
         let kept_as = PrepKey::new(p, job, bucket, key, &etag, "");
         let readers = self.plans.readers(bucket, key, job.0, job.1, &p.name);
         let make = async {
-            let (meta, input) = self.read_whole(&req).await?;
+            let refused = |e| prep_refused(p, key, e);
+            let (meta, input) = self
+                .read_input(&req, (Work::Prepare(&p.pipeline), pool::PREP), refused)
+                .await?;
             if meta.etag != etag {
                 return Err(NodeError::Changed(
                     "the source changed while it was prepared; retry",
                 ));
             }
-            Ok(self.prepare(p, input, job, key).await?)
+            self.prepare(p, input, job, key).await
         };
         let pipelines = self.transforms.pipelines();
         pipelines
-            .kept_or_prepared(kept_as, readers, &self.stats, make)
+            .kept_or_prepared(&kept_as, readers, &self.stats, make.map_err(shared))
             .await
+            .map_err(unshared)
     }
 
     /// The member index of a `.tar` shard and the version it indexes, reading the shard
@@ -593,29 +640,27 @@ fn shard_format(key: &str, member: &str) -> Result<Format, NodeError> {
     })
 }
 
-/// A body read whole into memory, `size` bytes announced: at most [`MAX_INPUT`] (a
-/// transform's or a pipeline's input); a failed chunk is `cut`'s error.
-pub(super) async fn gather(
-    mut body: crate::backend::ByteStream,
-    size: u64,
-    cut: impl Fn(std::io::Error) -> NodeError,
-) -> Result<Bytes, NodeError> {
-    let too_large = |size: u64| TransformError::TooLarge {
-        limit: MAX_INPUT,
-        size,
-    };
-    if size > MAX_INPUT {
-        return Err(too_large(size).into());
+/// Why pipeline `p` could not prepare `sample`.
+pub(super) fn prep_refused(p: &NamedPipeline, sample: &str, e: PrepError) -> NodeError {
+    TransformError::Prep {
+        pipeline: p.name.clone(),
+        sample: sample.to_owned(),
+        why: e.to_string(),
     }
-    let mut input = BytesMut::with_capacity(size as usize);
-    while let Some(chunk) = body.next().await {
-        let chunk = chunk.map_err(&cut)?;
-        if (input.len() + chunk.len()) as u64 > MAX_INPUT {
-            return Err(too_large((input.len() + chunk.len()) as u64).into());
-        }
-        input.extend_from_slice(&chunk);
+    .into()
+}
+
+/// A failure, as every request that waited for one preparation shares it.
+pub(super) fn shared(e: NodeError) -> Failure {
+    Arc::new(e)
+}
+
+/// A shared failure, back as the node's error.
+pub(super) fn unshared(f: Failure) -> NodeError {
+    match f.downcast::<NodeError>() {
+        Ok(e) => NodeError::Shared(e),
+        Err(_) => NodeError::Busy("a preparation failed in a way this node does not know".into()),
     }
-    Ok(input.freeze())
 }
 
 #[cfg(test)]

@@ -100,6 +100,20 @@ table! {
     /// The prep threads' CPU time.
     PrepCpu: Seconds, "prep_cpu_seconds", "prep_cpu_seconds",
         "CPU time spent preparing samples";
+    /// Preparations stopped between two steps: every request waiting for them had gone.
+    PrepCancelled: Counter, "prep_cancelled", "prep_cancelled",
+        "preparations stopped because nobody waited for them any more";
+    /// Sampled from the prep pool.
+    PrepRunning: Gauge, "prep_running", "prep_running",
+        "preparations running on the prep threads now";
+    /// Sampled from the prep pool: at most `--prep-threads`.
+    PrepRunningPeak: Gauge, "prep_running_peak", "prep_running_peak",
+        "the most preparations that ran at once since the node started";
+    /// Sampled from the prep pool.
+    PrepAdmittedBytes: Gauge, "prep_admitted_bytes", "prep_admitted_bytes",
+        "bytes of the prep memory budget held by inputs and work";
+    PrepBudgetBytes: Gauge, "prep_budget_bytes", "prep_budget_bytes",
+        "the prep memory budget: 1 GiB plus 64 MiB per prep thread";
     /// Object reads answered with a descriptor of the cache file (over the Unix socket).
     LocalReads: Counter, "local_reads", "local_reads",
         "object reads answered with a descriptor of the cache file";

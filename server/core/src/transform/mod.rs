@@ -1,38 +1,43 @@
-//! On-node transforms (`?transform=NAME`): named in the config (`[transforms.NAME]`, a
-//! `kind` and its parameters), run on the node that owns the source, their results cached
-//! like objects and shared by every job that asks.
+//! On-node transforms (`?transform=NAME`) and pipelines (`?pipeline=NAME`): named in
+//! the config, run on the node that owns the source.
 //!
-//! A result is a cache entry of its own, under a bucket name no S3 bucket can have
-//! ([`RESULTS`]), keyed by the source's bucket, key and shard member, the source's ETag,
-//! and the transform's name and definition hash. A changed source or definition is
-//! another key, so a stale result is never served, and results never need rechecking.
-//! The cache's fill machinery does the rest (`Cache::read_derived`): concurrent requests
-//! for one result compute it once (one leader, the others stream behind it), never-evict
-//! admission, checksums. The node reads the source (through its cache, so the backend is
-//! read once) and hands it to [`Transforms::run`], which runs the transform under its
-//! concurrency limit. This module knows definitions and how to run them, nothing of
-//! where sources come from.
+//! A transform's result is a cache entry of its own, under a bucket name no S3 bucket
+//! can have ([`RESULTS`]), keyed by the source's bucket, key and shard member, the
+//! source's ETag, and the transform's name and definition hash. A changed source or
+//! definition is another key, so a stale result is never served, and results never need
+//! rechecking. The cache's fill machinery does the rest (`Cache::read_derived`):
+//! concurrent requests for one result compute it once (one leader, the others stream
+//! behind it), never-evict admission, checksums.
+//!
+//! An `image` transform is a pipeline of `granary_prep`'s deterministic steps (resize,
+//! center crop) and runs as pipelines run: one image stack, one set of limits. Every
+//! run, of a transform or a pipeline, is admitted to the node's prep pool ([`pool`])
+//! before its input is read whole ([`Work::cost`], then [`gather`]). This module knows
+//! definitions and how to run them, nothing of where sources come from.
 
 pub mod exec;
 pub mod image;
 pub mod pipelines;
+pub mod pool;
 
 use std::collections::BTreeMap;
 
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
+use futures::StreamExt;
+use granary_prep::{Pipeline, PrepError};
 use granary_proto::Header;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 
-use crate::backend::ObjectMeta;
-use crate::stats::Metric;
+use crate::backend::{ByteStream, ObjectMeta};
 use crate::stats::Stats;
+use pool::{Admitted, Pool};
 
 /// Why a transform could not give a result.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum TransformError {
     /// The request names a transform this node does not have: the client's side.
     #[error("no transform named `{0}` is configured on this node")]
@@ -63,14 +68,23 @@ pub enum TransformError {
 /// no client object can share a cache key with a result.
 pub const RESULTS: &str = "_transformed";
 
-/// The largest source a transform reads (it holds the source in memory).
+/// The largest source a transform command reads (it holds the source in memory).
 pub const MAX_INPUT: u64 = 512 << 20;
+
+/// Bytes of a source read before what a run takes is known: an image's header lies in
+/// them (a JPEG's frame header follows its metadata segments). Past them, the run is
+/// taken to need the most a preparation may.
+pub const PROBE: usize = 256 << 10;
+
+/// The image stack's version, in every `image` transform's hash: results made by an
+/// earlier stack (another decoder, another rounding) are other keys.
+const IMAGE_STACK: u64 = 2;
 
 /// A transform as the config defines it.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(tag = "kind", rename_all = "kebab-case")]
 pub enum TransformDef {
-    /// Decode an image, resize, center-crop, encode (see [`image`]).
+    /// Decode an image, resize, center-crop, encode: a pipeline (see [`image`]).
     Image(image::ImageSpec),
     /// Run a program: the source on its stdin, the result from its stdout (see [`exec`]).
     Exec(exec::ExecSpec),
@@ -84,23 +98,20 @@ impl TransformDef {
         }
     }
 
-    /// A stable hash of the definition (its canonical JSON): part of every result's key.
+    /// A stable hash of the definition (its canonical JSON, and for an image transform
+    /// the image stack's version): part of every result's key.
     pub fn hash(&self) -> u64 {
         let json = serde_json::to_vec(self).expect("a definition serialises");
-        xxhash_rust::xxh3::xxh3_64(&json)
+        match self {
+            TransformDef::Image(_) => xxhash_rust::xxh3::xxh3_64_with_seed(&json, IMAGE_STACK),
+            TransformDef::Exec(_) => xxhash_rust::xxh3::xxh3_64(&json),
+        }
     }
 
     pub fn content_type(&self) -> &'static str {
         match self {
             TransformDef::Image(s) => image::content_type(s),
             TransformDef::Exec(_) => "application/octet-stream",
-        }
-    }
-
-    fn concurrency(&self) -> usize {
-        match self {
-            TransformDef::Image(_) => std::thread::available_parallelism().map_or(2, |n| n.get()),
-            TransformDef::Exec(s) => exec::concurrency(s),
         }
     }
 }
@@ -162,7 +173,15 @@ pub struct Named {
     /// Extensions of the shard members it applies to (empty: whole objects).
     pub members: Vec<String>,
     pub hash: u64,
-    limit: Semaphore,
+    run: Run,
+}
+
+/// How a transform runs.
+enum Run {
+    /// In the prep pool, as a pipeline.
+    Image(Pipeline),
+    /// A command, at most its `concurrency` at once.
+    Exec(exec::ExecSpec, Semaphore),
 }
 
 impl Named {
@@ -172,44 +191,192 @@ impl Named {
         let ext = base.rsplit_once('.').map_or("", |(_, e)| e);
         self.members.iter().any(|m| m.eq_ignore_ascii_case(ext))
     }
+
+    /// What a run of it is.
+    pub fn work(&self) -> Work<'_> {
+        match &self.run {
+            Run::Image(p) => Work::Prepare(p),
+            Run::Exec(spec, _) => Work::Command(spec),
+        }
+    }
 }
 
-/// The node's transforms by name.
-#[derive(Default)]
-pub struct Transforms {
-    by_name: BTreeMap<String, Arc<Named>>,
-    pipelines: pipelines::Pipelines,
+/// What a source is read whole for.
+#[derive(Clone, Copy)]
+pub enum Work<'a> {
+    /// A preparation: what it takes follows from the image's header.
+    Prepare(&'a Pipeline),
+    /// A command: its input, and at most its output.
+    Command(&'a exec::ExecSpec),
 }
 
-impl Transforms {
-    pub fn new(defs: &BTreeMap<String, TransformSpec>) -> Transforms {
-        let by_name = defs
-            .iter()
-            .map(|(name, spec)| {
-                let named = Named {
-                    name: name.clone(),
-                    hash: spec.hash(),
-                    limit: Semaphore::new(spec.def.concurrency().max(1)),
-                    def: spec.def.clone(),
-                    members: spec.members.clone(),
-                };
-                (name.clone(), Arc::new(named))
-            })
-            .collect();
-        Transforms {
-            by_name,
-            pipelines: pipelines::Pipelines::default(),
+impl Work<'_> {
+    /// The bytes of the pool's budget a run on a source of `size` bytes whose first
+    /// bytes are `prefix` takes; `Ok(None)` where more of the source must be seen first.
+    /// `whole`: `prefix` is all there is to see (the source, or [`PROBE`] bytes of it).
+    pub fn cost(&self, prefix: &[u8], size: u64, whole: bool) -> Result<Option<u64>, PrepError> {
+        match self {
+            Work::Prepare(p) => match granary_prep::pixels::probe(prefix, size)? {
+                Some(header) => p.cost(&header, size).map(Some),
+                None if whole => Ok(Some(granary_prep::MAX_WORK)),
+                None => Ok(None),
+            },
+            Work::Command(spec) => {
+                if size > MAX_INPUT {
+                    return Err(PrepError::TooMuchMemory {
+                        needs: size,
+                        max: MAX_INPUT,
+                    });
+                }
+                Ok(Some(size + spec.max_output))
+            }
         }
     }
 
-    /// These transforms, and `pipelines` beside them.
-    pub fn with_pipelines(self, pipelines: pipelines::Pipelines) -> Transforms {
-        Transforms { pipelines, ..self }
+    /// Whether the cost depends on the source's first bytes.
+    fn probes(&self) -> bool {
+        matches!(self, Work::Prepare(_))
+    }
+}
+
+/// A source read whole, with the budget its run takes.
+pub struct Input {
+    pub bytes: Bytes,
+    pub admitted: Admitted,
+}
+
+/// Reads `body` (`size` bytes) whole for `work`, admitted to `pool` first: its first
+/// bytes (up to [`PROBE`]) are read to learn what the run takes, and a source that is
+/// not an image, or would take too much, is refused before the rest is read (counted
+/// as a failure in `counts`); the rest is read once the pool admits it. `cut`: a read's
+/// failure; `refused`: what refusing the run is.
+pub async fn gather<E>(
+    pool: &Pool,
+    (work, counts): (Work<'_>, pool::Counts),
+    size: u64,
+    mut body: ByteStream,
+    cut: impl Fn(std::io::Error) -> E,
+    refused: impl Fn(PrepError) -> E,
+) -> Result<Input, E> {
+    let long = |got: u64| {
+        cut(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("the source sent {got} bytes where it has {size}"),
+        ))
+    };
+    let mut head = BytesMut::new();
+    let cost = loop {
+        let seen = head.len() >= PROBE || head.len() as u64 == size || !work.probes();
+        match work.cost(&head, size, seen) {
+            Ok(Some(cost)) => break cost,
+            Ok(None) => {}
+            Err(e) => {
+                pool.failed(counts);
+                return Err(refused(e));
+            }
+        }
+        match body.next().await {
+            Some(chunk) => head.extend_from_slice(&chunk.map_err(&cut)?),
+            None => {
+                return Err(cut(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    format!("the source ended at {} of {size} bytes", head.len()),
+                )))
+            }
+        }
+        if head.len() as u64 > size {
+            return Err(long(head.len() as u64));
+        }
+    };
+    let admitted = pool.admit(cost).await;
+    let mut input = BytesMut::with_capacity(size as usize);
+    input.extend_from_slice(&head);
+    drop(head);
+    while let Some(chunk) = body.next().await {
+        let chunk = chunk.map_err(&cut)?;
+        if (input.len() + chunk.len()) as u64 > size {
+            return Err(long((input.len() + chunk.len()) as u64));
+        }
+        input.extend_from_slice(&chunk);
+    }
+    if (input.len() as u64) < size {
+        return Err(cut(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            format!("the source ended at {} of {size} bytes", input.len()),
+        )));
+    }
+    Ok(Input {
+        bytes: input.freeze(),
+        admitted,
+    })
+}
+
+/// The node's transforms by name, its pipelines, and the pool both run in.
+pub struct Transforms {
+    by_name: BTreeMap<String, Arc<Named>>,
+    pipelines: pipelines::Pipelines,
+    pool: Pool,
+    stats: Arc<Stats>,
+}
+
+impl Default for Transforms {
+    /// None, and a pool of one thread counting into stats of its own.
+    fn default() -> Transforms {
+        let stats = Arc::new(Stats::default());
+        Transforms {
+            by_name: BTreeMap::new(),
+            pipelines: pipelines::Pipelines::default(),
+            pool: Pool::new(1, stats.clone()),
+            stats,
+        }
+    }
+}
+
+impl Transforms {
+    /// The configured transforms (each checked), `pipelines` beside them, run on
+    /// `threads` prep threads, counted in `stats`.
+    pub fn new(
+        defs: &BTreeMap<String, TransformSpec>,
+        pipelines: pipelines::Pipelines,
+        threads: usize,
+        stats: Arc<Stats>,
+    ) -> Result<Transforms, String> {
+        let mut by_name = BTreeMap::new();
+        for (name, spec) in defs {
+            let run = match &spec.def {
+                TransformDef::Image(s) => Run::Image(
+                    s.pipeline()
+                        .map_err(|e| format!("[transforms.{name}]: {e}"))?,
+                ),
+                TransformDef::Exec(s) => {
+                    Run::Exec(s.clone(), Semaphore::new(exec::concurrency(s).max(1)))
+                }
+            };
+            let named = Named {
+                name: name.clone(),
+                hash: spec.hash(),
+                def: spec.def.clone(),
+                members: spec.members.clone(),
+                run,
+            };
+            by_name.insert(name.clone(), Arc::new(named));
+        }
+        Ok(Transforms {
+            by_name,
+            pipelines,
+            pool: Pool::new(threads, stats.clone()),
+            stats,
+        })
     }
 
     /// The node's pipelines.
     pub fn pipelines(&self) -> &pipelines::Pipelines {
         &self.pipelines
+    }
+
+    /// The prep pool.
+    pub fn pool(&self) -> &Pool {
+        &self.pool
     }
 
     pub fn get(&self, name: &str) -> Option<Arc<Named>> {
@@ -222,39 +389,36 @@ impl Transforms {
             .ok_or_else(|| TransformError::Unknown(name.to_owned()))
     }
 
-    /// Runs `t` on `input` under its concurrency limit; counts runs, failures and
-    /// built-ins' CPU time in `stats`.
-    pub async fn run(
-        &self,
-        t: &Named,
-        input: Bytes,
-        stats: &Stats,
-    ) -> Result<Bytes, TransformError> {
+    /// Runs `t` on `input` (read by [`gather`] for `t.work()`): an image transform in
+    /// the pool, a command under its concurrency limit. Counts runs, failures and CPU.
+    pub async fn run(&self, t: &Named, input: Input) -> Result<Bytes, TransformError> {
         let failed = |why: &dyn std::fmt::Display| TransformError::Failed {
             name: t.name.clone(),
             why: why.to_string(),
         };
-        let _permit = t.limit.acquire().await.map_err(|e| failed(&e))?;
-        let out = match &t.def {
-            TransformDef::Image(spec) => {
-                let spec = spec.clone();
-                let (out, cpu_us) = tokio::task::spawn_blocking(move || {
-                    let start = thread_cpu_us();
-                    let out = image::apply(&spec, &input);
-                    (out, thread_cpu_us().saturating_sub(start))
-                })
-                .await
-                .map_err(|e| failed(&e))?;
-                stats.add(Metric::TransformCpu, cpu_us);
-                out.map_err(|e| failed(&e))
+        match &t.run {
+            Run::Image(p) => {
+                let (p, bytes) = (p.clone(), input.bytes);
+                let out = self
+                    .pool
+                    .run(input.admitted, pool::TRANSFORM, move |go_on| {
+                        p.prepare_while(&bytes, (0, 0, ""), go_on)
+                    })
+                    .await
+                    .map_err(|e| failed(&e))?;
+                Ok(Bytes::from(out.bytes))
             }
-            TransformDef::Exec(spec) => exec::run(spec, input).await.map_err(|e| failed(&e)),
-        };
-        match &out {
-            Ok(_) => stats.add(Metric::TransformsRun, 1),
-            Err(_) => stats.add(Metric::TransformErrors, 1),
-        };
-        out.map(Bytes::from)
+            Run::Exec(spec, limit) => {
+                let _run = limit.acquire().await.map_err(|e| failed(&e))?;
+                let out = exec::run(spec, input.bytes).await;
+                drop(input.admitted);
+                match &out {
+                    Ok(_) => self.stats.add(crate::stats::Metric::TransformsRun, 1),
+                    Err(_) => self.stats.add(crate::stats::Metric::TransformErrors, 1),
+                };
+                out.map(Bytes::from).map_err(|e| failed(&e))
+            }
+        }
     }
 }
 
@@ -265,6 +429,9 @@ pub struct Derived {
     pub key: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub archpath: Option<String>,
+    /// Where the member's data starts, for a shard holding two members of its name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at: Option<u64>,
     pub etag: String,
     pub transform: String,
     pub hash: String,
@@ -276,6 +443,7 @@ impl Derived {
             bucket: bucket.to_owned(),
             key: key.to_owned(),
             archpath: archpath.map(str::to_owned),
+            at: None,
             etag: etag.to_owned(),
             transform: t.name.clone(),
             hash: format!("{:016x}", t.hash),
@@ -300,7 +468,7 @@ pub fn result_meta(t: &Named, out: &[u8]) -> ObjectMeta {
 }
 
 /// CPU time of the calling thread, in microseconds.
-fn thread_cpu_us() -> u64 {
+pub(crate) fn thread_cpu_us() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -360,7 +528,11 @@ mod tests {
         .unwrap();
         assert_eq!(filtered["small"].members, ["jpg", "png"]);
         assert_ne!(filtered["small"].hash(), again["small"].hash());
-        let named = Transforms::new(&filtered).get("small").unwrap();
+        let stats = Arc::new(Stats::default());
+        let named = Transforms::new(&filtered, Default::default(), 1, stats)
+            .unwrap()
+            .get("small")
+            .unwrap();
         assert!(named.takes_member("a/000001.JPG") && named.takes_member("x.png"));
         assert!(!named.takes_member("000001.cls") && !named.takes_member("png"));
         let mut changed = defs["small"].clone();
@@ -382,6 +554,7 @@ mod tests {
             bucket: "b".into(),
             key: "s.tar".into(),
             archpath: Some("a b&c.jpg".into()),
+            at: None,
             etag: "\"e1\"".into(),
             transform: "small".into(),
             hash: "00ff".into(),

@@ -1,19 +1,21 @@
-//! Pipelines: the training-time preparation of samples (`[pipelines.NAME]`), per epoch,
-//! on this node's prep threads. What a sample becomes is `granary_prep`'s pure function
-//! of (bytes, definition, seed, epoch, sample key); this module holds the definitions,
-//! bounds the work (`--prep-threads` at once), keeps what it prepared for the other jobs
-//! that read the same sample this epoch (`--prep-memory`), and counts it.
+//! Pipelines: the training-time preparation of samples (`[pipelines.NAME]`), per epoch.
+//! What a sample becomes is `granary_prep`'s pure function of (bytes, definition, seed,
+//! epoch, sample key); this module holds the definitions, and keeps what was prepared
+//! for the other jobs that read the same sample this epoch (`--prep-memory`), with the
+//! preparations under way, so that requests for one sample made at once wait for one
+//! preparation, and share its failure as they would its bytes. The work itself runs in
+//! the node's prep pool ([`super::pool`]).
 
+use std::any::Any;
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use bytes::Bytes;
 use granary_prep::{Output, Pipeline, PipelineSpec};
-use tokio::sync::Semaphore;
 
-use super::{thread_cpu_us, TransformError};
+use super::TransformError;
 use crate::stats::{Metric, Stats};
 use crate::sync::Locked;
 
@@ -30,14 +32,14 @@ impl NamedPipeline {
         match self.pipeline.spec().output {
             Output::Raw => "application/octet-stream",
             Output::Jpeg => "image/jpeg",
+            Output::Png => "image/png",
         }
     }
 }
 
-/// The node's pipelines, the threads that run them and the samples they prepared.
+/// The node's pipelines and the samples they prepared.
 pub struct Pipelines {
     by_name: BTreeMap<String, Arc<NamedPipeline>>,
-    threads: Semaphore,
     kept: Kept,
 }
 
@@ -46,7 +48,6 @@ impl Default for Pipelines {
     fn default() -> Pipelines {
         Pipelines {
             by_name: BTreeMap::new(),
-            threads: Semaphore::new(1),
             kept: Kept::new(0),
         }
     }
@@ -67,6 +68,9 @@ pub struct PrepKey {
     pub etag: String,
     /// The member of a shard (empty for an image object).
     pub member: String,
+    /// Where the member's data starts in the shard, where its name is not enough (a
+    /// shard holding two members of one name).
+    pub at: Option<u64>,
 }
 
 impl PrepKey {
@@ -89,6 +93,7 @@ impl PrepKey {
             key: key.to_owned(),
             etag: etag.to_owned(),
             member: member.to_owned(),
+            at: None,
         }
     }
 }
@@ -103,19 +108,49 @@ struct Held {
     reads: AtomicUsize,
 }
 
+/// Why a preparation failed, shared by every request that waited for it: the error
+/// the preparing side made, whatever its type (the node's, for its reads and the work).
+pub type Failure = Arc<dyn Any + Send + Sync>;
+
+/// A preparation under way: its bytes or its failure, once made.
+type Flight = tokio::sync::OnceCell<Result<Bytes, Failure>>;
+
 /// Prepared samples kept in memory (at most `--prep-memory` bytes, the least recently
 /// read dropped first, and none left unread for [`KEPT_IDLE`]) until as many reads as
-/// the registered plans that read them have taken them; and the preparations under way, so that requests for one sample made at
-/// once wait for one preparation. Only an optimisation: a sample dropped early is
-/// prepared again, to the same bytes.
+/// the registered plans that read them have taken them; and the preparations under way,
+/// so that requests for one sample made at once wait for one preparation. Only an
+/// optimisation: a sample dropped early is prepared again, to the same bytes.
+///
+/// A preparation under way is held by the requests that wait for it, not by the map
+/// that finds it: where the request preparing it goes, a waiting one takes over; where
+/// all go, it is gone, and the last of them takes its entry out.
 struct Kept {
     memory: u64,
     done: moka::sync::Cache<PrepKey, Arc<Held>>,
-    flights: Mutex<HashMap<PrepKey, Flight>>,
+    flights: Mutex<HashMap<PrepKey, Weak<Flight>>>,
 }
 
-/// A preparation under way: its bytes, or `None` where it failed.
-type Flight = Arc<tokio::sync::OnceCell<Option<Bytes>>>;
+/// A request's hold on a preparation under way: where it is the last to go, it takes
+/// the preparation's entry out.
+struct Waiting<'a> {
+    kept: &'a Kept,
+    key: &'a PrepKey,
+    flight: Arc<Flight>,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        let mut flights = self.kept.flights();
+        // Under the lock no other request can take a hold from the entry meanwhile.
+        if Arc::strong_count(&self.flight) == 1
+            && flights
+                .get(self.key)
+                .is_some_and(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(&self.flight)))
+        {
+            flights.remove(self.key);
+        }
+    }
+}
 
 impl Kept {
     fn new(memory: u64) -> Kept {
@@ -131,8 +166,15 @@ impl Kept {
         }
     }
 
-    fn flights(&self) -> std::sync::MutexGuard<'_, HashMap<PrepKey, Flight>> {
+    fn flights(&self) -> std::sync::MutexGuard<'_, HashMap<PrepKey, Weak<Flight>>> {
         self.flights.locked()
+    }
+
+    /// Whether a preparation of `key` is under way.
+    fn under_way(&self, key: &PrepKey) -> bool {
+        self.flights()
+            .get(key)
+            .is_some_and(|w| w.strong_count() > 0)
     }
 
     /// A kept sample, counted as read; dropped once `readers` reads have taken it.
@@ -149,71 +191,76 @@ impl Kept {
     /// `make`; and whether it was prepared for another request (shared). `readers`: the
     /// registered plans that read it, after whose reads it is dropped; with fewer than
     /// two it stays until memory runs short (jobs of one seed may share one plan, and
-    /// jobs without a plan say nothing of their reads).
+    /// jobs without a plan say nothing of their reads). A failure is every waiting
+    /// request's; the next request tries again.
     ///
     /// `reading`: whether the request reads it (a preparation made ahead of the reads
     /// is kept read by none).
-    async fn get_or_prepare<E>(
+    async fn get_or_prepare(
         &self,
-        key: PrepKey,
+        key: &PrepKey,
         readers: usize,
         reading: bool,
-        make: impl Future<Output = Result<Bytes, E>>,
-    ) -> Result<(Bytes, bool), E> {
+        make: impl Future<Output = Result<Bytes, Failure>>,
+    ) -> Result<(Bytes, bool), Failure> {
         // Looked up under the flights' lock, under which a preparation is kept as it
         // leaves them: a sample is kept, under way, or not begun.
-        let cell = {
+        let waiting = {
             let mut flights = self.flights();
-            if let Some(bytes) = self.take(&key, readers) {
+            if let Some(bytes) = self.take(key, readers) {
                 return Ok((bytes, true));
             }
-            flights.entry(key.clone()).or_default().clone()
+            let flight = match flights.get(key).and_then(Weak::upgrade) {
+                Some(f) => f,
+                None => {
+                    let f = Arc::new(Flight::new());
+                    flights.insert(key.clone(), Arc::downgrade(&f));
+                    f
+                }
+            };
+            Waiting {
+                kept: self,
+                key,
+                flight,
+            }
         };
-        let mut make = Some(make);
-        let mut failed = None;
+        let mut made_here = false;
         let got = {
-            let (make, failed) = (&mut make, &mut failed);
-            cell.get_or_init(move || async move {
-                let made = make.take()?.await;
-                made.map_err(|e| *failed = Some(e)).ok()
-            })
-            .await
-            .clone()
+            let made_here = &mut made_here;
+            waiting
+                .flight
+                .get_or_init(move || {
+                    *made_here = true;
+                    make
+                })
+                .await
+                .clone()
         };
-        // `make` is spent where this request prepared the sample.
-        let prepared_here = make.is_none();
-        if prepared_here {
+        if made_here {
             let mut flights = self.flights();
-            if let (Some(bytes), true) = (&got, self.memory > 0) {
+            if let (Ok(bytes), true) = (&got, self.memory > 0) {
                 let held = Held {
                     bytes: bytes.clone(),
                     reads: AtomicUsize::new(usize::from(reading)),
                 };
                 self.done.insert(key.clone(), Arc::new(held));
             }
-            if flights.get(&key).is_some_and(|c| Arc::ptr_eq(c, &cell)) {
-                flights.remove(&key);
+            // Made: the next request finds it kept, or (failed) tries again.
+            if flights
+                .get(key)
+                .is_some_and(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(&waiting.flight)))
+            {
+                flights.remove(key);
             }
         }
-        match (got, failed, make) {
-            (Some(bytes), _, _) => Ok((bytes, !prepared_here)),
-            (None, Some(e), _) => Err(e),
-            // The request that was preparing it failed or went away: this one prepares
-            // on its own, to the same bytes or its own error.
-            (None, None, Some(make)) => make.await.map(|b| (b, false)),
-            (None, None, None) => unreachable!("a preparation that failed left its error"),
-        }
+        got.map(|bytes| (bytes, !made_here))
     }
 }
 
 impl Pipelines {
-    /// The definitions the config names (each checked at start), run `threads` at once,
-    /// their samples kept in `memory` bytes for the jobs that read them.
-    pub fn new(
-        specs: &BTreeMap<String, PipelineSpec>,
-        threads: usize,
-        memory: u64,
-    ) -> Result<Pipelines, String> {
+    /// The definitions the config names (each checked at start), their samples kept in
+    /// `memory` bytes for the jobs that read them.
+    pub fn new(specs: &BTreeMap<String, PipelineSpec>, memory: u64) -> Result<Pipelines, String> {
         let mut by_name = BTreeMap::new();
         for (name, spec) in specs {
             let pipeline =
@@ -226,22 +273,21 @@ impl Pipelines {
         }
         Ok(Pipelines {
             by_name,
-            threads: Semaphore::new(threads.max(1)),
             kept: Kept::new(memory),
         })
     }
 
     /// The sample `key` names: kept for the jobs that read it, prepared for another
     /// request at the same moment, or prepared now by `make` (which reads the source
-    /// and calls [`Pipelines::prepare`]). `readers`: the registered plans that read it.
-    /// An answer prepared for another request counts as `prep_shared`.
-    pub async fn kept_or_prepared<E>(
+    /// and prepares it in the pool). `readers`: the registered plans that read it. An
+    /// answer prepared for another request counts as `prep_shared`.
+    pub async fn kept_or_prepared(
         &self,
-        key: PrepKey,
+        key: &PrepKey,
         readers: usize,
         stats: &Stats,
-        make: impl Future<Output = Result<Bytes, E>>,
-    ) -> Result<Bytes, E> {
+        make: impl Future<Output = Result<Bytes, Failure>>,
+    ) -> Result<Bytes, Failure> {
         let (bytes, shared) = self.kept.get_or_prepare(key, readers, true, make).await?;
         if shared {
             stats.add(Metric::PrepShared, 1);
@@ -258,21 +304,23 @@ impl Pipelines {
 
     /// Prepares the sample `key` names by `make` and keeps it, read by none, unless it
     /// is kept or being prepared already, or there is no room ahead.
-    pub async fn prepare_ahead<E>(
+    pub async fn prepare_ahead(
         &self,
-        key: PrepKey,
-        make: impl Future<Output = Result<Bytes, E>>,
-    ) -> Result<(), E> {
-        if !self.room_ahead()
-            || self.kept.done.contains_key(&key)
-            || self.kept.flights().contains_key(&key)
-        {
+        key: &PrepKey,
+        make: impl Future<Output = Result<Bytes, Failure>>,
+    ) -> Result<(), Failure> {
+        if !self.room_ahead() || self.kept.done.contains_key(key) || self.kept.under_way(key) {
             return Ok(());
         }
         self.kept
             .get_or_prepare(key, 0, false, make)
             .await
             .map(|_| ())
+    }
+
+    /// Preparations under way (their entries, live or not yet taken out).
+    pub fn flights(&self) -> usize {
+        self.kept.flights().len()
     }
 
     pub fn lookup(&self, name: &str) -> Result<Arc<NamedPipeline>, TransformError> {
@@ -294,45 +342,84 @@ impl Pipelines {
             .collect();
         serde_json::json!({ "pipelines": all })
     }
+}
 
-    /// Prepares `input` as sample `key` of `epoch` for a job seeded `seed`, on a prep
-    /// thread (at most `--prep-threads` at once); counts the sample and its CPU time.
-    pub async fn prepare(
-        &self,
-        p: &Arc<NamedPipeline>,
-        input: Bytes,
-        (seed, epoch): (u64, u64),
-        key: &str,
-        stats: &Stats,
-    ) -> Result<Bytes, TransformError> {
-        let failed = |why: String| TransformError::Prep {
-            pipeline: p.name.clone(),
-            sample: key.to_owned(),
-            why,
-        };
-        let _thread = self
-            .threads
-            .acquire()
-            .await
-            .map_err(|e| failed(e.to_string()))?;
-        let (job, sample) = (p.clone(), key.to_owned());
-        let (out, cpu_us) = tokio::task::spawn_blocking(move || {
-            let start = thread_cpu_us();
-            let out = job.pipeline.prepare(&input, seed, epoch, &sample);
-            (out, thread_cpu_us().saturating_sub(start))
-        })
-        .await
-        .map_err(|e| failed(e.to_string()))?;
-        stats.add(Metric::PrepCpu, cpu_us);
-        match out {
-            Ok(prepared) => {
-                stats.add(Metric::PrepSamples, 1);
-                Ok(Bytes::from(prepared.bytes))
-            }
-            Err(e) => {
-                stats.add(Metric::PrepErrors, 1);
-                Err(failed(e.to_string()))
-            }
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn key(n: u64) -> PrepKey {
+        PrepKey {
+            pipeline: "p".into(),
+            fingerprint: 1,
+            seed: n,
+            epoch: 0,
+            bucket: "b".into(),
+            key: "k.jpg".into(),
+            etag: "e".into(),
+            member: String::new(),
+            at: None,
         }
+    }
+
+    fn failure(why: &str) -> Failure {
+        Arc::new(why.to_owned())
+    }
+
+    /// Thirty requests for a sample that fails at once make one preparation, and each
+    /// gets its failure; the next request tries again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failure_is_shared_by_the_requests_that_waited_for_it() {
+        let kept = Arc::new(Kept::new(1 << 20));
+        let made = Arc::new(AtomicUsize::new(0));
+        let k = key(1);
+        let tasks: Vec<_> = (0..30)
+            .map(|_| {
+                let (kept, made, k) = (kept.clone(), made.clone(), k.clone());
+                tokio::spawn(async move {
+                    kept.get_or_prepare(&k, 0, true, async {
+                        made.fetch_add(1, Ordering::SeqCst);
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        Err(failure("not an image"))
+                    })
+                    .await
+                })
+            })
+            .collect();
+        for t in tasks {
+            let err = t.await.unwrap().unwrap_err();
+            assert_eq!(err.downcast_ref::<String>().unwrap(), "not an image");
+        }
+        assert_eq!(made.load(Ordering::SeqCst), 1, "prepared once for thirty");
+        assert_eq!(kept.flights().len(), 0);
+        let again = kept
+            .get_or_prepare(&k, 0, true, async { Ok(Bytes::from_static(b"x")) })
+            .await
+            .unwrap();
+        assert_eq!(again, (Bytes::from_static(b"x"), false));
+    }
+
+    /// A preparation whose only request goes leaves no entry behind: the sample is not
+    /// "under way" for good, and a preparation ahead of the reads runs.
+    #[tokio::test]
+    async fn a_preparation_nobody_waits_for_leaves_no_entry() {
+        let kept = Kept::new(1 << 20);
+        let k = key(2);
+        let never = kept.get_or_prepare(&k, 0, true, std::future::pending());
+        assert!(tokio::time::timeout(Duration::from_millis(20), never)
+            .await
+            .is_err());
+        assert!(!kept.under_way(&k));
+        assert_eq!(kept.flights().len(), 0);
+        // One that waits takes over from one that went.
+        let mut first = Box::pin(kept.get_or_prepare(&k, 0, true, std::future::pending()));
+        let mut second =
+            Box::pin(kept.get_or_prepare(&k, 0, true, async { Ok(Bytes::from_static(b"y")) }));
+        assert!(futures::poll!(&mut first).is_pending());
+        assert!(futures::poll!(&mut second).is_pending());
+        drop(first);
+        assert_eq!(second.await.unwrap().0, Bytes::from_static(b"y"));
+        assert_eq!(kept.flights().len(), 0);
     }
 }

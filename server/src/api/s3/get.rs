@@ -22,9 +22,9 @@ use crate::api::error::{S3Code, S3Error};
 use crate::api::AppState;
 use crate::local::FdSender;
 use granary_core::{
-    calls, etag_matches, members_in_order, ArchiveFormat as Format, Body as Bytes, ByteRange,
-    CacheError, Conditions, Item, LocalFile, LocalReader, NodeError, ObjectMeta, ObjectParts,
-    Origin, PartRange, ReadMode, ReadRequest, Reply, Spilled,
+    calls, etag_matches, members_in_order, ArchiveFormat as Format, ArchiveMember, Body as Bytes,
+    ByteRange, CacheError, Conditions, Item, LocalFile, LocalReader, NodeError, ObjectMeta,
+    ObjectParts, Origin, PartRange, ReadMode, ReadRequest, Reply, Spilled, TarIndex,
 };
 
 /// What was read: an object (and its headers), a shard member, or a transform's result.
@@ -82,6 +82,7 @@ pub async fn get(state: &AppState, r: Req, head: bool) -> Result<Response, S3Err
         bucket: &r.bucket,
         key: r.key(),
         member,
+        member_at: None,
         transform,
         range,
         conditions,
@@ -527,11 +528,11 @@ async fn whole_shard(
     let (_, idx) = state.node.shard_index(bucket, key).await?;
     let members = members_in_order(&idx);
     let names: Vec<String> = members.iter().map(|(n, _)| (*n).clone()).collect();
-    let items = names
+    let items = members
         .iter()
-        .map(|n| {
+        .map(|(n, m)| {
             let apply = t.takes_member(n).then_some(t.name.as_str());
-            Item::member(bucket, key, n, apply)
+            in_place(&idx, Item::member(bucket, key, n, apply), m)
         })
         .collect();
     let mut resp = crate::api::batch::stream(state.node.clone(), names, items, false, None).await?;
@@ -610,15 +611,14 @@ async fn prepared(state: &AppState, r: Req, name: &str, head: bool) -> Result<Re
                     )
                 })?,
             };
-            let members = members_in_order(&idx);
-            let names: Vec<String> = members
-                .iter()
+            let members: Vec<_> = members_in_order(&idx)
+                .into_iter()
                 .filter(|(_, m)| bytes.contains(&m.offset))
-                .map(|(n, _)| (*n).clone())
                 .collect();
-            let items = names
+            let names: Vec<String> = members.iter().map(|(n, _)| (*n).clone()).collect();
+            let items = members
                 .iter()
-                .map(|n| Item::member(bucket, key, n, None))
+                .map(|(n, m)| in_place(&idx, Item::member(bucket, key, n, None), m))
                 .collect();
             let prep = node.prep_of(pipeline.clone(), job, bucket, key, &meta);
             let mut resp =
@@ -640,7 +640,9 @@ async fn prepared(state: &AppState, r: Req, name: &str, head: bool) -> Result<Re
             "pipelines prepare the members of .tar shards and single images, not compressed shards",
         )),
         None => {
-            let out = node.read_prepared(bucket, key, &pipeline, job).await?;
+            let out = node
+                .read_prepared(bucket, key, &pipeline, job, if_match.as_deref())
+                .await?;
             let mut resp = Response::new(Body::from(out));
             let h = resp.headers_mut();
             h.insert(
@@ -660,6 +662,15 @@ async fn prepared(state: &AppState, r: Req, name: &str, head: bool) -> Result<Re
 
 /// The pipeline an answer was prepared by.
 const PIPELINE: &str = "x-granary-pipeline";
+
+/// `it`, a member of a shard this node indexed as `idx`, found by its place where the
+/// shard holds its name twice (each copy is read, as a plain GET sends both).
+fn in_place(idx: &TarIndex, it: Item, m: &ArchiveMember) -> Item {
+    match &it.archpath {
+        Some(name) if idx.repeats(name) => it.at(m.offset),
+        _ => it,
+    }
+}
 
 /// `GET /{bucket}/{key}?archlist`: the regular files of a `.tar` shard in archive order,
 /// with their data offsets and sizes in the version the ETag names, so that a reader can

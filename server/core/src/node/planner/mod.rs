@@ -862,14 +862,17 @@ impl Node {
     ) -> Result<(), NodeError> {
         let (meta, idx) = self.shard_index(bucket, key).await?;
         let prep = self.prep_of(pipeline, job, bucket, key, &meta);
-        for (name, _) in crate::archive::in_order(&idx) {
+        for (name, m) in crate::archive::in_order(&idx) {
             if !prep.pipeline.pipeline.prepares(name) {
                 continue;
             }
             if !self.transforms.pipelines().room_ahead() {
                 break;
             }
-            let it = super::Item::member(bucket, key, name, None);
+            let mut it = super::Item::member(bucket, key, name, None);
+            if idx.repeats(name) {
+                it = it.at(m.offset);
+            }
             self.prepare_member_ahead(&it, &prep).await?;
         }
         Ok(())
