@@ -106,6 +106,23 @@ pub fn untar(bytes: &[u8]) -> Vec<(String, Vec<u8>)> {
     out
 }
 
+/// The members of a tar stream, or `None` where it is not a whole archive (a member
+/// cut short, or no end-of-archive blocks): what a reader of a stream cut after its
+/// first byte finds.
+pub fn untar_whole(bytes: &[u8]) -> Option<usize> {
+    let mut ar = tar::Archive::new(bytes);
+    let mut n = 0;
+    for e in ar.entries().ok()? {
+        let mut e = e.ok()?;
+        let mut sink = Vec::new();
+        std::io::Read::read_to_end(&mut e, &mut sink).ok()?;
+        n += 1;
+    }
+    // A whole tar ends with two zero blocks.
+    let tail = bytes.get(bytes.len().checked_sub(1024)?..)?;
+    tail.iter().all(|&b| b == 0).then_some(n)
+}
+
 /// `data` gzip-compressed (a `.tar.gz` of a tar).
 pub fn gzip(data: &[u8]) -> Vec<u8> {
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());

@@ -22,7 +22,7 @@ mod xml;
 
 pub use data::{
     bucket_name, encode_key, etag_of, gzip, md5_hex, multipart_etag, random_bytes, tar_of, untar,
-    Pattern,
+    untar_whole, Pattern,
 };
 pub use faults::{Fault, FaultProxy};
 pub use http::{

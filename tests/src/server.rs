@@ -542,6 +542,28 @@ impl Server {
         )
     }
 
+    /// [`Server::raw_blocking`] with an empty body, signed (SigV4) with the test
+    /// credentials.
+    pub fn signed_blocking(&self, method: &str, path: &str) -> Result<RawResponse> {
+        let sig = crate::SignedRequest::new(
+            method,
+            path,
+            self.addr,
+            &[],
+            &crate::sha256_hex(b""),
+            ACCESS,
+            SECRET,
+            crate::unix_now(),
+        );
+        self.raw_blocking(method, path, &sig.header_refs(), b"")
+    }
+
+    /// A number of `/proc/PID/status` (`Threads:`, `RssAnon:` in KiB).
+    pub fn proc_status(&self, field: &str) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).ok()?;
+        status_kib(&status, field)
+    }
+
     /// An S3 client for this server signing with the test credentials.
     pub fn s3_client(&self) -> aws_sdk_s3::Client {
         self.s3_client_with(ACCESS, SECRET)

@@ -272,21 +272,7 @@ fn with_credentials_a_prefetch_must_be_signed() -> Result<()> {
         send(server.addr(), "GET", &path, b"")?.assert_s3_error(403, &["AccessDenied"]);
     }
     let signed_get = |path: &str| -> Result<Value> {
-        let sig = SignedRequest::new(
-            "GET",
-            path,
-            server.addr(),
-            &[],
-            &sha256_hex(b""),
-            ACCESS,
-            SECRET,
-            unix_now(),
-        );
-        let headers = sig.header_refs();
-        let r = raw_request_blocking(
-            server.addr(),
-            &request_bytes("GET", path, server.addr(), &headers, b""),
-        )?;
+        let r = server.signed_blocking("GET", path)?;
         assert_eq!(r.status, 200, "{}", r.text());
         Ok(serde_json::from_slice(&r.body)?)
     };

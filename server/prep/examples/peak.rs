@@ -5,30 +5,8 @@
 //!
 //!     cargo run --release -p granary-prep --example peak -- DIR
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicU64, Ordering};
-
+use granary_prep::measure::{peak_of, Counting};
 use granary_prep::{pixels, Pipeline, PipelineSpec};
-
-struct Counting;
-
-static NOW: AtomicU64 = AtomicU64::new(0);
-static PEAK: AtomicU64 = AtomicU64::new(0);
-
-// SAFETY: every call is passed to the system allocator unchanged; the counts are atomics.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let now = NOW.fetch_add(layout.size() as u64, Ordering::Relaxed) + layout.size() as u64;
-        PEAK.fetch_max(now, Ordering::Relaxed);
-        // SAFETY: the caller's contract is the system allocator's.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        NOW.fetch_sub(layout.size() as u64, Ordering::Relaxed);
-        // SAFETY: as above.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
 
 #[global_allocator]
 static ALLOC: Counting = Counting;
@@ -57,11 +35,7 @@ fn main() {
                 Ok(None) => Err(granary_prep::PrepError::Decode("no header".into())),
                 Err(e) => Err(e),
             };
-            let base = NOW.load(Ordering::Relaxed);
-            PEAK.store(base, Ordering::Relaxed);
-            let out = p.prepare(&input, 1, 2, "k");
-            let peak = PEAK.load(Ordering::Relaxed) - base + input.len() as u64;
-            drop(out);
+            let peak = peak_of(|| drop(p.prepare(&input, 1, 2, "k"))) + input.len() as u64;
             match cost {
                 Ok(c) => {
                     let r = peak as f64 / c as f64;

@@ -11,7 +11,9 @@
 //! warning). [`Layout::padded`] closes that gap: the decoder is handed the scans followed
 //! by bits no Huffman table can decode (all ones: JPEG reserves every all-ones code), so
 //! a decoder that needs bits past the real data fails on them instead of inventing
-//! pixels. A whole image never reads them.
+//! pixels. A whole image never reads them. A progressive image's last scan can end in a
+//! run of ended blocks that reads only correction bits: it is decoded twice, over ones
+//! and over zeros ([`Layout::zero_padding`]), and two pictures mean it was cut.
 
 use crate::PrepError;
 
@@ -346,6 +348,15 @@ impl Layout {
         } else {
             SEQUENTIAL_ONES
         }
+    }
+
+    /// Turns the all-ones after the scans of a [`Self::padded`] input into zeros. A
+    /// progressive scan cut inside its last run of ended blocks reads correction bits
+    /// only, never a code, to its end: decoded over ones and over zeros, it makes two
+    /// pictures where a whole one makes the same picture twice.
+    pub fn zero_padding(&self, padded: &mut [u8]) {
+        let end = padded.len() - 2;
+        padded[self.scans_end..end].fill(0);
     }
 
     /// What a decoder is given: the header and scans of `input`, then [`Self::padding`]

@@ -18,6 +18,7 @@
 pub mod crop;
 pub mod draw;
 pub mod jpeg;
+pub mod measure;
 pub mod pixels;
 pub mod spec;
 

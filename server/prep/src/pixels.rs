@@ -82,8 +82,10 @@ pub fn probe(prefix: &[u8], len: u64) -> Result<Option<Header>, PrepError> {
         let out = rgb_bytes(frame.width, frame.height);
         // The decoder reads a copy of the input with its padding, and holds every block's
         // coefficients where the image is progressive (or its components come in scans
-        // of their own, which the header does not say: counted always).
+        // of their own, which the header does not say: counted always). A progressive
+        // image is decoded twice, the first picture kept beside the second.
         let padded = len + jpeg::MAX_PADDING;
+        let twice = if frame.progressive { out } else { 0 };
         return Ok(Some(Header {
             format: Format::Jpeg,
             width: frame.width,
@@ -91,6 +93,7 @@ pub fn probe(prefix: &[u8], len: u64) -> Result<Option<Header>, PrepError> {
             // Row buffers of whole MCUs, per component, for the colour conversion.
             decode_bytes: padded
                 + out
+                + twice
                 + frame.coefficient_bytes()
                 + u64::from(frame.width) * 256
                 + (1 << 20),
@@ -150,13 +153,31 @@ fn decode_jpeg(input: &[u8]) -> Result<Rgb, PrepError> {
     let layout = crate::jpeg::layout(input)?;
     let (width, height) = (layout.frame.width, layout.frame.height);
     refuse_large(u64::from(width), u64::from(height))?;
-    let padded = layout.padded(input);
+    let mut padded = layout.padded(input);
+    let pixels = zune_decode(&padded, (width, height))?;
+    if layout.frame.progressive {
+        layout.zero_padding(&mut padded);
+        if zune_decode(&padded, (width, height))? != pixels {
+            return Err(PrepError::Decode(
+                "JPEG: the last scan ends early: the file is cut short".into(),
+            ));
+        }
+    }
+    Ok(Rgb {
+        width,
+        height,
+        pixels,
+    })
+}
+
+/// zune-jpeg's RGB pixels of `input`, a `width` x `height` JPEG, in strict mode.
+fn zune_decode(input: &[u8], (width, height): (u32, u32)) -> Result<Vec<u8>, PrepError> {
     let options = DecoderOptions::default()
         .jpeg_set_out_colorspace(ColorSpace::RGB)
         .set_max_width(usize::from(u16::MAX))
         .set_max_height(usize::from(u16::MAX))
         .set_strict_mode(true);
-    let mut d = JpegDecoder::new_with_options(ZCursor::new(&padded[..]), options);
+    let mut d = JpegDecoder::new_with_options(ZCursor::new(input), options);
     d.decode_headers()
         .map_err(|e| PrepError::Decode(format!("JPEG: {e:?}")))?;
     let info = d
@@ -177,11 +198,7 @@ fn decode_jpeg(input: &[u8]) -> Result<Rgb, PrepError> {
             pixels.len()
         )));
     }
-    Ok(Rgb {
-        width,
-        height,
-        pixels,
-    })
+    Ok(pixels)
 }
 
 fn decode_png(input: &[u8]) -> Result<Rgb, PrepError> {

@@ -1,6 +1,7 @@
 //! Pipelines end to end, on JPEGs and PNGs made here.
 
 use super::*;
+use crate::pixels::Format;
 use image::ImageEncoder;
 
 const SPEC_EXAMPLE: &str = r#"
@@ -191,4 +192,139 @@ fn damaged_inputs_are_errors_not_pictures() {
             broken.len()
         );
     }
+}
+
+/// Small real files (made by Pillow): a progressive JPEG, one with restart markers, a
+/// 4:4:4 one, an 8 x 8 flat one, and a PNG.
+const FILES: [(&str, &[u8]); 5] = [
+    (
+        "progressive.jpg",
+        include_bytes!("testdata/progressive.jpg"),
+    ),
+    ("restarts.jpg", include_bytes!("testdata/restarts.jpg")),
+    (
+        "baseline444.jpg",
+        include_bytes!("testdata/baseline444.jpg"),
+    ),
+    ("flat.jpg", include_bytes!("testdata/flat.jpg")),
+    ("rgb.png", include_bytes!("testdata/rgb.png")),
+];
+
+/// Every whole file decodes to the pixels zune-jpeg makes of it without the padding.
+#[test]
+fn whole_files_decode_as_before() {
+    for (name, bytes) in FILES {
+        let img = pixels::decode(bytes).unwrap_or_else(|e| panic!("{name}: {e}"));
+        if name.ends_with(".jpg") {
+            let opts = zune_core::options::DecoderOptions::default()
+                .jpeg_set_out_colorspace(zune_core::colorspace::ColorSpace::RGB);
+            let plain = zune_jpeg::JpegDecoder::new_with_options(
+                zune_core::bytestream::ZCursor::new(bytes),
+                opts,
+            )
+            .decode()
+            .unwrap();
+            assert_eq!(img.pixels, plain, "{name}");
+        }
+    }
+    let jpeg_here = jpeg(&picture(500, 375));
+    assert_eq!(pixels::decode(&jpeg_here).unwrap().width, 500);
+}
+
+/// A file cut at any byte, an end marker appended or not, is an error, or (cut in the
+/// last bits of padding after the last code) the same picture: never another one.
+#[test]
+fn a_file_cut_anywhere_is_never_a_wrong_picture() {
+    let made = jpeg(&picture(64, 40));
+    let mut files: Vec<(&str, &[u8])> = FILES.to_vec();
+    files.push(("made.jpg", &made));
+    for (name, bytes) in files {
+        let whole = pixels::decode(bytes).unwrap();
+        let end: &[u8] = if name.ends_with(".png") {
+            &bytes[bytes.len() - 12..]
+        } else {
+            &[0xff, 0xd9]
+        };
+        let mut pictures = 0;
+        for cut in 0..bytes.len() - end.len() {
+            for input in [bytes[..cut].to_vec(), [&bytes[..cut], end].concat()] {
+                if let Ok(img) = pixels::decode(&input) {
+                    assert_eq!(img, whole, "{name} cut at {cut} of {}", bytes.len());
+                    pictures += 1;
+                }
+            }
+        }
+        assert!(pictures <= 4, "{name}: {pictures} cuts decoded");
+    }
+}
+
+/// What a preparation allocates stays under its cost, whatever the steps (the fuzz
+/// target holds every input to this; here a few shapes, with a counting allocator).
+#[test]
+fn a_preparation_costs_what_its_header_says_before_it_is_read() {
+    let p = pipeline(SPEC_EXAMPLE);
+    let img = jpeg(&picture(500, 375));
+    let header = pixels::probe(&img[..600], img.len() as u64)
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (header.width, header.height, header.format),
+        (500, 375, Format::Jpeg)
+    );
+    let cost = p.cost(&header, img.len() as u64).unwrap();
+    assert!(
+        cost > pixels::rgb_bytes(500, 375) && cost < 8 << 20,
+        "{cost}"
+    );
+    // The header lies past a prefix of 20 bytes: more is needed.
+    assert_eq!(pixels::probe(&img[..20], img.len() as u64).unwrap(), None);
+    // Not an image: refused from its first bytes.
+    assert!(pixels::probe(b"GIF89a", 1 << 30).is_err());
+    // An extreme aspect: the resize would make 256 x 16,768,000.
+    let needle = pixels::Header {
+        format: Format::Jpeg,
+        width: 1,
+        height: 65_500,
+        decode_bytes: 1 << 20,
+    };
+    let eval = pipeline(
+        r#"steps = [{ op = "resize", shorter = 256 }, { op = "center_crop", size = [224, 224] }]"#,
+    );
+    assert_eq!(
+        eval.cost(&needle, 20_000),
+        Err(PrepError::StepTooLarge {
+            step: 0,
+            width: 256,
+            height: 16_768_000,
+            max: MAX_PIXELS
+        })
+    );
+    // 65,500 x 65,500 is refused as an input, before any step.
+    let huge = pixels::Header {
+        width: 65_500,
+        height: 65_500,
+        ..needle
+    };
+    assert!(matches!(
+        eval.cost(&huge, 100),
+        Err(PrepError::TooMuchMemory { .. }) | Err(PrepError::TooLarge { .. })
+    ));
+}
+
+/// A preparation told nobody waits stops before its next step.
+#[test]
+fn a_preparation_stops_between_steps_when_nobody_waits() {
+    let p = pipeline(SPEC_EXAMPLE);
+    let img = jpeg(&picture(200, 100));
+    let asked = std::cell::Cell::new(0);
+    let out = p.prepare_while(&img, (0, 0, "k"), &|| {
+        asked.set(asked.get() + 1);
+        asked.get() < 2
+    });
+    assert_eq!(out, Err(PrepError::Cancelled));
+    assert_eq!(
+        asked.get(),
+        2,
+        "asked before the decode and before the first step"
+    );
 }

@@ -74,7 +74,15 @@ pub async fn handle(state: &Arc<AppState>, req: Request) -> Response {
                 Err(e) => e.into_response(),
             }
         }
-        ("/_granary/pipelines", true) => json_response(node.pipelines_json()),
+        // The definitions follow the read rule: unsigned only where anonymous reads are
+        // allowed, as the prepared reads they define.
+        ("/_granary/pipelines", true) => {
+            let parts = req.into_parts().0;
+            match s3::auth::authenticate(state.creds.as_ref(), state.anonymous_read, &parts) {
+                Ok(_) => json_response(node.pipelines_json()),
+                Err(e) => e.into_response(),
+            }
+        }
         ("/_granary/catalog", true) => match catalog(state, req).await {
             Ok(r) => r,
             Err(e) => e.into_response(),

@@ -218,6 +218,10 @@ impl Node {
         s.set(Metric::PrepRunningPeak, peak);
         s.set(Metric::PrepAdmittedBytes, admitted);
         s.set(Metric::PrepBudgetBytes, pool.budget());
+        s.set(
+            Metric::PrepUnderWay,
+            self.transforms.pipelines().flights() as u64,
+        );
         let left = self
             .handover()
             .filter(|h| h.running)

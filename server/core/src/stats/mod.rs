@@ -114,6 +114,9 @@ table! {
         "bytes of the prep memory budget held by inputs and work";
     PrepBudgetBytes: Gauge, "prep_budget_bytes", "prep_budget_bytes",
         "the prep memory budget: 1 GiB plus 64 MiB per prep thread";
+    /// Sampled: preparations requests wait for, one each however many wait.
+    PrepUnderWay: Gauge, "prep_under_way", "prep_under_way",
+        "preparations under way that requests wait for";
     /// Object reads answered with a descriptor of the cache file (over the Unix socket).
     LocalReads: Counter, "local_reads", "local_reads",
         "object reads answered with a descriptor of the cache file";

@@ -157,28 +157,28 @@ mod tests {
     }
 
     fn png_bytes(img: &RgbImage) -> Vec<u8> {
-        let mut out = Vec::new();
-        image::codecs::png::PngEncoder::new(&mut out)
-            .write_image(
-                img.as_raw(),
-                img.width(),
-                img.height(),
-                image::ExtendedColorType::Rgb8,
-            )
-            .unwrap();
-        out
+        encoded(img, true)
     }
 
     fn jpeg_bytes(img: &RgbImage) -> Vec<u8> {
+        encoded(img, false)
+    }
+
+    /// `img` as a PNG, or a JPEG at quality 95.
+    fn encoded(img: &RgbImage, png: bool) -> Vec<u8> {
         let mut out = Vec::new();
-        image::codecs::jpeg::JpegEncoder::new_with_quality(&mut out, 95)
-            .write_image(
+        let (w, h, rgb) = (img.width(), img.height(), image::ExtendedColorType::Rgb8);
+        let written = if png {
+            image::codecs::png::PngEncoder::new(&mut out).write_image(img.as_raw(), w, h, rgb)
+        } else {
+            image::codecs::jpeg::JpegEncoder::new_with_quality(&mut out, 95).write_image(
                 img.as_raw(),
-                img.width(),
-                img.height(),
-                image::ExtendedColorType::Rgb8,
+                w,
+                h,
+                rgb,
             )
-            .unwrap();
+        };
+        written.unwrap();
         out
     }
 

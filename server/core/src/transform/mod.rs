@@ -221,15 +221,19 @@ impl Work<'_> {
                 None if whole => Ok(Some(granary_prep::MAX_WORK)),
                 None => Ok(None),
             },
-            Work::Command(spec) => {
-                if size > MAX_INPUT {
-                    return Err(PrepError::TooMuchMemory {
-                        needs: size,
-                        max: MAX_INPUT,
-                    });
-                }
-                Ok(Some(size + spec.max_output))
-            }
+            Work::Command(spec) => Ok(Some(size + spec.max_output)),
+        }
+    }
+
+    /// Whether a source of `size` bytes may be read whole for it at all: a command
+    /// reads up to [`MAX_INPUT`] (a preparation's most is its cost's).
+    pub fn takes(&self, size: u64) -> Result<(), TransformError> {
+        match self {
+            Work::Command(_) if size > MAX_INPUT => Err(TransformError::TooLarge {
+                limit: MAX_INPUT,
+                size,
+            }),
+            _ => Ok(()),
         }
     }
 
