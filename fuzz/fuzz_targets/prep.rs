@@ -8,5 +8,5 @@ use granary_prep::measure::{peak_of, Counting};
 static ALLOC: Counting = Counting;
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
-    granary_server::fuzzing::prep_measured(data, granary_prep::MAX_WORK, &|run| Some(peak_of(run)))
+    granary_prep::fuzz::prep_measured(data, granary_prep::MAX_WORK, &|run| Some(peak_of(run)))
 });

@@ -171,84 +171,14 @@ pub fn tar_index(data: &[u8]) {
     }
 }
 
-/// A pipeline from the first bytes of `data` (up to four steps, any output): `None` where
-/// the bytes make a definition a node would refuse at start. The rest of `data` is the
-/// image.
-fn pipeline_of(data: &[u8]) -> Option<(granary_prep::Pipeline, &[u8])> {
-    use granary_prep::{Filter, Output, PipelineSpec, Step};
-    let (head, image) = data.split_at_checked(9)?;
-    let side = |b: u8, c: u8| 1 + u32::from(b) * 7 + u32::from(c % 8);
-    let mut steps = Vec::new();
-    for pair in head[1..9].chunks_exact(2).take(usize::from(head[0] % 5)) {
-        let (b, c) = (pair[0], pair[1]);
-        steps.push(match c % 4 {
-            0 => Step::RandomResizedCrop {
-                size: [side(b, c), side(b.rotate_left(3), c)],
-                scale: [0.08, 1.0],
-                ratio: [0.75, 4.0 / 3.0],
-            },
-            1 => Step::RandomFlip { p: 0.5 },
-            2 => Step::Resize {
-                shorter: side(b, c),
-            },
-            _ => Step::CenterCrop {
-                size: [side(b, c), side(c, b)],
-            },
-        });
-    }
-    let spec = PipelineSpec {
-        members: vec!["jpg".into()],
-        steps,
-        output: [Output::Raw, Output::Jpeg, Output::Png][usize::from(head[0] / 5 % 3)],
-        quality: 80,
-        filter: [Filter::Bilinear, Filter::Lanczos3][usize::from(head[0] / 15 % 2)],
-    };
-    Some((granary_prep::Pipeline::conversion(spec).ok()?, image))
-}
-
-/// Images (JPEG, PNG, anything) through step lists: prepared or refused, never a panic.
-/// Inputs whose preparation would take more than 16 MiB are left to the libFuzzer
-/// binary, which also holds each preparation to its cost ([`prep_measured`]).
+/// Images (JPEG, PNG, anything) through step lists: prepared or refused, never a panic
+/// ([`granary_prep::fuzz::prep_measured`], inputs whose preparation would take up to 16
+/// MiB: the libFuzzer binary and granary-prep's own test hold larger ones to their cost).
 pub fn prep(data: &[u8]) {
-    prep_measured(data, 16 << 20, &|run| {
+    granary_prep::fuzz::prep_measured(data, 16 << 20, &|run| {
         run();
         None
     });
-}
-
-/// [`prep`], with inputs whose preparation costs up to `most` bytes, and `measure`: the
-/// most bytes allocated at once while a closure runs, where it can say. A preparation
-/// the cost admits never allocates more than its cost (its input aside, which the
-/// caller holds).
-pub fn prep_measured(data: &[u8], most: u64, measure: &dyn Fn(&mut dyn FnMut()) -> Option<u64>) {
-    let Some((pipeline, image)) = pipeline_of(data) else {
-        return;
-    };
-    let len = image.len() as u64;
-    let cost = match granary_prep::pixels::probe(image, len) {
-        Ok(Some(header)) => pipeline.cost(&header, len),
-        _ => Err(granary_prep::PrepError::Decode("no header".into())),
-    };
-    if cost.as_ref().is_ok_and(|&c| c > most) {
-        return;
-    }
-    let mut out = None;
-    let peak = measure(&mut || out = Some(pipeline.prepare(image, 1, 2, "k")));
-    let out = out.expect("the preparation ran");
-    match (cost, peak) {
-        (Ok(cost), Some(peak)) => assert!(
-            peak + len <= cost,
-            "allocated {peak} bytes beside a {len}-byte input, past its cost {cost}"
-        ),
-        (Err(_), _) => assert!(out.is_err(), "prepared what its cost refused"),
-        _ => {}
-    }
-    if let Ok(p) = out {
-        let raw = u64::from(p.width) * u64::from(p.height) * 3;
-        if pipeline.spec().output == granary_prep::Output::Raw {
-            assert_eq!(p.bytes.len() as u64, raw);
-        }
-    }
 }
 
 #[cfg(test)]

@@ -86,7 +86,8 @@ pub fn center_crop(width: u32, height: u32, size: [u32; 2]) -> Rect {
 /// torchvision's `resize(img, shorter)` output size: the shorter side becomes `shorter`,
 /// the longer `int(shorter * long / short)` (truncated).
 pub fn resized_shorter(width: u32, height: u32, shorter: u32) -> (u32, u32) {
-    let (short, long) = (width.min(height), width.max(height));
+    // An image has no side of 0 (a decoder refuses one); one would divide by zero here.
+    let (short, long) = (width.min(height).max(1), width.max(height));
     let new_long = ((u64::from(shorter) * u64::from(long)) / u64::from(short)).max(1) as u32;
     if width <= height {
         (shorter, new_long)

@@ -17,6 +17,7 @@
 
 pub mod crop;
 pub mod draw;
+pub mod fuzz;
 pub mod jpeg;
 pub mod measure;
 pub mod pixels;

@@ -110,6 +110,11 @@ pub fn probe(prefix: &[u8], len: u64) -> Result<Option<Header>, PrepError> {
         let be = |b: &[u8]| u32::from_be_bytes([b[0], b[1], b[2], b[3]]);
         let (width, height) = (be(&ihdr[8..12]), be(&ihdr[12..16]));
         let (depth, colour) = (ihdr[16], ihdr[17]);
+        if width == 0 || height == 0 {
+            return Err(PrepError::Decode(format!(
+                "PNG: an image of {width}x{height}"
+            )));
+        }
         refuse_large(u64::from(width), u64::from(height))?;
         // The decoder's own layout (a palette expands to RGBA), then RGB8 beside it.
         let samples: u64 = match colour {
