@@ -1,8 +1,7 @@
 //! The prep fuzz target's corpus (`fuzz/corpus/fuzz_prep`), and inputs made from it
-//! (cut at every 37th byte, each of the first 160 bytes set to 0x00, 0x80 and 0xFF), each
-//! whose preparation costs up to 64 MiB held to its
-//! cost by a counting allocator. One test in this binary: the counts are
-//! the process's.
+//! (cut at every 37th byte, each of the first 160 bytes set to 0x00, 0x80 and 0xFF):
+//! each whose preparation costs up to 64 MiB is held to its cost by a counting
+//! allocator. One test in this binary: the counts are the process's.
 
 use granary_prep::fuzz::prep_measured;
 use granary_prep::measure::{peak_of, Counting};
