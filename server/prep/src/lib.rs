@@ -24,11 +24,16 @@ pub mod pixels;
 pub mod spec;
 
 pub use draw::Draws;
-pub use pixels::{Format, Header, Rgb, MAX_PIXELS};
+pub use pixels::{Format, Header, Rgb};
 pub use spec::{Filter, Output, PipelineSpec, SpecError, Step};
 
 use crop::Rect;
 use pixels::{encode_bytes, resize_scratch, rgb_bytes};
+
+/// The most pixels an image may have, as input (checked from the header before any pixel
+/// is decoded) and after any step (checked from the definition and the input's size
+/// before the step allocates): 100 megapixels.
+pub const MAX_PIXELS: u64 = 100_000_000;
 
 /// The most memory one preparation may take, input included: a preparation whose
 /// definition and input's header say it would take more is refused before it begins. A

@@ -17,12 +17,7 @@ use zune_jpeg::JpegDecoder;
 
 use crate::crop::Rect;
 use crate::spec::Filter;
-use crate::{jpeg, PrepError};
-
-/// The most pixels an image may have, as input (checked from the header before any pixel
-/// is decoded) and after any step (checked from the definition and the input's size
-/// before the step allocates): 100 megapixels.
-pub const MAX_PIXELS: u64 = 100_000_000;
+use crate::{jpeg, PrepError, MAX_PIXELS};
 
 /// An RGB image, 3 bytes a pixel, rows top to bottom.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -4,7 +4,7 @@
 use granary_proto::shards::split_name;
 use serde::{Deserialize, Serialize};
 
-use crate::pixels::MAX_PIXELS;
+use crate::MAX_PIXELS;
 
 /// The longest side a step may ask for: a definition past it is a typo, not a recipe.
 pub const MAX_SIDE: u32 = 16_384;
