@@ -151,9 +151,7 @@ fn walk(
             // The scan's data runs to the first marker that is not a restart (a 0xFF is
             // followed by 0x00 where it is data).
             loop {
-                while at < input.len() && input[at] != 0xff {
-                    at += 1;
-                }
+                at = memchr::memchr(0xff, &input[at..]).map_or(input.len(), |i| at + i);
                 if at + 1 >= input.len() {
                     return Ok(None);
                 }

@@ -12,12 +12,14 @@
 //! stops at its next step boundary ([`granary_prep::PrepError::Cancelled`]).
 //!
 //! The budget is [`MAX_WORK`] (one preparation of the most a preparation may take) plus
-//! [`PER_THREAD`] for each prep thread: at most that much is held by inputs waiting for
-//! a thread and by work running, whatever the requests.
+//! [`PER_THREAD`] for each prep thread, less the resizer a thread's work may leave kept
+//! between images ([`KEEP_SCRATCH`]): at most that much is held by inputs waiting for a
+//! thread, by work running and by kept resizers, whatever the requests.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use granary_prep::pixels::KEEP_SCRATCH;
 use granary_prep::{PrepError, MAX_WORK};
 use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 
@@ -113,7 +115,7 @@ impl Pool {
     /// `threads` prep threads (at least one), counting into `stats`.
     pub fn new(threads: usize, stats: Arc<Stats>) -> Pool {
         let size = threads.max(1);
-        let budget = MAX_WORK + size as u64 * PER_THREAD;
+        let budget = MAX_WORK + size as u64 * (PER_THREAD - KEEP_SCRATCH);
         Pool {
             threads: Arc::new(Semaphore::new(size)),
             size,
@@ -129,7 +131,7 @@ impl Pool {
         self.size
     }
 
-    /// The memory budget, in bytes: [`MAX_WORK`] + threads x [`PER_THREAD`].
+    /// The memory budget, in bytes: [`MAX_WORK`] + threads x ([`PER_THREAD`] - [`KEEP_SCRATCH`]).
     pub fn budget(&self) -> u64 {
         self.budget
     }
@@ -306,11 +308,12 @@ mod tests {
     #[tokio::test]
     async fn admission_waits_for_the_budget() {
         let (pool, _) = pool(1);
-        assert_eq!(pool.budget(), MAX_WORK + PER_THREAD);
+        let per_thread = PER_THREAD - KEEP_SCRATCH;
+        assert_eq!(pool.budget(), MAX_WORK + per_thread);
         let big = pool.admit(u64::MAX).await;
         assert_eq!(big.bytes(), MAX_WORK);
-        let small = pool.admit(PER_THREAD).await;
-        assert_eq!(pool.levels().2, MAX_WORK + PER_THREAD);
+        let small = pool.admit(per_thread).await;
+        assert_eq!(pool.levels().2, MAX_WORK + per_thread);
         let more = tokio::time::timeout(Duration::from_millis(50), pool.admit(1)).await;
         assert!(more.is_err(), "admitted past the budget");
         drop(small);
