@@ -74,6 +74,16 @@ impl ShardInfo {
         !self.compressed() && self.spans.is_some()
     }
 
+    /// Where its samples end, for a shard read by range: the bytes an epoch's reads of
+    /// all of them cover from its start.
+    pub(crate) fn samples_end(&self) -> Option<u64> {
+        self.spans
+            .as_ref()
+            .filter(|_| self.ranged())?
+            .last()
+            .map(|s| s.end)
+    }
+
     /// Sample `i`'s span (of a shard whose spans are known).
     pub(crate) fn span(&self, i: u32) -> SampleSpan {
         self.spans.as_ref().expect("a ranged shard")[i as usize]

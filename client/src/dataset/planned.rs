@@ -104,6 +104,7 @@ pub fn plan_spec(catalog: &Catalog, spec: &EpochSpec) -> PlanSpec {
                 etag: s.etag.clone(),
                 samples: s.count,
                 size: s.size,
+                end: s.samples_end(),
             })
             .collect(),
         seed: spec.seed,

@@ -76,6 +76,15 @@ impl Schedule {
         Some(self.per_rank.saturating_sub(place) + first)
     }
 
+    /// Whether every rank's place is past the last at which a rank reads shard `shard`
+    /// in the current round (`place`: the slowest rank's), or no rank reads it.
+    pub fn past(&self, shard: usize, place: u64) -> bool {
+        match self.this.get(shard) {
+            Some(Some((_, end))) => place >= *end,
+            _ => true,
+        }
+    }
+
     /// Places from `place` until shard `shard` is read in the next epoch (after the
     /// ranks' reads of it in this one).
     pub fn reuse(&self, shard: usize, place: u64) -> Option<u64> {
@@ -106,6 +115,7 @@ mod tests {
                     etag: String::new(),
                     samples,
                     size: 0,
+                    end: None,
                 })
                 .collect(),
             seed: 5,

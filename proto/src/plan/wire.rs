@@ -17,6 +17,23 @@ pub struct PlanShard {
     /// Bytes (0: not known).
     #[serde(default)]
     pub size: u64,
+    /// Where its samples end, for a shard read by ranges (the archive's end blocks
+    /// after them are never read); `None`: read whole, or not known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end: Option<u64>,
+}
+
+impl PlanShard {
+    /// The bytes from its start that an epoch's reads of all its samples cover: its
+    /// samples' end, else its size; `None` where neither is known.
+    pub fn read_end(&self) -> Option<u64> {
+        let end = match (self.end, self.size) {
+            (Some(e), 0) => e,
+            (Some(e), size) => e.min(size),
+            (None, size) => size,
+        };
+        (end > 0).then_some(end)
+    }
 }
 
 /// One round of an epoch's resume history (as `state_dict` keeps it).

@@ -245,6 +245,8 @@ struct State {
     /// The epoch of each shard's last planned read noted here, by key (keys under the
     /// dataset's prefix, no more than the plan has shards).
     last_read: HashMap<String, u64>,
+    /// The bytes of each shard read here in the current epoch, by key (as `last_read`).
+    covered: HashMap<String, Covered>,
     /// At the home: each member's last report.
     reports: HashMap<String, (Instant, Report)>,
     /// The standing last learned (from the home, or made here at the home).
@@ -282,6 +284,7 @@ impl Plan {
                 noted: HashMap::new(),
                 lag: (0, 0),
                 last_read: HashMap::new(),
+                covered: HashMap::new(),
                 reports: HashMap::new(),
                 standing: Standing {
                     epoch,
@@ -369,8 +372,19 @@ impl Plan {
             st.spec = Arc::new(spec);
             st.schedule = Arc::new(s);
             st.noted.clear();
+            st.covered.clear();
             st.lag = (0, st.lag.0);
         }
+    }
+
+    /// Per key, how far from its start the reads served here in the current epoch
+    /// cover it without a gap.
+    pub fn covered(&self) -> HashMap<String, u64> {
+        let st = self.lock();
+        st.covered
+            .iter()
+            .map(|(k, c)| (k.clone(), c.prefix()))
+            .collect()
     }
 
     /// Whether `key` was read here in an earlier epoch and not yet in this one: its
@@ -595,6 +609,7 @@ impl Plans {
                 st.spec = Arc::new(spec);
                 st.schedule = Arc::new(schedule);
                 st.noted.clear();
+                st.covered.clear();
             }
             let due = st.sent.is_none_or(|t| since(t) >= RESEND_EVERY);
             drop(st);
@@ -701,9 +716,11 @@ impl Plans {
         gone
     }
 
-    /// A planned read was served here: notes the rank's place, and whether the read
-    /// found its object committed (`ready`). Marks of plans not held are ignored.
-    pub fn note(&self, mark: &PlanMark, key: &str, ready: bool) {
+    /// A planned read was served here: notes the rank's place, the bytes of the object
+    /// read (`bytes`, `[start, end)`; `None` for a member's or a prepared read), and
+    /// whether the read found its object committed (`ready`). Marks of plans not held
+    /// are ignored.
+    pub fn note(&self, mark: &PlanMark, key: &str, bytes: Option<(u64, u64)>, ready: bool) {
         let Some(plan) = self.get(&mark.plan) else {
             return;
         };
@@ -728,6 +745,50 @@ impl Plans {
         } else if key.starts_with(&st.spec.prefix) && st.last_read.len() < st.spec.shards.len() {
             st.last_read.insert(key.to_owned(), mark.epoch);
         }
+        if let (Some((start, end)), true) = (bytes, mark.epoch == st.spec.epoch) {
+            if let Some(c) = st.covered.get_mut(key) {
+                c.add(start, end);
+            } else if st.last_read.contains_key(key) {
+                let mut c = Covered::default();
+                c.add(start, end);
+                st.covered.insert(key.to_owned(), c);
+            }
+        }
+    }
+}
+
+/// The bytes of an object read in an epoch: disjoint ranges `[start, end)`, in order,
+/// those that touch merged. At most [`Covered::MOST`] ranges: a range apart from them
+/// all past that is not kept (the object then never reads as covered, which only keeps
+/// it longer).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+struct Covered(Vec<(u64, u64)>);
+
+impl Covered {
+    const MOST: usize = 1024;
+
+    fn add(&mut self, start: u64, end: u64) {
+        if start >= end {
+            return;
+        }
+        // The first range that ends at or after `start`, and those that the new one
+        // reaches: merged into one.
+        let i = self.0.partition_point(|r| r.1 < start);
+        let (mut s, mut e, mut j) = (start, end, i);
+        while j < self.0.len() && self.0[j].0 <= e {
+            s = s.min(self.0[j].0);
+            e = e.max(self.0[j].1);
+            j += 1;
+        }
+        if i == j && self.0.len() >= Self::MOST {
+            return;
+        }
+        self.0.splice(i..j, [(s, e)]);
+    }
+
+    /// How far from 0 the ranges cover without a gap.
+    fn prefix(&self) -> u64 {
+        self.0.first().filter(|r| r.0 == 0).map_or(0, |r| r.1)
     }
 }
 
@@ -744,6 +805,7 @@ pub(crate) fn test_spec(shards: usize, size: u64, world: usize) -> PlanSpec {
                 etag: "e".into(),
                 samples: 10,
                 size,
+                end: None,
             })
             .collect(),
         seed: 1,
@@ -816,8 +878,8 @@ mod tests {
         let plans = Plans::new(Duration::from_secs(60));
         let plan = plans.register(spec(2)).unwrap().plan;
         let id = plan.id.clone();
-        plans.note(&mark(&id, 0, 0, 7), "p/0.tar", true);
-        plans.note(&mark(&id, 0, 0, 5), "p/0.tar", false);
+        plans.note(&mark(&id, 0, 0, 7), "p/0.tar", None, true);
+        plans.note(&mark(&id, 0, 0, 5), "p/0.tar", None, false);
         // One rank seen: the slowest place is not known yet.
         let s = plan.merge("a", plan.report(Need::default(), 0));
         assert_eq!((s.place, s.consumed), (0, 7));
@@ -840,7 +902,7 @@ mod tests {
         let v = plan.view(Duration::from_secs(60));
         assert_eq!((v.place, v.consumed, v.reads_ready), (4, 11, 1));
         // A mark of the next epoch moves the plan on, with no client call.
-        plans.note(&mark(&id, 1, 0, 1), "p/0.tar", true);
+        plans.note(&mark(&id, 1, 0, 1), "p/0.tar", None, true);
         assert_eq!(plan.spec().epoch, 1);
         assert_eq!(plan.position().1, 0);
     }
@@ -852,18 +914,18 @@ mod tests {
         let plans = Plans::new(Duration::from_secs(60));
         let plan = plans.register(spec(1)).unwrap().plan;
         let id = plan.id.clone();
-        plans.note(&mark(&id, 0, 0, 0), "p/0.tar", true);
-        plans.note(&mark(&id, 0, 0, 16), "p/1.tar", true);
-        plans.note(&mark(&id, 0, 0, 64), "p/2.tar", true);
-        plans.note(&mark(&id, 0, 0, 8), "p/0.tar", true);
+        plans.note(&mark(&id, 0, 0, 0), "p/0.tar", None, true);
+        plans.note(&mark(&id, 0, 0, 16), "p/1.tar", None, true);
+        plans.note(&mark(&id, 0, 0, 64), "p/2.tar", None, true);
+        plans.note(&mark(&id, 0, 0, 8), "p/0.tar", None, true);
         assert_eq!(plan.lag(), 56);
         assert_eq!(plan.report(Need::default(), 0).lag, 56);
         // The next epoch keeps the last one's.
-        plans.note(&mark(&id, 1, 0, 0), "p/1.tar", true);
-        plans.note(&mark(&id, 1, 0, 10), "p/2.tar", true);
-        plans.note(&mark(&id, 1, 0, 6), "p/1.tar", true);
+        plans.note(&mark(&id, 1, 0, 0), "p/1.tar", None, true);
+        plans.note(&mark(&id, 1, 0, 10), "p/2.tar", None, true);
+        plans.note(&mark(&id, 1, 0, 6), "p/1.tar", None, true);
         assert_eq!(plan.lag(), 56);
-        plans.note(&mark(&id, 2, 0, 0), "p/1.tar", true);
+        plans.note(&mark(&id, 2, 0, 0), "p/1.tar", None, true);
         assert_eq!(plan.lag(), 4, "two epochs on");
         // Another member's, through the home's standing.
         let other = Report {
@@ -885,20 +947,20 @@ mod tests {
             !plan.unread_here("p/0.tar"),
             "no read noted: the places decide"
         );
-        plans.note(&mark(&id, 0, 0, 3), "p/0.tar", true);
-        plans.note(&mark(&id, 0, 0, 4), "p/1.tar", true);
+        plans.note(&mark(&id, 0, 0, 3), "p/0.tar", None, true);
+        plans.note(&mark(&id, 0, 0, 4), "p/1.tar", None, true);
         assert!(!plan.unread_here("p/0.tar"), "read in this epoch");
         // The ranks move on to epoch 1 and read shard 1 first.
-        plans.note(&mark(&id, 1, 0, 0), "p/1.tar", true);
+        plans.note(&mark(&id, 1, 0, 0), "p/1.tar", None, true);
         assert!(
             plan.unread_here("p/0.tar"),
             "its read of epoch 1 is still to come"
         );
         assert!(!plan.unread_here("p/1.tar"));
-        plans.note(&mark(&id, 1, 0, 9), "p/0.tar", true);
+        plans.note(&mark(&id, 1, 0, 9), "p/0.tar", None, true);
         assert!(!plan.unread_here("p/0.tar"));
         // A key of no shard of the plan is not kept.
-        plans.note(&mark(&id, 1, 0, 9), "q/x.tar", true);
+        plans.note(&mark(&id, 1, 0, 9), "q/x.tar", None, true);
         assert!(!plan.unread_here("q/x.tar"));
         assert_eq!(plan.lock().last_read.len(), 2);
     }
@@ -955,5 +1017,41 @@ mod tests {
         std::thread::sleep(Duration::from_millis(80));
         assert_eq!(plans.expire(), vec![id]);
         assert!(plans.is_empty());
+    }
+
+    /// The bytes read of a shard in an epoch: ranges merged as they come, in any order,
+    /// covered from its start once they leave no gap, forgotten at the next epoch.
+    #[test]
+    fn a_shards_bytes_read_cover_it_once_no_gap_is_left() {
+        let mut c = Covered::default();
+        c.add(100, 200);
+        c.add(300, 400);
+        assert_eq!(c.prefix(), 0);
+        c.add(0, 100);
+        assert_eq!(c.prefix(), 200);
+        c.add(150, 350);
+        c.add(5, 5);
+        assert_eq!(c.0, vec![(0, 400)]);
+        // At most MOST ranges apart: one more apart is not kept, one that joins them is.
+        let mut many = Covered::default();
+        for i in 0..Covered::MOST as u64 {
+            many.add(10 * i + 1, 10 * i + 2);
+        }
+        many.add(100_000, 100_001);
+        assert_eq!(many.0.len(), Covered::MOST);
+        many.add(0, 20_000);
+        assert_eq!(many.0, vec![(0, 20_000)]);
+
+        let plans = Plans::new(Duration::from_secs(60));
+        let plan = plans.register(spec(1)).unwrap().plan;
+        let id = plan.id.clone();
+        plans.note(&mark(&id, 0, 0, 1), "p/0.tar", Some((0, 60)), true);
+        plans.note(&mark(&id, 0, 0, 2), "p/0.tar", Some((60, 100)), true);
+        plans.note(&mark(&id, 0, 0, 2), "p/1.tar", None, true);
+        plans.note(&mark(&id, 0, 0, 2), "q/x.tar", Some((0, 100)), true);
+        let only = |k: &str, n: u64| HashMap::from([(k.to_owned(), n)]);
+        assert_eq!(plan.covered(), only("p/0.tar", 100));
+        plans.note(&mark(&id, 1, 0, 0), "p/1.tar", Some((0, 10)), true);
+        assert_eq!(plan.covered(), only("p/1.tar", 10), "the next epoch's only");
     }
 }

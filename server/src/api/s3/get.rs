@@ -121,7 +121,10 @@ pub async fn get(state: &AppState, r: Req, head: bool) -> Result<Response, S3Err
         }
     };
     if let Some(mark) = r.header(PLAN) {
-        node.planned_read(mark, r.key(), reply.origin);
+        // The object's bytes this read sends (a member's are not counted).
+        let bytes = (kind == Kind::Object && !head)
+            .then(|| reply.range.map_or((0, reply.size), |b| (b.start, b.end)));
+        node.planned_read(mark, r.key(), bytes, reply.origin);
     }
     let mut resp = answer(state, &r, kind, reply, fds.as_ref());
     if let Some(p) = part.filter(|p| p.count > 1 || p.etag.contains('-')) {

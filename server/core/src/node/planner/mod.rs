@@ -92,12 +92,14 @@
 //!   dataset reads ahead: with the default loader, a shard's second run came 56
 //!   places behind a later one, where two batches are 16, and a shard still being
 //!   read was dropped at each epoch's start and fetched again (BENCHMARKS.md, P13).
-//!   Its cost grows with the ranks: each holds its shards up to `lag` places behind its
-//!   furthest, so R ranks hold R × lag samples of the cache in use. On P13's 48 shards
-//!   of 16 samples, 4 ranks with a lag of 56 hold 14 of the 24 shards a cache of half
-//!   the dataset has; a clairvoyant prefetcher that keeps 3 shards a rank behind runs
-//!   1.24 × the bound with 0.62 of its reads ready (BENCHMARKS.md, "Many ranks"); telling a shard's last read by the
-//!   bytes of it read in the epoch would hold only what is still to be read.
+//!   The lag holds only shards not yet read to their end: a shard whose bytes read
+//!   here in the epoch cover it (to its samples' end,
+//!   [`granary_proto::plan::PlanShard::read_end`]), with the slowest rank past its
+//!   last place, is done until the next epoch. Held by the
+//!   lag alone, each of R ranks kept its shards up to `lag` places behind its furthest:
+//!   R × lag samples of the cache in use (on P13's 48 shards of 16 samples, 4 ranks
+//!   with a lag of 56 held 14 of the 24 shards a cache of half the dataset has;
+//!   BENCHMARKS.md, "Many ranks").
 //! - Not a limit on fetches by the throughput each more one brought: measured
 //!   (a member ran one more only while one more brought 1.15 × as much), it changed
 //!   nothing on 1 node and cost reads ready on 3, where members share the store per
@@ -603,11 +605,22 @@ fn planned(
         // furthest place reported is ahead of the others' by a batch or two at least,
         // and by as much as the reads served have been seen to come behind it.
         let lag = (2 * spec.batch_size.max(1) as u64 + spec.shuffle_buffer as u64).max(plan.lag());
+        let covered = plan.covered();
         for &i in mine(plan, &spec).iter() {
             let shard = &spec.shards[i];
             let secs = |p: Option<u64>| p.map_or(f64::INFINITY, |p| p as f64 / rate);
-            let due = secs(schedule.next_use(i, place, lag));
             let reuse = secs(schedule.reuse(i, place));
+            // Read to its end in this epoch, and every rank past it: done until the next
+            // epoch, whatever the reads' lag (which only says how late a read may come
+            // of a shard not yet read whole).
+            let read = shard
+                .read_end()
+                .is_some_and(|end| covered.get(&shard.key).is_some_and(|&c| c >= end));
+            let due = if read && schedule.past(i, place) {
+                reuse
+            } else {
+                secs(schedule.next_use(i, place, lag))
+            };
             let id = format!("{}/{}", spec.bucket, shard.key);
             match by_key.get_mut(&id) {
                 Some(p) if p.due <= due => p.reuse = p.reuse.min(reuse),
@@ -710,11 +723,11 @@ impl Node {
     }
 
     /// A planned read of `key` was served here (`mark`: its `x-granary-plan`), from a
-    /// committed entry or not.
-    pub fn planned_read(&self, mark: &str, key: &str, origin: Origin) {
+    /// committed entry or not; `bytes`: the object's bytes it reads, `[start, end)`.
+    pub fn planned_read(&self, mark: &str, key: &str, bytes: Option<(u64, u64)>, origin: Origin) {
         tracing::debug!(mark, ?origin, "a planned read");
         if let Some(m) = PlanMark::parse(mark) {
-            self.plans.note(&m, key, origin == Origin::Hit);
+            self.plans.note(&m, key, bytes, origin == Origin::Hit);
         }
     }
 
@@ -1375,5 +1388,58 @@ mod tests {
         let every = in_flight(FETCHES);
         let step = decide(&look(&every), vec![shard(0, SHARD, 1.0, 50.0)], held());
         assert!(step.is_none());
+    }
+
+    /// A shard read to its end in this epoch, with every rank past it, is done until
+    /// the next epoch: its next use is the next epoch's, where the reads' lag alone
+    /// would hold it in use (each of R ranks holding its last `lag` places).
+    #[test]
+    fn a_shard_read_to_its_end_is_done_once_every_rank_is_past_it() {
+        let plans = crate::plans::Plans::new(Duration::from_secs(60));
+        let mut spec = crate::plans::test_spec(4, 100, 1);
+        spec.batch_size = 8;
+        spec.shards[0].end = Some(90);
+        let plan = plans.register(spec.clone()).unwrap().plan;
+        let id = plan.id.clone();
+        let (schedule, ..) = plan.position();
+        // The shard read first; the place its last sample is read at is 9.
+        let first = (0..4)
+            .min_by_key(|&i| schedule.next_use(i, 0, 0).unwrap())
+            .unwrap();
+        assert!(!schedule.past(first, 9) && schedule.past(first, 10));
+        let key = spec.shards[first].key.clone();
+        let end = spec.shards[first].read_end().unwrap();
+        let due = |place: u64, bytes: Option<(u64, u64)>| {
+            let mark = granary_proto::plan::PlanMark {
+                plan: id.clone(),
+                epoch: 0,
+                rank: 0,
+                place,
+            };
+            plans.note(&mark, &key, bytes, true);
+            let all = planned(&plans.all(), |_, s| (0..s.shards.len()).collect());
+            let p = all.into_iter().find(|p| p.key == key).unwrap();
+            (p.due, p.reuse)
+        };
+        // Half its bytes read, the rank at its last place: in use.
+        assert_eq!(due(9, Some((0, end / 2))).0, 0.0);
+        // All of them: in use while the rank is at it...
+        assert_eq!(due(9, Some((end / 2, end))).0, 0.0);
+        // ...done once past it, though a read may come 16 places behind (two batches).
+        let (d, reuse) = due(10, None);
+        assert!(d > 0.0 && d.is_finite() && d == reuse, "{d} {reuse}");
+        // The same place without its bytes read: the lag holds it in use.
+        let mut other = spec.clone();
+        other.job = Some("other".into());
+        let other = plans.register(other).unwrap().plan;
+        let mark = granary_proto::plan::PlanMark {
+            plan: other.id.clone(),
+            epoch: 0,
+            rank: 0,
+            place: 10,
+        };
+        plans.note(&mark, &key, None, true);
+        let all = planned(&[other], |_, s| (0..s.shards.len()).collect());
+        assert_eq!(all.iter().find(|p| p.key == key).unwrap().due, 0.0);
     }
 }

@@ -183,6 +183,7 @@ pub fn simulate(cfg: &SimConfig) -> SimReport {
                 etag: "e".into(),
                 samples: cfg.samples,
                 size: shard_bytes,
+                end: None,
             })
             .collect(),
         seed: 7,
@@ -329,11 +330,13 @@ pub fn simulate(cfg: &SimConfig) -> SimReport {
                 place: first,
             };
             if m.held.contains_key(&shard) {
-                m.plans.note(&mark, &keys[shard], true);
+                m.plans
+                    .note(&mark, &keys[shard], Some((0, shard_bytes)), true);
                 continue;
             }
             waited += 1;
-            m.plans.note(&mark, &keys[shard], false);
+            m.plans
+                .note(&mark, &keys[shard], Some((0, shard_bytes)), false);
             m.waited_at = Some(now);
             if !m.transfers.iter().any(|t| t.shard == shard) {
                 // A full cache makes room as the node's read does
@@ -398,7 +401,7 @@ pub fn simulate(cfg: &SimConfig) -> SimReport {
                 rank: r as u32,
                 place: p,
             };
-            members[served].plans.note(&mark, "", true);
+            members[served].plans.note(&mark, "", None, true);
         }
         // The epoch's end.
         if place >= sched.per_rank as f64 && queue.is_empty() && pending.is_empty() {
@@ -431,6 +434,7 @@ pub fn simulate(cfg: &SimConfig) -> SimReport {
                         place: 0,
                     },
                     "",
+                    None,
                     true,
                 );
             }
