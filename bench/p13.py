@@ -4,7 +4,8 @@
                         [--rate-mib 32] [--epochs 3] [--policies never-evict,lru,planner]
                         [--dc 2[,4...]] [--bx 0.55[,0.3...]] [--loader default|small]
                         [--read-ahead 2] [--batch 8] [--prefetch-factor 2]
-                        [--backend fs|moto|store] [--ranks 1] [--jobs 1|2 --stagger 30]
+                        [--backend fs|moto|store] [--ranks 1 [--loose]] [--jobs 1|2 --stagger 30]
+                        [--draw SEED]
 
 D = SHARDS x SHARD_MIB; for each cell of the matrix DC x BX, the cache C = D / DC (split
 over the nodes) and the backend paced to B = BX x X as a whole. X is the job's
@@ -14,7 +15,11 @@ batches ahead per worker; `small` batches of 2, no read-ahead, 1 batch ahead (th
 in which never-evict's misses show); `--batch/--read-ahead/--prefetch-factor` set them
 one by one. `--ranks R` runs the job as R rank processes (each its own DataLoader, the
 plan's `rank`/`world_size`), held in step by a gloo barrier a step as DDP's all-reduce
-holds them; each consumes X / R, so that the job's rate stays X.
+holds them; each consumes X / R, so that the job's rate stays X (`--loose`: a barrier
+an epoch). `--draw SEED` takes the shape drawn by `shapes.py` for SEED (nodes, ranks,
+D/C, B/X, shard and sample sizes, loader, jobs, X, shards) over those flags, and
+names it in its first JSON line; the second job of a drawn shape starts a quarter of
+the ideal epoch after the first.
 
 Backends: `fs` is a directory paced by each node's `--backend-rate` (B split evenly over
 the nodes); `moto` a moto server and `store` a granary node over the directory with no
@@ -59,7 +64,17 @@ ap.add_argument("--jobs", type=int, choices=(1, 2), default=1,
 ap.add_argument("--stagger", type=float, default=30.0)
 ap.add_argument("--ranks", type=int, default=1,
                 help="rank processes of the one job, in step as DDP holds them (a barrier a step)")
+ap.add_argument("--loose", action="store_true", help="ranks held in step once an epoch, not a step")
+ap.add_argument("--draw", type=int, metavar="SEED", help="the shape shapes.py draws for SEED")
 a = ap.parse_args()
+if a.draw is not None:
+    from shapes import draw
+    drawn = draw(a.draw)
+    for k in ("nodes", "ranks", "loose", "shard_mib", "sample_kib", "loader", "jobs", "rate_mib",
+              "shards"):
+        setattr(a, k, drawn[k])
+    a.dc, a.bx = str(drawn["dc"]), str(drawn["bx"])
+    print(json.dumps({"drawn": drawn}), flush=True)
 
 MIB = 1 << 20
 root = os.path.abspath(a.root)
@@ -215,20 +230,21 @@ JOB = r"""
 import json, sys, time, torch, granary
 url, epochs, first, step, plan = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), sys.argv[5] == "1"
 batch, ahead, prefetch, prefix = int(sys.argv[6]), int(sys.argv[7]), int(sys.argv[8]), sys.argv[9]
-rank, world = int(sys.argv[10]), int(sys.argv[11])
+rank, world, loose = int(sys.argv[10]), int(sys.argv[11]), sys.argv[12] == "1"
 if world > 1:
     import torch.distributed as dist
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    sync = dist.barrier
+    epoch_sync = dist.barrier
 else:
-    sync = lambda: None
+    epoch_sync = lambda: None
+sync = (lambda: None) if loose else epoch_sync
 ds = granary.ShardDataset(url, "dsets", prefix, seed=3, batch_size=batch, read_ahead=ahead, plan=plan,
                           rank=rank, world_size=world)
 dl = torch.utils.data.DataLoader(ds, batch_size=batch, num_workers=2, collate_fn=lambda b: b,
                                  persistent_workers=False, prefetch_factor=prefetch)
 for e in range(first, first + epochs):
     ds.set_epoch(e)
-    sync()
+    epoch_sync()
     t0 = time.monotonic(); waited = 0.0; n = 0
     t = time.monotonic()
     for b in dl:
@@ -237,7 +253,7 @@ for e in range(first, first + epochs):
         time.sleep(step)
         sync()
         t = time.monotonic()
-    sync()
+    epoch_sync()
     if rank == 0:
         print(json.dumps({"epoch": e, "wall": time.monotonic() - t0, "waited": waited, "bytes": n}), flush=True)
 """
@@ -251,7 +267,7 @@ def start_job(url, epochs, first, plan, prefix="p/"):
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port()))
     return [subprocess.Popen([sys.executable, "-c", JOB, url, str(epochs), str(first), str(step),
                               "1" if plan else "0", str(batch), str(read_ahead), str(prefetch), prefix,
-                              str(r), str(a.ranks)],
+                              str(r), str(a.ranks), "1" if a.loose else "0"],
                              stdout=subprocess.PIPE if r == 0 else subprocess.DEVNULL, text=True, env=env)
             for r in range(a.ranks)]
 
@@ -328,13 +344,15 @@ def two_jobs():
 lay_out()
 start_store()
 shape = {"nodes": a.nodes, "backend": a.backend, "shard_mib": a.shard_mib, "shards": a.shards, "ranks": a.ranks,
-         "loader": f"{batch}/{read_ahead}/{prefetch}", "X": X, "D": D}
+         "loader": f"{batch}/{read_ahead}/{prefetch}", "X": X, "D": D, "loose": a.loose, "draw": a.draw}
 # The ideal: the whole dataset in cache, no pacing; an epoch to warm, then one timed.
 procs, urls = start_nodes("never-evict", 4 * D, 0)
 ideal = []
 run_job(urls[0], 2, 0, False, lambda r: ideal.append(r))
 stop(procs)
 ideal_wall = ideal[-1]["wall"]
+if a.draw is not None:
+    a.stagger = ideal_wall / 4
 emit({**shape, "ideal_wall": ideal_wall})
 if a.jobs == 2:
     two_jobs()
