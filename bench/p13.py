@@ -1,7 +1,7 @@
 """P13: datasets larger than the cluster's cache, behind a backend slower than the job.
 
     python bench/p13.py ROOT GRANARY_BIN [--nodes 1|3] [--shards 192] [--shard-mib 2]
-                        [--rate-mib 32] [--epochs 3] [--policies never-evict,lru,planner]
+                        [--rate-mib 32] [--epochs 3] [--policies never-evict,lru,look-ahead,planner]
                         [--dc 2[,4...]] [--bx 0.55[,0.3...]] [--loader default|small]
                         [--read-ahead 2] [--batch 8] [--prefetch-factor 2]
                         [--backend fs|moto|store] [--ranks 1 [--loose]] [--jobs 1|2 --stagger 30]
@@ -28,8 +28,11 @@ reads together to B, as a store's egress cap would, and shares it per connection
 
 The ideal is the same job's epoch with the whole dataset in cache, measured once per run
 before the cells (it depends on neither C nor B). Per cell, each policy runs EPOCHS
-epochs on fresh nodes: never-evict and lru without a plan, the planner (never-evict with
-ShardDataset's plan). The bound of an epoch is max(D/X, (D - C)/B): D/X is the ideal
+epochs on fresh nodes: never-evict and lru without a plan, the look-ahead peer (lru, and
+in each rank a thread that reads the next k shards of the rank's known order through the
+node as the rank's loop reaches each, k = the shards that fill half the cache over all
+ranks; its reads count among the cell's, so its `from cache` is not the job's), the
+planner (never-evict with ShardDataset's plan). The bound of an epoch is max(D/X, (D - C)/B): D/X is the ideal
 measured, (D - C)/B computed. Per epoch: wall time over the ideal and over the bound,
 seconds the loop waited for data, the fraction of reads answered from the cache, the
 planned reads that found their entry committed (the plan's reads_ready), and bytes from
@@ -49,7 +52,9 @@ ap.add_argument("--shard-mib", type=int, default=2)
 ap.add_argument("--sample-kib", type=int, default=256)
 ap.add_argument("--rate-mib", type=float, default=32.0, help="the job's consumption rate X")
 ap.add_argument("--epochs", type=int, default=3)
-ap.add_argument("--policies", default="never-evict,lru,planner")
+ap.add_argument("--policies", default="never-evict,lru,planner",
+                help="of never-evict, lru, look-ahead (lru with each rank reading the next shards of its "
+                     "known order ahead through the node) and planner")
 ap.add_argument("--dc", default="2", help="D / C, a comma-separated list")
 ap.add_argument("--bx", default="0.55", help="B / X, a comma-separated list")
 ap.add_argument("--loader", choices=sorted(LOADERS), default="default")
@@ -189,7 +194,7 @@ def start_nodes(policy, capacity, rate):
         shutil.rmtree(data, ignore_errors=True); os.makedirs(data)
         args = [a.granary, "serve", "--listen", f"127.0.0.1:{p}", "--data-dir", data,
                 "--node-id", i, "--cache-capacity", str(capacity // a.nodes),
-                "--cache-policy", "lru" if policy == "lru" else "never-evict"]
+                "--cache-policy", "lru" if policy in ("lru", "look-ahead") else "never-evict"]
         if endpoint:
             args += ["--backend", "s3", "--s3-endpoint", endpoint]
         else:
@@ -238,36 +243,79 @@ if world > 1:
 else:
     epoch_sync = lambda: None
 sync = (lambda: None) if loose else epoch_sync
+look = int(sys.argv[13])
 ds = granary.ShardDataset(url, "dsets", prefix, seed=3, batch_size=batch, read_ahead=ahead, plan=plan,
                           rank=rank, world_size=world)
 dl = torch.utils.data.DataLoader(ds, batch_size=batch, num_workers=2, collate_fn=lambda b: b,
                                  persistent_workers=False, prefetch_factor=prefetch)
+
+
+def look_ahead(state, keys):
+    # The look-ahead peer: the next `look` shards of this rank's known order (its span,
+    # read front to back) after the one its reads have reached, each read once through the
+    # node, whose LRU cache then holds them for the rank's own read.
+    import bisect, requests
+    starts = [p for p, _ in state["runs"]]
+    fetched = set()
+    with requests.Session() as http:
+        while not state["done"]:
+            i = max(0, bisect.bisect_right(starts, state["front"]) - 1)
+            todo = [sh for _, sh in state["runs"][i: i + 1 + look] if sh not in fetched]
+            if not todo:
+                time.sleep(0.01)
+                continue
+            fetched.add(todo[0])
+            with http.get(f"{url}/dsets/{keys[todo[0]]}", stream=True) as r:
+                for _ in r.iter_content(1 << 20):
+                    pass
+
+
 for e in range(first, first + epochs):
     ds.set_epoch(e)
+    state = None
+    if look:
+        import threading
+        entries = ds._shards.order(ds._epoch_read(world_size=world, rank=rank))
+        by_span = sorted((p, sh) for sh, p in entries)
+        runs = [(p, sh) for i, (p, sh) in enumerate(by_span) if i == 0 or by_span[i - 1][1] != sh]
+        front_at, f = [], -1
+        for sh, p in entries:
+            f = max(f, p); front_at.append(f)
+        state = {"runs": runs, "front": 0, "done": False}
+        th = threading.Thread(target=look_ahead, args=(state, ds.shards), daemon=True)
+        th.start()
     epoch_sync()
-    t0 = time.monotonic(); waited = 0.0; n = 0
+    t0 = time.monotonic(); waited = 0.0; n = 0; consumed = 0
     t = time.monotonic()
     for b in dl:
         now = time.monotonic(); waited += now - t
         n += sum(len(s["bin"]) for s in b)
+        if state:
+            consumed += len(b)
+            # Where the rank's reads are: its loader's batches in flight past its loop.
+            state["front"] = front_at[min(consumed + 2 * prefetch * batch, len(front_at)) - 1]
         time.sleep(step)
         sync()
         t = time.monotonic()
+    if state:
+        state["done"] = True
+        th.join()
     epoch_sync()
     if rank == 0:
         print(json.dumps({"epoch": e, "wall": time.monotonic() - t0, "waited": waited, "bytes": n}), flush=True)
 """
 
 
-def start_job(url, epochs, first, plan, prefix="p/"):
+def start_job(url, epochs, first, plan, prefix="p/", look=0):
     """The job's rank processes (rank 0 first, the one that prints the epochs).
     With RANKS > 1 each steps at X / RANKS and all wait for the slowest at each step,
-    as DDP's all-reduce holds them."""
+    as DDP's all-reduce holds them. `look` > 0: each rank runs the look-ahead peer that
+    many shards ahead."""
     step = a.ranks * batch * (a.sample_kib * 1024 - 1024) / X
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port()))
     return [subprocess.Popen([sys.executable, "-c", JOB, url, str(epochs), str(first), str(step),
                               "1" if plan else "0", str(batch), str(read_ahead), str(prefetch), prefix,
-                              str(r), str(a.ranks), "1" if a.loose else "0"],
+                              str(r), str(a.ranks), "1" if a.loose else "0", str(look)],
                              stdout=subprocess.PIPE if r == 0 else subprocess.DEVNULL, text=True, env=env)
             for r in range(a.ranks)]
 
@@ -277,8 +325,8 @@ def wait_job(ps):
         assert p.wait() == 0, "the job failed"
 
 
-def run_job(url, epochs, first, plan, on_epoch):
-    ps = start_job(url, epochs, first, plan)
+def run_job(url, epochs, first, plan, on_epoch, look=0):
+    ps = start_job(url, epochs, first, plan, look=look)
     for line in ps[0].stdout:
         on_epoch(json.loads(line))
     wait_job(ps)
@@ -341,6 +389,13 @@ def two_jobs():
               f"| {r['reads_ready'] / n if n else 0:.3f} |")
 
 
+def look_shards(C):
+    """The look-ahead peer's depth, fixed before any run: as many shards a rank as fill
+    half the cache over all the ranks (the other half holds what the ranks are reading),
+    at least one."""
+    return max(1, int(C // (2 * a.ranks * a.shard_mib * MIB)))
+
+
 lay_out()
 start_store()
 shape = {"nodes": a.nodes, "backend": a.backend, "shard_mib": a.shard_mib, "shards": a.shards, "ranks": a.ranks,
@@ -398,7 +453,8 @@ for dc in [float(v) for v in a.dc.split(",")]:
                 rows.append(row)
                 emit(row)
 
-            run_job(urls[0], a.epochs, 0, policy == "planner", on_epoch)
+            run_job(urls[0], a.epochs, 0, policy == "planner", on_epoch,
+                    look=look_shards(C) if policy == "look-ahead" else 0)
             if policy == "planner":
                 # The plan's counts once the last reports are in, against the nodes'.
                 time.sleep(2.5)

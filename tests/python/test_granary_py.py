@@ -202,6 +202,24 @@ def test_the_order_is_a_function_of_seed_and_epoch(node):
     assert read_rank(endpoint, 1, 2, 0, every, epoch=3, buffer=6, seed=8) != a
 
 
+def test_the_known_order_is_the_order_the_loop_sees(node):
+    """`Shards.order`, what a prefetcher outside the dataset reads ahead by: the shard of
+    each sample the rank's loop sees, in turn, with its place in the rank's span, which
+    reads each shard in one stretch."""
+    endpoint, every, _ = node
+    ds = granary.ShardDataset(endpoint, BUCKET, "ds/", seed=7, shuffle_buffer=6, rank=1,
+                              world_size=2, batch_size=4)
+    ds.set_epoch(3)
+    order = ds._shards.order(ds._epoch_read(world_size=2, rank=1))
+    loader = DataLoader(ds, batch_size=4, num_workers=2, collate_fn=as_list)
+    seen = [check_bytes(s, every) and s["__url__"] for b in loader for s in b]
+    assert [ds.shards[sh] for sh, _ in order] == seen
+    span = [sh for _, sh in sorted((p, sh) for sh, p in order)]
+    assert sorted(p for _, p in order) == list(range(len(order)))
+    runs = [sh for i, sh in enumerate(span) if i == 0 or sh != span[i - 1]]
+    assert len(runs) == len(set(runs)), f"a shard read in two stretches: {runs}"
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_resume_on_fewer_ranks_loses_and_repeats_nothing(node, workers):
     endpoint, every, _ = node

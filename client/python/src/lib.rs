@@ -470,6 +470,15 @@ impl Shards {
             .map_err(py_err)
     }
 
+    /// The rank's epoch in `r`'s order (all its workers together, as a DataLoader yields
+    /// them): for each sample, its shard's index (in key order) and its place in the
+    /// rank's span, which reads the rank's shards front to back.
+    fn order(&self, r: &EpochRead) -> PyResult<Vec<(u32, u32)>> {
+        plan_epoch(&self.catalog, &r.spec((r.rank, 0, 1, r.batch_size)))
+            .map(|e| e.into_iter().map(|(id, place)| (id.shard, place)).collect())
+            .map_err(py_err)
+    }
+
     /// Registers an epoch's plan with the cluster (`r` as for `read`; the worker and
     /// read-ahead are not asked): the plan's id, or `None` where the node takes no
     /// plans.
