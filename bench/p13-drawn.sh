@@ -10,6 +10,8 @@ first=$1 last=$2 out=$(realpath -m "$3") policies=${4:-planner,look-ahead,never-
 py=../tests/.venv/bin/python
 export PATH="$PWD/../tests/.venv/bin:$PATH"
 for seed in $(seq "$first" "$last"); do
+  # Between shapes, a run can be held (touch /tmp/p13.hold; rm it to go on).
+  while [ -e /tmp/p13.hold ]; do sleep 5; done
   root=$(mktemp -d)
   echo "== seed $seed  $(date -u +%H:%M:%S)"
   "$py" p13.py "$root" ../target/release/granary --draw "$seed" --epochs 2 \

@@ -4,7 +4,12 @@ planner's reads ready and its backend bytes over D - C, then the summary the pla
 held to; `--svg FILE` draws epoch / bound against each shape's D/C and B/X, a mark per
 shape and policy.
 
-    python3 bench/p13_report.py OUT.jsonl [...] [--epoch 2] [--svg p13.svg]
+    python3 bench/p13_report.py OUT.jsonl [...] [--epoch 2] [--svg p13.svg] [--sim GRANARY_BENCH]
+
+`--sim`: `granary-bench plan-sim` on each one-job shape too (the same nodes, ranks,
+shards, samples, C/D, X, B/X; the ranks' lead the loader's batches in flight, two
+workers' prefetch, and its read-ahead runs of a rank's part of a shard), its epoch over
+its bound beside the real run's, and their difference over the real one.
 
 The epoch counted is the `--epoch`th (1-based; the first fills the cache). A shape's
 bound is the all-cached epoch when D/X >= (D - C)/B, the backend's otherwise; a two-job
@@ -45,6 +50,25 @@ def load(paths: list[str], epoch: int) -> dict[int, dict]:
                 if prev is None or r["wall_over_bound"] > prev["wall_over_bound"]:
                     s["rows"][policy] = r
     return shapes
+
+
+LOADERS = {"default": (8, 2, 2), "small": (2, 0, 1)}
+
+
+def simulate(bench: str, d: dict, epoch: int) -> float:
+    """plan-sim's epoch over its bound for the drawn shape `d`."""
+    import subprocess
+    batch, ahead, prefetch = LOADERS[d["loader"]]
+    samples = d["shard_mib"] * 1024 // d["sample_kib"]
+    lead = 2 * prefetch * batch + ahead * -(-samples // d["ranks"])
+    out = subprocess.run([bench, "plan-sim", "--nodes", str(d["nodes"]), "--ranks", str(d["ranks"]),
+                          "--shards", str(d["shards"]), "--samples", str(samples),
+                          "--sample-size", f'{d["sample_kib"]}KiB', "--cache", str(1 / d["dc"]),
+                          "--job-rate", f'{d["rate_mib"]}MiB', "--bx", str(d["bx"]),
+                          "--epochs", str(epoch), "--lead", str(lead)],
+                         check=True, capture_output=True, text=True).stdout
+    e = json.loads(out.strip().splitlines()[-1])["report"]["epochs"][epoch - 1]
+    return e["wall_s"] / e["bound_s"]
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -103,11 +127,13 @@ def main() -> None:
     ap.add_argument("files", nargs="+")
     ap.add_argument("--epoch", type=int, default=2)
     ap.add_argument("--svg")
+    ap.add_argument("--sim", metavar="GRANARY_BENCH")
     a = ap.parse_args()
     shapes = load(a.files, a.epoch)
-    print("| seed | nodes | ranks | D/C | B/X | bound | planner | look-ahead | never-evict | ready | backend / (D-C) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    cached, backend_bound, ready, bytes_ok, worse = [], [], [], [], []
+    print("| seed | nodes | ranks | D/C | B/X | bound | planner | look-ahead | never-evict | ready "
+          "| backend / (D-C) | plan-sim |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    cached, backend_bound, ready, bytes_ok, worse, sim_err = [], [], [], [], [], []
     for seed in sorted(shapes):
         s = shapes[seed]
         d, rows = s["drawn"], s["rows"]
@@ -125,12 +151,16 @@ def main() -> None:
         for other in ("look-ahead", "never-evict"):
             if other in rows:
                 worse.append((p["wall_over_bound"] / rows[other]["wall_over_bound"], seed, other))
+        sim = None
+        if a.sim and d["jobs"] == 1:
+            sim = simulate(a.sim, d, a.epoch)
+            sim_err.append(abs(sim - p["wall_over_bound"]) / p["wall_over_bound"])
         cell = {k: f'{rows[k]["wall_over_bound"]:.2f}' if k in rows else "–" for k in POLICIES}
         print(f'| {seed} | {d["nodes"]} | {d["ranks"]}{" loose" if d["loose"] else ""}'
               f'{" 2 jobs" if d["jobs"] == 2 else ""} | {d["dc"]} | {d["bx"]} '
               f'| {"cached" if by_cache else "backend"} | {cell["planner"]} | {cell["look-ahead"]} '
               f'| {cell["never-evict"]} | {"–" if rd is None else f"{rd:.2f}"} '
-              f'| {"–" if b is None else f"{b:.2f}"} |')
+              f'| {"–" if b is None else f"{b:.2f}"} | {"–" if sim is None else f"{sim:.2f}"} |')
     print()
     if cached:
         print(f"all-cached bound, {len(cached)} shapes: median {statistics.median(cached):.3f}, "
@@ -148,6 +178,9 @@ def main() -> None:
         ratio, seed, other = max(worse)
         print(f"planner over the other policies: worst {ratio:.3f} (seed {seed}, {other}); "
               f"{sum(r > 1.05 for r, _, _ in worse)} of {len(worse)} above 1.05")
+    if sim_err:
+        print(f"plan-sim against the real runs: median error {statistics.median(sim_err):.3f}, "
+              f"{sum(e <= 0.1 for e in sim_err)} of {len(sim_err)} within 10%")
     if a.svg:
         svg(shapes, a.svg)
 

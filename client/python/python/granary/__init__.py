@@ -21,7 +21,8 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 from . import _granary
 from ._granary import BatchIter, GranaryError, SampleIter, Shards
 
-__all__ = ["Client", "GranaryError", "ShardDataset", "cuda_available", "map_local"]
+__all__ = ["Client", "GranaryError", "ShardDataset", "StallReport", "analyze", "cuda_available",
+           "map_local"]
 
 
 def cuda_available() -> bool:
@@ -440,3 +441,8 @@ class ShardDataset(_Base):  # type: ignore[misc,valid-type]
         access_key, secret_key, region, timeout = self._auth
         c = Client(self.endpoint, access_key, secret_key, region, timeout)
         return c.prefetch(self.bucket, self.prefix)
+
+
+# Last, as it reads the classes above: `granary.analyze` is the function (the module of
+# the same name runs it from the command line: `python -m granary.analyze SCRIPT.py`).
+from .analyze import StallReport, analyze  # noqa: E402
