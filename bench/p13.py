@@ -79,7 +79,6 @@ if a.draw is not None:
               "shards"):
         setattr(a, k, drawn[k])
     a.dc, a.bx = str(drawn["dc"]), str(drawn["bx"])
-    print(json.dumps({"drawn": drawn}), flush=True)
 
 MIB = 1 << 20
 root = os.path.abspath(a.root)
@@ -101,6 +100,8 @@ def emit(row):
         out.write(line + "\n"); out.flush()
 
 
+if a.draw is not None:
+    emit({"drawn": drawn})
 PREFIXES = ["p", "q"][: a.jobs]
 UNPLANNED = 4
 

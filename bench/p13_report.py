@@ -20,7 +20,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-from collections import defaultdict
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 POLICIES = ("planner", "look-ahead", "never-evict", "lru")
 COLOURS = {"planner": "#1f77b4", "look-ahead": "#ff7f0e", "never-evict": "#2ca02c", "lru": "#d62728"}
@@ -36,8 +39,12 @@ def load(paths: list[str], epoch: int) -> dict[int, dict]:
                 shapes.setdefault(r["drawn"]["seed"], {"drawn": r["drawn"], "rows": {}})
                 continue
             seed = r.get("draw")
-            if seed is None or seed not in shapes:
+            if seed is None:
                 continue
+            if seed not in shapes:
+                # The shape is a function of its seed: drawn again where its line is missing.
+                from shapes import draw
+                shapes[seed] = {"drawn": draw(seed), "rows": {}}
             s = shapes[seed]
             if "ideal_wall" in r:
                 s["ideal"] = r["ideal_wall"]
