@@ -25,7 +25,12 @@
 #       node); resume mid-epoch against restart-and-skip
 #
 # Usage: bench/compare.sh [--quick] [--rounds N] [--duration 5s] [--out DIR] [--only p1,p2,p8]
+#                         [--veth [--veth-rate 10gbit]]
 # --only runs the named parts alone (P1 and P2 run together, with the bench ceiling).
+# --veth runs P1 and P2 (alone) with the readers on another host as the kernel sees it:
+# in a network namespace over a veth pair (bench/netns.sh; root), the servers listening
+# on the pair's address; --veth-rate shapes the pair (tc). The node then sees a remote
+# reader, which `--sendfile auto` sends files to.
 # Installs what it lacks (nginx and wrk from Debian with apt-get, moto from PyPI into
 # tests/.venv), builds the release binaries, lays the same files out for every server,
 # and prints the table; OUT (default target/compare) keeps results.md, results.json and
@@ -39,6 +44,8 @@ dur=5s
 out="$root/target/compare"
 quick=0
 only=""
+veth=0
+veth_rate=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) quick=1; rounds=1; dur=2s ;;
@@ -46,6 +53,8 @@ while [ $# -gt 0 ]; do
     --duration) dur=$2; shift ;;
     --out) out=$2; shift ;;
     --only) only=",$2,"; shift ;;
+    --veth) veth=1 ;;
+    --veth-rate) veth_rate=$2; shift ;;
     -h|--help) sed -n '2,/^set -euo/{/^set -euo/!p}' "$0"; exit 0 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
@@ -101,8 +110,24 @@ cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
   rm -rf "$work"
+  [ "$veth" = 0 ] || netns_down
 }
 trap cleanup EXIT
+# Where servers listen, and what readers run in: the loopback and this namespace, or
+# (--veth) the pair's address here and the readers' namespace across it.
+addr=127.0.0.1
+in_ns=()
+if [ "$veth" = 1 ]; then
+  [ -z "$only" ] || [[ "$only" == ",p1," || "$only" == ",p2," || "$only" == ",p1,p2," ]] ||
+    { echo "--veth runs P1 and P2 only" >&2; exit 2; }
+  only=",p1,"
+  # shellcheck source=bench/netns.sh
+  source bench/netns.sh
+  netns_up "$veth_rate"
+  addr=$NETNS_HOST_IP
+  in_ns=(ip netns exec "$NETNS_NAME")
+  log "readers in $NETNS_NAME over veth, servers on $addr${veth_rate:+, the pair shaped to $veth_rate}"
+fi
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 wait_http() { # URL
@@ -116,10 +141,10 @@ wait_http() { # URL
 start_granary() { # NAME FLAGS...
   local name=$1; shift
   local port; port=$(free_port)
-  "$granary" serve --listen "127.0.0.1:$port" --data-dir "$work/$name" "$@" \
+  "$granary" serve --listen "$addr:$port" --data-dir "$work/$name" "$@" \
     >"$out/$name.log" 2>&1 &
   g_pid=$!; pids+=("$g_pid")
-  g_url="http://127.0.0.1:$port"
+  g_url="http://$addr:$port"
   wait_http "$g_url/_granary/health"
 }
 stop_granary() { kill "$g_pid"; wait "$g_pid" 2>/dev/null || true; }
@@ -128,7 +153,7 @@ stop_granary() { kill "$g_pid"; wait "$g_pid" 2>/dev/null || true; }
 machine_busy() { awk '/^cpu / {printf "%.2f\n", ($2 + $3 + $4 + $7 + $8) / 100}' /proc/stat; }
 b() { # granary-bench ARGS, quiet unless it fails
   local o
-  if ! o=$("$bench" "$@" --progress false 2>&1); then
+  if ! o=$("${in_ns[@]}" "$bench" "$@" --progress false 2>&1); then
     printf 'granary-bench %s failed:\n%s\n' "$*" "$o" >&2
     return 1
   fi
@@ -181,6 +206,7 @@ for i in range(1, 8):
 EOF
 
 machine="$(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), kernel $(uname -r)"
+[ "$veth" = 0 ] || machine="$machine; readers in a network namespace over veth${veth_rate:+ shaped to $veth_rate}"
 
 # An nginx configuration: 2 workers, pid and errors in DIR, no access log, BODY in http.
 nginx_conf() { # DIR BODY
@@ -210,10 +236,10 @@ start_nginx_static() { # NAME DIRECTIVES
   open_file_cache max=10000 inactive=60s;
   open_file_cache_valid 60s;
   keepalive_requests 1000000;
-  server { listen 127.0.0.1:$port; root $work/origin; }" >"$dir/nginx.conf"
+  server { listen $addr:$port; root $work/origin; }" >"$dir/nginx.conf"
   "$nginx_bin" -c "$dir/nginx.conf"
   pids+=("$(cat "$dir/nginx.pid")")
-  st_url="http://127.0.0.1:$port"
+  st_url="http://$addr:$port"
   wait_http "$st_url/bench/big.bin"
   # nginx's CPU is its master's and its workers'.
   st_pids="$(cat "$dir/nginx.pid"),$(pgrep -P "$(cat "$dir/nginx.pid")" | paste -sd,)"
@@ -291,7 +317,7 @@ for r in $(seq "$rounds"); do
     done
   done
   # The same object read by curl, a process per read (what a shell user runs).
-  python3 bench/curl_cpu.py "$curl_sides" --streams 1,8 --rounds 1 --secs "${dur%s}" \
+  "${in_ns[@]}" python3 bench/curl_cpu.py "$curl_sides" --streams 1,8 --rounds 1 --secs "${dur%s}" \
     --json "$out/p1-curl-$r.json" >/dev/null
   for side in "${nginx_sides[@]}" granary; do
     side_of $side

@@ -1,6 +1,10 @@
 //! The data-stall question DS-Analyzer asks: given the throughput the storage tier
 //! delivered, how long would a group of GPUs, each ingesting at a fixed rate, sit idle
 //! waiting for data, and how many such GPUs could it keep busy?
+//!
+//! The figures carry the names of `granary.analyze`'s report (`fetch_stall`,
+//! `prep_stall`, `bound`), which measures the same for a user's own training loop: here
+//! the consumers are modelled and do no prep, so the stall is all fetch.
 
 use serde::Serialize;
 
@@ -35,16 +39,27 @@ pub struct Stall {
     pub stall_fraction: f64,
     /// The most GPUs at this rate the measured throughput feeds.
     pub max_gpus: u64,
+    /// As `granary.analyze` names them: the stall is fetching's (`stall_fraction`)...
+    pub fetch_stall: f64,
+    /// ...none of it prep's (the modelled consumers prepare nothing)...
+    pub prep_stall: f64,
+    /// ...and what bounds the consumers: `"fetch"` where they wait 5% of the time or
+    /// more (`granary.analyze`'s threshold), else `"step"`.
+    pub bound: &'static str,
 }
 
 impl Stall {
     /// Stall figures for `measured` bytes/s against `gpus` × `gpu_rate` bytes/s.
     pub fn new(measured: f64, gpus: u32, gpu_rate: f64) -> Self {
+        let stall = stall_fraction(measured, gpus, gpu_rate);
         Stall {
             measured_mb_s: measured / 1e6,
             demand_mb_s: f64::from(gpus) * gpu_rate / 1e6,
-            stall_fraction: stall_fraction(measured, gpus, gpu_rate),
+            stall_fraction: stall,
             max_gpus: max_gpus(measured, gpu_rate),
+            fetch_stall: stall,
+            prep_stall: 0.0,
+            bound: if stall < 0.05 { "step" } else { "fetch" },
         }
     }
 }
@@ -81,5 +96,8 @@ mod tests {
         assert_eq!(s.demand_mb_s, 2400.0);
         assert_eq!(s.stall_fraction, 0.5);
         assert_eq!(s.max_gpus, 2);
+        assert_eq!((s.fetch_stall, s.prep_stall, s.bound), (0.5, 0.0, "fetch"));
+        let fed = Stall::new(2450e6, 4, 600e6);
+        assert_eq!((fed.fetch_stall, fed.bound), (0.0, "step"));
     }
 }
