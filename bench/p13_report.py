@@ -94,7 +94,8 @@ def ready_of(r: dict) -> float | None:
 def svg(shapes: dict[int, dict], path: str) -> None:
     """Two panels, epoch / bound against D/C and against B/X, a dot per shape and policy."""
     w, h, m = 460, 360, 50
-    ymax = max([1.6] + [r["wall_over_bound"] for s in shapes.values() for r in s["rows"].values()])
+    # Up to 3 x the bound; a mark above it sits on the top line (its title says where).
+    ymax = min(3.0, max([1.6] + [r["wall_over_bound"] for s in shapes.values() for r in s["rows"].values()]))
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{2 * w}" height="{h + 40}" '
            'font-family="sans-serif" font-size="12">', f'<rect width="{2 * w}" height="{h + 40}" fill="white"/>']
     for panel, (name, lo, hi) in enumerate((("dc", 1.0, 4.2), ("bx", 0.1, 1.05))):
@@ -108,7 +109,7 @@ def svg(shapes: dict[int, dict], path: str) -> None:
 
         out.append(f'<line x1="{ox + m}" y1="{Y(0.8)}" x2="{ox + w - m}" y2="{Y(0.8)}" stroke="black"/>')
         out.append(f'<line x1="{ox + m}" y1="{Y(0.8)}" x2="{ox + m}" y2="{Y(ymax)}" stroke="black"/>')
-        for v in (1.0, 1.1, 1.25):
+        for v in (1.0, 1.1, 1.25, 2.0, 3.0):
             out.append(f'<line x1="{ox + m}" y1="{Y(v)}" x2="{ox + w - m}" y2="{Y(v)}" stroke="#bbb" '
                        f'stroke-dasharray="4 3"/><text x="{ox + m - 30}" y="{Y(v) + 4}">{v:.2f}</text>')
         for i in range(5):
@@ -120,7 +121,7 @@ def svg(shapes: dict[int, dict], path: str) -> None:
         for s in shapes.values():
             for policy, r in s["rows"].items():
                 off = POLICIES.index(policy) * 0.012 * (hi - lo)
-                out.append(f'<circle cx="{X(s["drawn"][name] + off):.1f}" cy="{Y(r["wall_over_bound"]):.1f}" '
+                out.append(f'<circle cx="{X(s["drawn"][name] + off):.1f}" cy="{Y(min(ymax, r["wall_over_bound"])):.1f}" '
                            f'r="4" fill="{COLOURS[policy]}" fill-opacity="0.8"><title>seed {s["drawn"]["seed"]} '
                            f'{policy} {r["wall_over_bound"]}</title></circle>')
     for i, policy in enumerate(POLICIES[:3]):
