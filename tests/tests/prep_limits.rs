@@ -383,7 +383,7 @@ fn requests_made_at_once_for_a_failing_sample_share_one_preparation() -> Result<
     let root = tempfile::tempdir()?;
     let server = start(root.path(), TRAIN, &["--prep-threads", "1"])?;
     let dir = origin(&server)?;
-    std::fs::write(dir.join("slow.jpg"), jpeg(4_000, 3_000, 13))?;
+    std::fs::write(dir.join("slow.jpg"), jpeg(6_000, 4_500, 13))?;
     let whole = jpeg(2_000, 1_500, 14);
     let scan = scan_start(&whole);
     let cut = [&whole[..scan + (whole.len() - scan) / 2], &[0xff, 0xd9][..]].concat();
@@ -399,7 +399,8 @@ fn requests_made_at_once_for_a_failing_sample_share_one_preparation() -> Result<
             granary_tests::raw_request_blocking(addr, &req).unwrap()
         })
     };
-    // The one prep thread is busy with a large sample while the thirty arrive.
+    // The one prep thread is busy with a large sample (27 megapixels: long enough, on a
+    // loaded machine, for the thirty to arrive behind it).
     let busy = ask(format!("/{BUCKET}/slow.jpg?pipeline=train&seed=5"));
     wait_for("the prep thread busy", || {
         stat(&server, "prep_running") == 1
