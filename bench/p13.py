@@ -454,8 +454,13 @@ for dc in [float(v) for v in a.dc.split(",")]:
                 rows.append(row)
                 emit(row)
 
-            run_job(urls[0], a.epochs, 0, policy == "planner", on_epoch,
-                    look=look_shards(C) if policy == "look-ahead" else 0)
+            try:
+                run_job(urls[0], a.epochs, 0, policy == "planner", on_epoch,
+                        look=look_shards(C) if policy == "look-ahead" else 0)
+            except BaseException:
+                # A failed job leaves no node behind to load the shapes after it.
+                stop(procs)
+                raise
             if policy == "planner":
                 # The plan's counts once the last reports are in, against the nodes'.
                 time.sleep(2.5)
