@@ -21,6 +21,7 @@ fetch).
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import json
 import math
@@ -33,6 +34,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional
 _STALLED = 0.05  # a loop that waits less than this fraction of its time is not stalled
 
 
+@dataclasses.dataclass
 class StallReport:
     """What ``granary.analyze`` measured: ``rates`` (batches per second by phase),
     ``fetch_stall`` and ``prep_stall`` (fractions of the loop's time), ``bound``
@@ -42,21 +44,20 @@ class StallReport:
     workers, in the loop), ``bytes`` (per phase: the cluster's counters' change, where a
     ``ShardDataset`` names it)."""
 
-    def __init__(self, **fields: Any) -> None:
-        self.rates: Dict[str, float] = fields["rates"]
-        self.fetch_stall: float = fields["fetch_stall"]
-        self.prep_stall: float = fields["prep_stall"]
-        self.bound: str = fields["bound"]
-        self.levers: List[Dict[str, Any]] = fields["levers"]
-        self.waits: List[List[float]] = fields["waits"]
-        self.split: bool = fields["split"]
-        self.trainer_cpu_per_sample: Optional[float] = fields["trainer_cpu_per_sample"]
-        self.samples_per_batch: float = fields["samples_per_batch"]
-        self.bytes: Dict[str, Dict[str, int]] = fields["bytes"]
-        self.loop_seconds: float = fields["loop_seconds"]
+    rates: Dict[str, float]
+    fetch_stall: float
+    prep_stall: float
+    bound: str
+    levers: List[Dict[str, Any]]
+    waits: List[List[float]]
+    split: bool
+    trainer_cpu_per_sample: Optional[float]
+    samples_per_batch: float
+    bytes: Dict[str, Dict[str, int]]
+    loop_seconds: float
 
     def to_dict(self) -> Dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items()}
+        return dataclasses.asdict(self)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict())
@@ -185,9 +186,10 @@ def _run(phase: str, batches: Iterable[Any], step: Optional[Callable[[Any], Any]
     if t0 is None or n <= warmup:
         raise ValueError(f"{phase}: the loader gave {n} batches, fewer than warmup + 1")
     end = time.monotonic()
+    after = counters()
     return {"rate": (n - warmup) / (end - t0), "waits": waits, "samples": samples,
             "cpu": _cpu() - cpu0, "seconds": end - t0, "kept": kept,
-            "moved": _delta(counters(), before)}
+            "moved": _delta(after, before), "after": after}
 
 
 def _counters(dataset: Any) -> Optional[Dict[str, int]]:
@@ -249,7 +251,7 @@ def analyze(loader: Iterable[Any], step: Optional[Callable[[Any], Any]] = None, 
 
     counters = (lambda: _counters(ds)) if ds is not None else (lambda: None)
     loop = _run("loop", loader, step, steps, seconds, warmup, keep=1, counters=counters)
-    after = counters()
+    after = loop["after"]
     moved["loop"] = loop["moved"]
     rates["loop"] = loop["rate"]
     held = loop["kept"][0]
@@ -388,7 +390,8 @@ def _svg(r: StallReport) -> str:
         width = frac * (w - 2 * m)
         out.append(f'<rect x="{x:.1f}" y="{y}" width="{width:.1f}" height="24" fill="{colour}">'
                    f'<title>{name} {frac:.1%}</title></rect>')
-        out.append(f'<text x="{x + 2:.1f}" y="{y + 44}">{name} {frac:.0%}</text>' if frac > 0.08 else "")
+        if frac > 0.08:
+            out.append(f'<text x="{x + 2:.1f}" y="{y + 44}">{name} {frac:.0%}</text>')
         x += width
     out.append(f'<text x="{m}" y="{h + 30}">where the loop\'s time went</text></svg>')
     return "\n".join(out) + "\n"
