@@ -146,25 +146,35 @@ struct PlainHttp {
 }
 
 impl PlainHttp {
+    /// The port is free when picked, but another test's server may take it before
+    /// http.server binds it: then the connection reaches that server and http.server
+    /// exits, so a server that is not still running after the connection is started
+    /// again on another port.
     fn start(root: &Path) -> PlainHttp {
-        let addr = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap();
-        let child = Command::new("python3")
-            .args(["-m", "http.server", "--bind", "127.0.0.1"])
-            .arg(addr.port().to_string())
-            .current_dir(root)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("python3 -m http.server");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while TcpStream::connect(addr).is_err() {
-            assert!(Instant::now() < deadline, "http.server did not start");
-            std::thread::sleep(Duration::from_millis(50));
+        for _ in 0..5 {
+            let addr = TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap();
+            let mut child = Command::new("python3")
+                .args(["-m", "http.server", "--bind", "127.0.0.1"])
+                .arg(addr.port().to_string())
+                .current_dir(root)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("python3 -m http.server");
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while TcpStream::connect(addr).is_err() && child.try_wait().unwrap().is_none() {
+                assert!(Instant::now() < deadline, "http.server did not start");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+            if child.try_wait().unwrap().is_none() {
+                return PlainHttp { child, addr };
+            }
         }
-        PlainHttp { child, addr }
+        panic!("http.server could not bind a port in five tries");
     }
 }
 
