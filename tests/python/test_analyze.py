@@ -167,7 +167,9 @@ def test_a_loader_that_decodes_in_one_worker_is_prep_bound(origin):
     assert 0.25 < own < 0.75, f"the set-up stall is about 0.5; the test measured {own:.3f}"
     total = report.fetch_stall + report.prep_stall
     assert abs(total - own) <= 0.1 * own, f"analyzer {total:.3f}, the test's own loop {own:.3f}"
-    assert abs(report.prep_stall - own) <= 0.1 * own, str(report)
+    # The one worker fetches each shard before it decodes it: a few percent of its time is
+    # fetch, the rest prep.
+    assert report.prep_stall >= 0.8 * total, str(report)
     assert report.trainer_cpu_per_sample is not None
     # The trainer's CPU covers the worker's decoding: at least most of the prep's time.
     assert report.trainer_cpu_per_sample > 0.5 * prep_batch / 4, str(report)
