@@ -9,7 +9,9 @@ shape and policy.
 `--sim`: `granary-bench plan-sim` on each one-job shape too (the same nodes, ranks,
 shards, samples, C/D, X, B/X; the ranks' lead the loader's batches in flight, two
 workers' prefetch, and its read-ahead runs of a rank's part of a shard), its epoch over
-its bound beside the real run's, and their difference over the real one.
+its bound beside the real run's, and their difference over the real one; and the
+simulation's clairvoyant reference on the shape (the oracle: every order known, one
+pooled cache, one fetch at a time in order of need), its epoch over the same bound.
 
 The epoch counted is the `--epoch`th (1-based; the first fills the cache). A shape's
 bound is the all-cached epoch when D/X >= (D - C)/B, the backend's otherwise; a two-job
@@ -76,7 +78,7 @@ def simulate(bench: str, d: dict, epoch: int) -> float:
                           "--epochs", str(epoch), "--lead", str(lead)],
                          check=True, capture_output=True, text=True).stdout
     e = json.loads(out.strip().splitlines()[-1])["report"]["epochs"][epoch - 1]
-    return e["wall_s"] / e["bound_s"]
+    return e["wall_s"] / e["bound_s"], (e["oracle_s"] or float("nan")) / e["bound_s"]
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -140,8 +142,8 @@ def main() -> None:
     a = ap.parse_args()
     shapes = load(a.files, a.epoch)
     print("| seed | nodes | ranks | D/C | B/X | bound | planner | look-ahead | never-evict | ready "
-          "| backend / (D-C) | plan-sim |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| backend / (D-C) | plan-sim | oracle (sim) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     cached, backend_bound, ready, bytes_ok, worse, sim_err = [], [], [], [], [], []
     for seed in sorted(shapes):
         s = shapes[seed]
@@ -162,16 +164,17 @@ def main() -> None:
         for other in ("look-ahead", "never-evict"):
             if other in rows:
                 worse.append((p["wall_over_bound"] / rows[other]["wall_over_bound"], seed, other))
-        sim = None
+        sim = oracle = None
         if a.sim and d["jobs"] == 1:
-            sim = simulate(a.sim, d, a.epoch)
+            sim, oracle = simulate(a.sim, d, a.epoch)
             sim_err.append(abs(sim - p["wall_over_bound"]) / p["wall_over_bound"])
         cell = {k: f'{rows[k]["wall_over_bound"]:.2f}' if k in rows else "–" for k in POLICIES}
         print(f'| {seed} | {d["nodes"]} | {d["ranks"]}{" loose" if d["loose"] else ""}'
               f'{" 2 jobs" if d["jobs"] == 2 else ""} | {d["dc"]} | {d["bx"]} '
               f'| {"cached" if by_cache else "backend"} | {cell["planner"]} | {cell["look-ahead"]} '
               f'| {cell["never-evict"]} | {"–" if rd is None else f"{rd:.2f}"} '
-              f'| {"–" if b is None else f"{b:.2f}"} | {"–" if sim is None else f"{sim:.2f}"} |')
+              f'| {"–" if b is None else f"{b:.2f}"} | {"–" if sim is None else f"{sim:.2f}"} '
+              f'| {"–" if oracle is None else f"{oracle:.2f}"} |')
     print()
     if cached:
         print(f"all-cached bound, {len(cached)} shapes: median {statistics.median(cached):.3f}, "

@@ -76,6 +76,11 @@ impl Schedule {
         Some(self.per_rank.saturating_sub(place) + first)
     }
 
+    /// The places `[first, end)` of the current round at which ranks read shard `shard`.
+    pub fn span(&self, shard: usize) -> Option<(u64, u64)> {
+        self.this.get(shard).copied().flatten()
+    }
+
     /// Whether every rank's place is past the last at which a rank reads shard `shard`
     /// in the current round (`place`: the slowest rank's), or no rank reads it.
     pub fn past(&self, shard: usize, place: u64) -> bool {

@@ -12,8 +12,8 @@
 //!   in its owner's cache (ready), or waits on the fetch in flight or on a read of the
 //!   backend (a demand read: admitted where the cache has room or the node's read
 //!   makes it, dropping planned entries needed later than the shard's next epoch,
-//!   else read through);
-//!   the job stops at the first place of the oldest read still waiting.
+//!   else read through). A waiting read streams: the ranks consume the shard's places
+//!   front to back over its span as far as its bytes have come, and no further.
 //! - **Progress** is noted where reads are served: each member notes the ranks whose
 //!   reads it served in a tick (rank `r` reads from the owner of the shard at its
 //!   place, modelled as a hash of the rank and the shard's span), and reports to each
@@ -22,6 +22,8 @@
 //! - **The planner** looks once per tick and once more for each fetch that ended on
 //!   the member, as the node's loop does (woken by the fetch's end). The backend and
 //!   the ranks move in tenths of a tick, so a fetch shorter than a tick ends in time.
+
+mod oracle;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -72,6 +74,10 @@ pub struct SimEpoch {
     /// Shards whose first read found them in the cache, over all shards read.
     pub ready: f64,
     pub backend_over_d_minus_c: f64,
+    /// The epoch under a clairvoyant schedule of the same shape (`oracle`): what
+    /// knowing every order and fetching in order of need does; `None` above
+    /// 20,000 shards.
+    pub oracle_s: Option<f64>,
 }
 
 /// What the simulation measured.
@@ -241,14 +247,7 @@ pub fn simulate(cfg: &SimConfig) -> SimReport {
         schedule_us += s.elapsed().as_secs_f64() * 1e6;
         sc
     };
-    let queue_of = |sc: &Schedule| -> VecDeque<(u64, usize)> {
-        let mut q: Vec<(u64, usize)> = (0..cfg.shards)
-            .filter_map(|i| sc.next_use(i, 0, 0).map(|f| (f, i)))
-            .filter(|&(f, _)| f < sc.per_rank)
-            .collect();
-        q.sort_unstable();
-        q.into()
-    };
+    let queue_of = |sc: &Schedule| first_reads(sc, cfg.shards);
     let mut queue = queue_of(&sched);
     let mut place = 0.0f64;
     let mut epochs = Vec::new();
@@ -362,33 +361,35 @@ pub fn simulate(cfg: &SimConfig) -> SimReport {
             }
             pending.push_back((first, shard));
         }
-        // Reads still waiting: done once their shard is in, or read through.
-        while let Some(&(_, shard)) = pending.front() {
-            if members[owner[shard]].held.contains_key(&shard) || read_through.remove(&shard) {
-                pending.pop_front();
-                continue;
-            }
+        // Reads still waiting: done once their shard is in, or read through; meanwhile
+        // they stream what has come of it, as a read joined to a fill does.
+        pending.retain(|&(_, shard)| {
+            !(members[owner[shard]].held.contains_key(&shard) || read_through.remove(&shard))
+        });
+        let mut limit = target;
+        for &(first, shard) in &pending {
             let m = &mut members[owner[shard]];
             m.waited_at = Some(now);
-            // Its entry was dropped before the read came to it (a real read holds
-            // it): read again.
-            if !m.transfers.iter().any(|t| t.shard == shard) {
-                m.transfers.push(Transfer {
-                    shard,
-                    size: shard_bytes,
-                    left: shard_bytes as f64,
-                    demand: true,
-                    admitted: false,
-                    started: now,
-                    streams: 1,
-                });
-            }
-            break;
+            let arrived = match m.transfers.iter().find(|t| t.shard == shard) {
+                Some(t) => 1.0 - t.left / t.size as f64,
+                None => {
+                    // Its entry was dropped before the read came to it (a real read
+                    // holds it): read again.
+                    m.transfers.push(Transfer {
+                        shard,
+                        size: shard_bytes,
+                        left: shard_bytes as f64,
+                        demand: true,
+                        admitted: false,
+                        started: now,
+                        streams: 1,
+                    });
+                    0.0
+                }
+            };
+            limit = limit.min(streamed_to(&sched, first, shard, arrived));
         }
-        place = match pending.front() {
-            Some(&(first, _)) => target.min(first as f64).max(place),
-            None => target,
-        };
+        place = limit.max(place);
         // Ready counts each shard once: at its pop (a waited shard pops later).
         // Progress: each member notes the ranks it served this tick.
         let p = place.min(sched.per_rank as f64) as u64;
@@ -413,6 +414,7 @@ pub fn simulate(cfg: &SimConfig) -> SimReport {
                 bound_s: bound,
                 ready: ready as f64 / shards_read as f64,
                 backend_over_d_minus_c: epoch_backend as f64 / d.saturating_sub(c).max(1) as f64,
+                oracle_s: None,
             });
             epoch += 1;
             epoch_start = now;
@@ -527,6 +529,9 @@ pub fn simulate(cfg: &SimConfig) -> SimReport {
         }
     }
     set_simulated_now(None);
+    for (e, wall) in epochs.iter_mut().zip(oracle::epochs(cfg, &spec)) {
+        e.oracle_s = Some(wall);
+    }
     let secs = now.duration_since(t0).as_secs_f64().max(1e-9);
     let per_node: Vec<f64> = members
         .iter()
@@ -543,6 +548,24 @@ pub fn simulate(cfg: &SimConfig) -> SimReport {
         simulated_s: secs,
         sim_s: wall.elapsed().as_secs_f64(),
     }
+}
+
+/// The epoch's shards by their first place: (place, shard), those read in this round.
+fn first_reads(sc: &Schedule, shards: usize) -> VecDeque<(u64, usize)> {
+    let mut q: Vec<(u64, usize)> = (0..shards)
+        .filter_map(|i| sc.next_use(i, 0, 0).map(|f| (f, i)))
+        .filter(|&(f, _)| f < sc.per_rank)
+        .collect();
+    q.sort_unstable();
+    q.into()
+}
+
+/// How far the ranks can consume while shard `shard`, first read at place `first`,
+/// is still coming in (`arrived`, the fraction that has): its places are read front to
+/// back over its span, so the place its arrived bytes reach.
+fn streamed_to(sched: &Schedule, first: u64, shard: usize, arrived: f64) -> f64 {
+    let (_, end) = sched.span(shard).unwrap_or((first, first + 1));
+    first as f64 + arrived.clamp(0.0, 1.0) * end.saturating_sub(first) as f64
 }
 
 /// A member's planned shards (`mine`), not held and held, as `Node::split_held` splits them.
@@ -656,6 +679,26 @@ mod tests {
         for e in &r.epochs {
             assert_eq!(e.ready, 0.0, "{r:?}");
             assert!(e.wall_s >= 0.95 * e.bound_s, "{r:?}");
+        }
+    }
+
+    /// The clairvoyant reference: with room for the whole dataset its later epochs run
+    /// at the job's pace; with no room every byte comes from the backend, and no
+    /// schedule beats the backend's time for the dataset.
+    #[test]
+    fn the_oracle_meets_the_bound_where_it_can_and_never_beats_it() {
+        let full = simulate(&small(1.0, 0.5));
+        for e in &full.epochs[1..] {
+            let o = e.oracle_s.expect("an oracle epoch");
+            assert!(o <= 1.03 * e.bound_s, "{full:?}");
+        }
+        let none = simulate(&SimConfig {
+            epochs: 2,
+            ..small(0.0, 0.9)
+        });
+        for e in &none.epochs {
+            let o = e.oracle_s.expect("an oracle epoch");
+            assert!(o >= 0.97 * e.bound_s, "{none:?}");
         }
     }
 
