@@ -94,8 +94,9 @@ impl Oracle<'_> {
         true
     }
 
-    fn start(&mut self, shard: usize, due: u64) {
-        let admitted = self.make_room(due);
+    /// A transfer of `shard`: into the cache where `admitted` (its room made), else
+    /// read through.
+    fn start(&mut self, shard: usize, admitted: bool) {
         if admitted {
             self.reserved += self.size;
         }
@@ -141,7 +142,7 @@ impl Oracle<'_> {
             .min();
         if let Some((due, shard)) = soonest {
             if self.make_room(due) {
-                self.start(shard, due);
+                self.start(shard, true);
             }
         }
     }
@@ -191,7 +192,8 @@ pub(super) fn epochs(cfg: &SimConfig, spec: &PlanSpec) -> Vec<f64> {
                 continue;
             }
             if !o.transfers.iter().any(|t| t.shard == shard) {
-                o.start(shard, 0);
+                let admitted = o.make_room(0);
+                o.start(shard, admitted);
             }
             pending.push_back((first, shard));
         }
@@ -202,7 +204,8 @@ pub(super) fn epochs(cfg: &SimConfig, spec: &PlanSpec) -> Vec<f64> {
             .filter(|&s| !o.transfers.iter().any(|t| t.shard == s))
             .collect();
         for shard in lost {
-            o.start(shard, 0);
+            let admitted = o.make_room(0);
+            o.start(shard, admitted);
         }
         let mut limit = target;
         for &(first, shard) in &pending {
